@@ -1,0 +1,40 @@
+"""disttensor: NumPy-style distributed arrays over MPI process grids.
+
+A :class:`DistArray` is a global N-d array whose blocks live on the ranks of a
+:class:`ProcessGrid` under an explicit block :class:`Distribution`.  See ``DESIGN.md`` and the
+module docstrings of :mod:`disttensor.array`, :mod:`disttensor.halo` and
+:mod:`disttensor.redistribute`.
+"""
+from numpy import (absolute, abs, add, arccos, arcsin, arctan, arctan2, ceil, clip, conj, cos,
+                   cosh, divide, equal, exp, expm1, floor, floor_divide, fmax, fmin, greater,
+                   greater_equal, hypot, isfinite, isinf, isnan, less, less_equal, log, log10,
+                   log1p, log2, logical_and, logical_not, logical_or, logical_xor, maximum,
+                   minimum, mod, multiply, negative, not_equal, power, reciprocal, remainder,
+                   rint, sign, sin, sinh, sqrt, square, subtract, tan, tanh, true_divide, trunc)
+
+from . import random
+from .array import DistArray
+from .creation import (arange, empty, empty_like, from_global, full, full_like, linspace, ones,
+                       ones_like, zeros, zeros_like)
+from .comm import CollectiveError
+from .distribution import Distribution
+from .grid import ProcessGrid, get_default_grid, set_default_grid
+from .halo import HaloExchange
+from .indexing import flip
+from .manipulation import concatenate, moveaxis, reshape, swapaxes, transpose, where
+from .reductions import all, any, argmax, argmin, max, mean, min, prod, std, sum, var
+
+__version__ = "0.1.0"
+
+
+def from_local(local, grid=None, split=None, sizes=None, distribution=None) -> DistArray:
+    """Wrap per-rank blocks into a DistArray (collective); see :meth:`DistArray.from_local`."""
+    return DistArray.from_local(local, grid=grid, split=split, sizes=sizes, distribution=distribution)
+
+
+def redistribute(x: DistArray, grid=None, split=None, sizes=None, distribution=None) -> DistArray:
+    return x.redistribute(grid=grid, split=split, sizes=sizes, distribution=distribution)
+
+
+def astype(x: DistArray, dtype) -> DistArray:
+    return x.astype(dtype)

@@ -1,0 +1,481 @@
+"""DistArray: a global N-d array whose blocks live on the ranks of a process grid.
+
+Contract
+--------
+* Global metadata (``shape``, ``dtype``, ``distribution``, ``grid``) is the same on every rank;
+  every function that takes DistArrays is collective over the grid's communicator and must be
+  called by all its ranks in the same order.
+* ``x.local`` is this rank's owned block (a NumPy or CuPy array, a view into ``x.buffer``,
+  which also holds the halo cells when the array has a halo).
+* Elementwise operations follow NumPy (broadcasting, dtype promotion, ``out=``, ``where=``)
+  through ``__array_ufunc__``; NumPy functions such as ``np.sum`` or ``np.concatenate`` are
+  dispatched through ``__array_function__``.
+
+Operands with different distributions (the alignment rule)
+----------------------------------------------------------
+The result of an elementwise operation takes the layout of ``out=`` if given, else of the
+first DistArray operand whose shape equals the broadcast result shape.  When no operand has
+the full shape, each result axis takes the split (and ownership sizes) of the first DistArray
+operand that is not broadcast along it, if that grid axis is still free.  Every other operand
+is then redistributed to match: its non-broadcast axes get the result's split and ownership,
+its broadcast (length-1) axes are replicated.  NumPy arrays and scalars are treated as
+replicated values (every rank must pass the same).  Operands must live on grids over the same
+ranks; a different grid shape is fine (the data is redistributed).
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Sequence
+
+import numpy as np
+
+from .backend import array_module, device_of, to_host, xp_for
+from .distribution import Distribution
+from .grid import ProcessGrid, get_default_grid
+
+__all__ = ["DistArray", "default_split", "normalize_halo", "make_distribution"]
+
+
+def default_split(ndim: int, grid: ProcessGrid) -> tuple[int | None, ...]:
+    """Split used when none is given: tensor axis ``i`` over grid axis ``i`` for the first
+    ``min(ndim, grid.ndim)`` axes (on the default 1-D grid: axis 0 over all ranks)."""
+    k = min(ndim, grid.ndim)
+    return tuple(range(k)) + (None,) * (ndim - k)
+
+
+def normalize_halo(halo, ndim: int) -> tuple[tuple[int, int], ...]:
+    """``int`` (all axes, both sides), per-axis ints, or per-axis ``(lo, hi)`` pairs."""
+    if halo is None:
+        return ((0, 0),) * ndim
+    if isinstance(halo, numbers.Integral):
+        h = ((int(halo), int(halo)),) * ndim
+    else:
+        halo = tuple(halo)
+        if len(halo) != ndim:
+            raise ValueError(f"halo {halo} needs one entry per axis ({ndim})")
+        h = []
+        for e in halo:
+            if isinstance(e, numbers.Integral):
+                h.append((int(e), int(e)))
+            else:
+                lo, hi = e
+                h.append((int(lo), int(hi)))
+        h = tuple(h)
+    if any(a < 0 or b < 0 for a, b in h):
+        raise ValueError(f"halo widths must be >= 0, got {h}")
+    return h
+
+
+def make_distribution(shape, grid: ProcessGrid | None, split, sizes=None):
+    """Resolve ``grid``/``split`` defaults and build a :class:`Distribution`."""
+    grid = get_default_grid() if grid is None else grid
+    if not isinstance(grid, ProcessGrid):
+        raise TypeError(f"grid must be a ProcessGrid, got {type(grid).__name__}")
+    if isinstance(shape, numbers.Integral):
+        shape = (int(shape),)
+    shape = tuple(shape)
+    if split is None:
+        split = default_split(len(shape), grid)
+    elif isinstance(split, numbers.Integral):
+        # a single int: tensor axis `split` over grid axis 0
+        s = [None] * len(shape)
+        if not -len(shape) <= split < len(shape):
+            raise ValueError(f"split axis {split} is out of range for a {len(shape)}-d array")
+        s[split] = 0
+        split = tuple(s)
+    return grid, Distribution(shape, grid.dims, split, sizes)
+
+
+class DistArray:
+    """A distributed N-d array (see module docstring).  Create with :func:`disttensor.zeros`,
+    :func:`disttensor.from_global`, ...; ``DistArray(buffer, distribution, grid, halo)`` wraps an
+    existing local buffer without checks."""
+
+    __array_priority__ = 1000
+
+    def __init__(self, buffer, distribution: Distribution, grid: ProcessGrid, halo=None):
+        self._buffer = buffer
+        self._dist = distribution
+        self._grid = grid
+        self._halo = normalize_halo(halo, distribution.ndim)
+        self._local = buffer[tuple(slice(lo, lo + n) for (lo, _), n in
+                                   zip(self._halo, distribution.block_shape(grid.coords)))] \
+            if any(lo or hi for lo, hi in self._halo) else buffer
+
+    # -- construction helpers -----------------------------------------------------------------
+    @classmethod
+    def from_local(cls, local, grid: ProcessGrid | None = None, split=None, sizes=None,
+                   distribution: Distribution | None = None) -> "DistArray":
+        """Collective: wrap per-rank blocks.  Without ``sizes``/``distribution`` the ownership
+        sizes are taken from the blocks' extents along the split axes (allgathered), and the
+        global shape follows.  Raises on every rank if the blocks do not fit together."""
+        from .comm import collective
+        grid = get_default_grid() if grid is None else grid
+        local_shape = tuple(local.shape)
+        with collective(grid.cart):
+            if distribution is None:
+                if split is None:
+                    split = default_split(len(local_shape), grid)
+                split = tuple(split) + (None,) * (len(local_shape) - len(tuple(split)))
+        if distribution is None:
+            shapes = grid.cart.allgather(local_shape)
+            from .distribution import rank_to_coords
+            with collective(grid.cart):
+                if any(len(s) != len(local_shape) for s in shapes):
+                    raise ValueError(f"local blocks have different numbers of axes: {shapes}")
+                glob, all_sizes = [], []
+                for t, g in enumerate(split):
+                    if g is None:
+                        ext = {s[t] for s in shapes}
+                        if len(ext) != 1:
+                            raise ValueError(f"axis {t} is not split but the local extents "
+                                             f"differ between ranks: {sorted(ext)}")
+                        glob.append(ext.pop())
+                        all_sizes.append(None)
+                    else:
+                        per = {}
+                        for r, s in enumerate(shapes):
+                            c = rank_to_coords(r, grid.dims)[g]
+                            if per.setdefault(c, s[t]) != s[t]:
+                                raise ValueError(f"ranks at grid coordinate {c} along grid axis {g}"
+                                                 f" hold different extents of tensor axis {t}")
+                        sz = [per[c] for c in range(grid.dims[g])]
+                        glob.append(sum(sz))
+                        all_sizes.append(sz)
+                distribution = Distribution(glob, grid.dims, split, all_sizes)
+        with collective(grid.cart):
+            want = distribution.block_shape(grid.coords)
+            if local_shape != want:
+                raise ValueError(f"local block of shape {local_shape} does not match the "
+                                 f"distribution's block {want} on rank {grid.rank}")
+        return cls(local, distribution, grid)
+
+    def _new(self, local, distribution: Distribution | None = None) -> "DistArray":
+        return DistArray(local, self._dist if distribution is None else distribution, self._grid)
+
+    # -- metadata -----------------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._dist.shape
+
+    @property
+    def ndim(self) -> int:
+        return self._dist.ndim
+
+    @property
+    def size(self) -> int:
+        return math.prod(self._dist.shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._buffer.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def distribution(self) -> Distribution:
+        return self._dist
+
+    @property
+    def grid(self) -> ProcessGrid:
+        return self._grid
+
+    @property
+    def split(self) -> tuple[int | None, ...]:
+        return self._dist.split
+
+    @property
+    def local(self):
+        """This rank's owned block (view into :attr:`buffer`)."""
+        return self._local
+
+    @property
+    def buffer(self):
+        """This rank's whole local buffer: owned block plus halo cells."""
+        return self._buffer
+
+    @property
+    def halo(self) -> tuple[tuple[int, int], ...]:
+        return self._halo
+
+    @property
+    def local_slices(self) -> tuple[slice, ...]:
+        """Global index slices of the owned block."""
+        return self._dist.block_slices(self._grid.coords)
+
+    @property
+    def local_shape(self) -> tuple[int, ...]:
+        return tuple(self._local.shape)
+
+    @property
+    def device(self) -> str:
+        return device_of(self._buffer)
+
+    @property
+    def xp(self):
+        return array_module(self._buffer)
+
+    @property
+    def T(self) -> "DistArray":
+        return self.transpose()
+
+    def __len__(self) -> int:
+        if self.ndim == 0:
+            raise TypeError("len() of a 0-d DistArray")
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        return (f"DistArray(shape={self.shape}, dtype={self.dtype}, split={self.split}, "
+                f"grid={self._grid.dims}, device={self.device!r})")
+
+    # -- halo ---------------------------------------------------------------------------------
+    def with_halo(self, halo) -> "DistArray":
+        """A copy of this array whose buffer has ``halo`` cells (an int, per-axis ints, or
+        per-axis ``(lo, hi)`` pairs); halo cells are zero until exchanged."""
+        h = normalize_halo(halo, self.ndim)
+        shape = tuple(lo + n + hi for (lo, hi), n in zip(h, self.local_shape))
+        buf = self.xp.zeros(shape, dtype=self.dtype)
+        out = DistArray(buf, self._dist, self._grid, h)
+        out.local[...] = self._local
+        return out
+
+    def zero_halo(self) -> None:
+        """Set every halo cell of the local buffer to zero (local, not collective)."""
+        nd = self.ndim
+        for t, (lo, hi) in enumerate(self._halo):
+            for sl in ((slice(0, lo),) if lo else ()) + ((slice(lo + self.local_shape[t], None),) if hi else ()):
+                idx = [slice(None)] * nd
+                idx[t] = sl
+                self._buffer[tuple(idx)] = 0
+
+    def halo_exchange(self, boundary="zero"):
+        """A split-phase :class:`~disttensor.halo.HaloExchange` of this array (collective):
+        ``h = x.halo_exchange(); h.begin(); ...interior work...; h.end()``."""
+        from .halo import HaloExchange
+        return HaloExchange(self, boundary)
+
+    def exchange_halo(self, boundary="zero") -> "DistArray":
+        """Fill the halo cells now (collective); returns ``self``."""
+        self.halo_exchange(boundary).exchange()
+        return self
+
+    def reverse_exchange_halo(self, boundary="zero") -> "DistArray":
+        """Adjoint of :meth:`exchange_halo`: add halo cells into their owners, zero the halo."""
+        self.halo_exchange(boundary).reverse()
+        return self
+
+    # -- data movement ------------------------------------------------------------------------
+    def redistribute(self, grid: ProcessGrid | None = None, split=None, sizes=None,
+                     distribution: Distribution | None = None) -> "DistArray":
+        """This array under another block distribution, possibly on another grid over the
+        same ranks (collective, one Alltoallw)."""
+        from .redistribute import redistribute_blocks
+        grid = self._grid if grid is None else grid
+        if distribution is None:
+            if split is None and sizes is None and grid is self._grid:
+                split = self.split
+            grid, distribution = make_distribution(self.shape, grid, split, sizes)
+        _check_grids(self._grid, grid)
+        if distribution.shape != self.shape:
+            raise ValueError(f"target distribution has shape {distribution.shape}, array has {self.shape}")
+        if grid.dims != distribution.grid_dims:
+            raise ValueError(f"distribution grid {distribution.grid_dims} != grid {grid.dims}")
+        if distribution == self._dist and grid is self._grid:
+            return self.copy()
+        local = redistribute_blocks(grid.cart, self._local, self._dist, distribution)
+        return DistArray(local, distribution, grid)
+
+    def redistribute_adjoint(self, like: "DistArray") -> "DistArray":
+        """Adjoint of ``like.redistribute(...)`` applied to this array (collective): a DistArray
+        with ``like``'s distribution (see :mod:`disttensor.redistribute`)."""
+        from .redistribute import redistribute_adjoint_blocks
+        _check_grids(self._grid, like._grid)
+        local = redistribute_adjoint_blocks(self._grid.cart, self._local, like._dist, self._dist)
+        return DistArray(local, like._dist, like._grid)
+
+    def gather(self, root: int = 0):
+        """Collective: the global array (NumPy) on ``root``, ``None`` elsewhere."""
+        from .redistribute import redistribute_blocks
+        comm = self._grid.cart
+        if not 0 <= root < comm.size:
+            raise ValueError(f"root {root} outside 0..{comm.size - 1}")
+        local = to_host(self._local)
+        if self.ndim == 0:
+            return np.array(local) if comm.rank == root else None
+        sizes = [0] * comm.size
+        sizes[root] = self.shape[0]
+        target = Distribution(self.shape, (comm.size,), (0,), [sizes] + [None] * (self.ndim - 1))
+        out = redistribute_blocks(comm, np.ascontiguousarray(local), self._dist, target)
+        return out if comm.rank == root else None
+
+    def to_numpy(self) -> np.ndarray:
+        """Collective: the global array as NumPy on every rank."""
+        from .redistribute import redistribute_blocks
+        local = np.ascontiguousarray(to_host(self._local))
+        if self.ndim == 0:
+            return np.array(local)
+        target = Distribution(self.shape, self._dist.grid_dims, (None,) * self.ndim)
+        return redistribute_blocks(self._grid.cart, local, self._dist, target)
+
+    def __array__(self, dtype=None, copy=None):
+        a = self.to_numpy()
+        return a if dtype is None else a.astype(dtype)
+
+    def item(self):
+        if self.size != 1:
+            raise ValueError("can only convert an array of size 1 to a Python scalar")
+        return self.to_numpy().item()
+
+    def __float__(self):
+        return float(self.item())
+
+    def __int__(self):
+        return int(self.item())
+
+    def __bool__(self):
+        return bool(self.item())
+
+    def __index__(self):
+        if self.dtype.kind not in "iu":
+            raise TypeError("only integer arrays can be used as an index")
+        return int(self.item())
+
+    def to_device(self, device: str) -> "DistArray":
+        """A copy of this array with its blocks on ``device`` (``'cpu'`` or ``'cuda'``)."""
+        xp = xp_for(device if device != "gpu" else "cuda")
+        buf = to_host(self._buffer) if xp is np else xp.asarray(self._buffer)
+        if buf is self._buffer:
+            buf = buf.copy()
+        return DistArray(buf, self._dist, self._grid, self._halo)
+
+    # -- copies and casts ---------------------------------------------------------------------
+    def copy(self) -> "DistArray":
+        return self._new(self._local.copy())
+
+    def astype(self, dtype, copy: bool = True) -> "DistArray":
+        dtype = np.dtype(dtype)
+        if dtype == self.dtype and not copy:
+            return self
+        return self._new(self._local.astype(dtype))
+
+    # -- NumPy protocols ----------------------------------------------------------------------
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        from .ufuncs import array_ufunc
+        return array_ufunc(ufunc, method, inputs, kwargs)
+
+    def __array_function__(self, func, types, args, kwargs):
+        from .functions import HANDLED
+        impl = HANDLED.get(func)
+        if impl is None:
+            raise TypeError(f"numpy.{func.__name__} is not supported for DistArray; "
+                            "use x.to_numpy() for a global NumPy copy")
+        return impl(*args, **kwargs)
+
+    # -- reductions ---------------------------------------------------------------------------
+    def sum(self, axis=None, dtype=None, keepdims=False):
+        from . import reductions
+        return reductions.sum(self, axis=axis, dtype=dtype, keepdims=keepdims)
+
+    def prod(self, axis=None, dtype=None, keepdims=False):
+        from . import reductions
+        return reductions.prod(self, axis=axis, dtype=dtype, keepdims=keepdims)
+
+    def mean(self, axis=None, dtype=None, keepdims=False):
+        from . import reductions
+        return reductions.mean(self, axis=axis, dtype=dtype, keepdims=keepdims)
+
+    def var(self, axis=None, dtype=None, ddof=0, keepdims=False):
+        from . import reductions
+        return reductions.var(self, axis=axis, dtype=dtype, ddof=ddof, keepdims=keepdims)
+
+    def std(self, axis=None, dtype=None, ddof=0, keepdims=False):
+        from . import reductions
+        return reductions.std(self, axis=axis, dtype=dtype, ddof=ddof, keepdims=keepdims)
+
+    def min(self, axis=None, keepdims=False):
+        from . import reductions
+        return reductions.min(self, axis=axis, keepdims=keepdims)
+
+    def max(self, axis=None, keepdims=False):
+        from . import reductions
+        return reductions.max(self, axis=axis, keepdims=keepdims)
+
+    def argmin(self, axis=None, keepdims=False):
+        from . import reductions
+        return reductions.argmin(self, axis=axis, keepdims=keepdims)
+
+    def argmax(self, axis=None, keepdims=False):
+        from . import reductions
+        return reductions.argmax(self, axis=axis, keepdims=keepdims)
+
+    def any(self, axis=None, keepdims=False):
+        from . import reductions
+        return reductions.any(self, axis=axis, keepdims=keepdims)
+
+    def all(self, axis=None, keepdims=False):
+        from . import reductions
+        return reductions.all(self, axis=axis, keepdims=keepdims)
+
+    # -- shape manipulation -------------------------------------------------------------------
+    def transpose(self, *axes):
+        from . import manipulation
+        if len(axes) == 1 and (axes[0] is None or not isinstance(axes[0], numbers.Integral)):
+            axes = axes[0]
+        return manipulation.transpose(self, axes or None)
+
+    def reshape(self, *shape):
+        from . import manipulation
+        if len(shape) == 1 and not isinstance(shape[0], numbers.Integral):
+            shape = shape[0]
+        return manipulation.reshape(self, shape)
+
+    def __getitem__(self, key):
+        from .indexing import getitem
+        return getitem(self, key)
+
+    def __setitem__(self, key, value):
+        from .indexing import setitem
+        setitem(self, key, value)
+
+
+def _check_grids(a: ProcessGrid, b: ProcessGrid) -> None:
+    if not a.compatible(b):
+        raise ValueError("the two grids are over different communicators; data cannot move "
+                         "between them")
+
+
+def _binary(ufunc):
+    def fwd(self, other):
+        return ufunc(self, other)
+
+    def rev(self, other):
+        return ufunc(other, self)
+
+    def inplace(self, other):
+        return ufunc(self, other, out=(self,))
+    return fwd, rev, inplace
+
+
+for _name, _uf in [("add", np.add), ("sub", np.subtract), ("mul", np.multiply),
+                   ("truediv", np.true_divide), ("floordiv", np.floor_divide),
+                   ("mod", np.remainder), ("pow", np.power), ("and", np.bitwise_and),
+                   ("or", np.bitwise_or), ("xor", np.bitwise_xor), ("lshift", np.left_shift),
+                   ("rshift", np.right_shift)]:
+    _f, _r, _i = _binary(_uf)
+    setattr(DistArray, f"__{_name}__", _f)
+    setattr(DistArray, f"__r{_name}__", _r)
+    setattr(DistArray, f"__i{_name}__", _i)
+
+for _name, _uf in [("lt", np.less), ("le", np.less_equal), ("gt", np.greater),
+                   ("ge", np.greater_equal), ("eq", np.equal), ("ne", np.not_equal)]:
+    setattr(DistArray, f"__{_name}__", _binary(_uf)[0])
+
+DistArray.__neg__ = lambda self: np.negative(self)
+DistArray.__pos__ = lambda self: np.positive(self)
+DistArray.__abs__ = lambda self: np.absolute(self)
+DistArray.__invert__ = lambda self: np.invert(self)
+DistArray.__divmod__ = lambda self, other: np.divmod(self, other)
+DistArray.__hash__ = None

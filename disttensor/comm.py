@@ -1,0 +1,188 @@
+"""The few MPI patterns used everywhere: collective errors, datatypes, reductions, and
+moving GPU buffers through MPI.
+
+Collective errors: validation that depends only on replicated metadata (global shapes,
+distributions, dtypes) raises the same exception on every rank without any message.  Where a
+check depends on rank-local data, wrap it in :func:`collective`: every rank learns whether any
+rank failed, and all raise the same exception type with the message of the lowest failing rank.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+from functools import lru_cache
+
+import numpy as np
+from mpi4py import MPI
+
+from .backend import array_module, to_host
+
+__all__ = ["CollectiveError", "collective", "check_same", "any_true", "mpi_type",
+           "subarray_type", "allreduce", "host_staging", "cuda_aware_mpi"]
+
+
+class CollectiveError(RuntimeError):
+    """Raised on every rank when a rank failed with an exception that cannot be rebuilt."""
+
+
+def _rebuild(exc_type: type, msg: str) -> BaseException:
+    try:
+        e = exc_type(msg)
+        if str(e) == msg:
+            return e
+    except Exception:
+        pass
+    return CollectiveError(msg)
+
+
+@contextlib.contextmanager
+def collective(comm: MPI.Comm):
+    """Run a block on every rank; if it raised on any rank, raise on all ranks.
+
+    All ranks raise an exception of the type raised on the lowest failing rank, with its
+    message (plus which rank it came from, when it is not this one).  Costs one small
+    all-reduce when nothing failed."""
+    err: BaseException | None = None
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - re-raised below on every rank
+        err = e
+    if comm is None or comm.size == 1:
+        if err is not None:
+            raise err
+        return
+    failed = comm.allreduce(err is not None, op=MPI.LOR)
+    if not failed:
+        return
+    infos = comm.allgather(None if err is None else (type(err), str(err)))
+    first = next(r for r, i in enumerate(infos) if i is not None)
+    exc_type, msg = infos[first]
+    if err is not None and first == comm.rank:
+        raise err
+    raise _rebuild(exc_type, f"{msg} (raised on rank {first})") from err
+
+
+def check_same(comm: MPI.Comm, value, what: str) -> None:
+    """Raise ``ValueError`` on every rank unless ``value`` is equal on all ranks."""
+    if comm.size == 1:
+        return
+    values = comm.allgather(value)
+    if any(v != values[0] for v in values[1:]):
+        raise ValueError(f"{what} differ between ranks: {values}")
+
+
+def any_true(comm: MPI.Comm, flag: bool) -> bool:
+    """Whether ``flag`` is true on any rank (collective)."""
+    return bool(comm.allreduce(bool(flag), op=MPI.LOR)) if comm.size > 1 else bool(flag)
+
+
+# -- datatypes -------------------------------------------------------------------------------
+_NATIVE = {
+    "b": MPI.SIGNED_CHAR, "B": MPI.UNSIGNED_CHAR, "h": MPI.SHORT, "H": MPI.UNSIGNED_SHORT,
+    "i": MPI.INT, "I": MPI.UNSIGNED, "l": MPI.LONG, "L": MPI.UNSIGNED_LONG,
+    "q": MPI.LONG_LONG, "Q": MPI.UNSIGNED_LONG_LONG, "f": MPI.FLOAT, "d": MPI.DOUBLE,
+    "g": MPI.LONG_DOUBLE, "F": MPI.C_FLOAT_COMPLEX, "D": MPI.C_DOUBLE_COMPLEX,
+    "?": MPI.C_BOOL,
+}
+
+
+_derived: dict = {}  # cache of committed derived datatypes, freed before MPI_Finalize
+
+
+def _free_derived() -> None:
+    if not MPI.Is_finalized():
+        for t in _derived.values():
+            if t not in _NATIVE.values():
+                t.Free()
+    _derived.clear()
+
+
+atexit.register(_free_derived)  # runs before mpi4py's own finalize (registered earlier)
+
+
+def mpi_type(dtype: np.dtype) -> MPI.Datatype:
+    """An MPI datatype for moving elements of ``dtype`` (native byte order).  Types MPI has no
+    name for (float16, bfloat16, structured) move as contiguous bytes."""
+    dtype = np.dtype(dtype)
+    key = ("elem", dtype.str)
+    t = _derived.get(key)
+    if t is None:
+        t = _NATIVE.get(dtype.char) if dtype.isnative else None
+        if t is None or t == MPI.DATATYPE_NULL or t.Get_size() != dtype.itemsize:
+            t = MPI.BYTE.Create_contiguous(dtype.itemsize)
+            t.Commit()
+        _derived[key] = t
+    return t
+
+
+def subarray_type(dtype: np.dtype, sizes: tuple[int, ...], start: tuple[int, ...],
+                  subsizes: tuple[int, ...]) -> MPI.Datatype:
+    """Committed (cached) MPI subarray type of a C-ordered buffer of shape ``sizes``.  Zero-d
+    buffers and empty boxes are not allowed (callers skip them)."""
+    base = mpi_type(np.dtype(dtype))
+    if len(sizes) == 0:
+        return base
+    key = (np.dtype(dtype).str, tuple(sizes), tuple(start), tuple(subsizes))
+    t = _derived.get(key)
+    if t is None:
+        if len(_derived) > 8192:  # bound the cache; types of finished operations only
+            _free_derived()
+            base = mpi_type(np.dtype(dtype))
+        t = base.Create_subarray(list(sizes), list(subsizes), list(start), order=MPI.ORDER_C)
+        t.Commit()
+        _derived[key] = t
+    return t
+
+
+# -- reductions ------------------------------------------------------------------------------
+_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX,
+        "land": MPI.LAND, "lor": MPI.LOR}
+
+
+def allreduce(comm: MPI.Comm, arr, op: str):
+    """All-reduce a NumPy or CuPy array elementwise over ``comm`` (returns a new array of the
+    same kind and dtype).  float16/bfloat16 reduce in float32; bool reduces as uint8.
+    ``min``/``max`` propagate NaN as NumPy does."""
+    xp = array_module(arr)
+    if comm.size == 1:
+        return arr.copy()
+    host = to_host(arr)
+    dtype = host.dtype
+    work = np.ascontiguousarray(host)
+    if dtype == np.bool_:
+        work = work.astype(np.uint8)
+    elif dtype.kind == "f" and dtype.itemsize < 4 or dtype.char not in _NATIVE:
+        work = work.astype(np.float32 if dtype.kind == "f" else np.float64)
+    out = np.empty_like(work)
+    comm.Allreduce(work, out, op=_OPS[op])
+    if op in ("min", "max") and work.dtype.kind in "fc":
+        nan = np.isnan(work).astype(np.uint8)
+        anynan = np.empty_like(nan)
+        comm.Allreduce(nan, anynan, op=MPI.MAX)
+        out[anynan.astype(bool)] = np.nan
+    out = out.astype(dtype, copy=False)
+    return out if xp is np else xp.asarray(out)
+
+
+# -- GPU buffers -----------------------------------------------------------------------------
+@lru_cache(maxsize=1)
+def cuda_aware_mpi() -> bool:
+    """Whether the MPI library reports CUDA support (MPIX_Query_cuda_support where the
+    library has it; otherwise the ``DISTTENSOR_CUDA_AWARE_MPI=1`` environment variable)."""
+    import os
+    env = os.environ.get("DISTTENSOR_CUDA_AWARE_MPI")
+    if env is not None:
+        return env not in ("0", "", "false", "no")
+    try:
+        from mpi4py.util import pkl5  # noqa: F401 - only to be sure mpi4py.util exists
+        query = getattr(MPI, "Query_cuda_support", None)
+        if query is not None:
+            return bool(query())
+    except Exception:
+        pass
+    return False
+
+
+def host_staging(arr) -> bool:
+    """Whether a device array must go through host memory for MPI."""
+    return array_module(arr) is not np and not cuda_aware_mpi()

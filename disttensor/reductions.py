@@ -1,0 +1,245 @@
+"""Reductions over DistArrays: sum, prod, mean, var, std, min, max, argmin, argmax, any, all.
+
+Each reduces its local block, then combines the partial results with one all-reduce over the
+sub-communicator of the grid axes that split the reduced tensor axes (replicas along other grid
+axes are not counted twice).  The result keeps the distribution of the axes that remain; a
+reduced axis kept with ``keepdims`` has length 1 and is not split.  A reduction over all axes
+returns a 0-d DistArray (replicated; ``float(r)``/``r.item()`` give the value).
+"""
+from __future__ import annotations
+
+import builtins
+
+import numpy as np
+from mpi4py import MPI
+
+from .array import DistArray
+from .backend import array_module, to_host
+from .comm import allreduce
+from .distribution import Distribution
+
+__all__ = ["sum", "prod", "mean", "var", "std", "min", "max", "argmin", "argmax", "any", "all"]
+
+
+def _axes(x: DistArray, axis) -> tuple[int, ...]:
+    if axis is None:
+        return tuple(range(x.ndim))
+    if isinstance(axis, (int, np.integer)):
+        axis = (axis,)
+    out = []
+    for a in axis:
+        a = int(a)
+        if not -x.ndim <= a < x.ndim:
+            raise np.exceptions.AxisError(a, x.ndim)
+        out.append(a % x.ndim)
+    if len(set(out)) != len(out):
+        raise ValueError(f"duplicate value in 'axis': {axis}")
+    return tuple(sorted(out))
+
+
+def _result_dist(x: DistArray, axes, keepdims: bool) -> Distribution:
+    d = x.distribution
+    if keepdims:
+        shape = [1 if t in axes else n for t, n in enumerate(d.shape)]
+        split = [None if t in axes else g for t, g in enumerate(d.split)]
+        sizes = [None if (t in axes or g is None) else d.sizes(t) for t, g in enumerate(d.split)]
+        return Distribution(shape, d.grid_dims, split, sizes)
+    return d.drop_axes(axes)
+
+
+def _comm(x: DistArray, axes):
+    gaxes = [x.split[t] for t in axes if x.split[t] is not None]
+    return x.grid.sub_comm(gaxes) if gaxes else None
+
+
+def _finish(x: DistArray, partial, axes, keepdims: bool) -> DistArray:
+    """``partial`` has the local block's shape with reduced axes of length 1."""
+    if not keepdims:
+        partial = partial.reshape(tuple(n for t, n in enumerate(partial.shape) if t not in axes))
+    return DistArray(partial, _result_dist(x, axes, keepdims), x.grid)
+
+
+def _reduce(x: DistArray, axes, op: str, partial, keepdims: bool) -> DistArray:
+    comm = _comm(x, axes)
+    if comm is not None and comm.size > 1:
+        partial = allreduce(comm, partial, op)
+    return _finish(x, partial, axes, keepdims)
+
+
+def sum(x: DistArray, axis=None, dtype=None, keepdims=False) -> DistArray:
+    axes = _axes(x, axis)
+    part = x.local.sum(axis=axes, dtype=dtype, keepdims=True)
+    return _reduce(x, axes, "sum", part, keepdims)
+
+
+def prod(x: DistArray, axis=None, dtype=None, keepdims=False) -> DistArray:
+    axes = _axes(x, axis)
+    part = x.local.prod(axis=axes, dtype=dtype, keepdims=True)
+    return _reduce(x, axes, "prod", part, keepdims)
+
+
+def _count(x: DistArray, axes) -> int:
+    n = 1
+    for t in axes:
+        n *= x.shape[t]
+    return n
+
+
+def _mean_dtype(x: DistArray, dtype):
+    if dtype is not None:
+        return np.dtype(dtype), np.dtype(dtype)
+    if x.dtype.kind in "biu":
+        return np.dtype(np.float64), np.dtype(np.float64)
+    if x.dtype == np.float16:
+        return np.dtype(np.float16), np.dtype(np.float32)  # NumPy accumulates half in float32
+    return x.dtype, x.dtype
+
+
+def mean(x: DistArray, axis=None, dtype=None, keepdims=False) -> DistArray:
+    axes = _axes(x, axis)
+    out_dt, acc_dt = _mean_dtype(x, dtype)
+    s = sum(x, axis=axes, dtype=acc_dt, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        m = s.local / _count(x, axes)
+    return _finish(x, m.astype(out_dt, copy=False), axes, keepdims)
+
+
+def var(x: DistArray, axis=None, dtype=None, ddof=0, keepdims=False) -> DistArray:
+    """Two-pass variance (mean first, then the sum of squared deviations)."""
+    axes = _axes(x, axis)
+    out_dt, acc_dt = _mean_dtype(x, dtype)
+    m = mean(x, axis=axes, dtype=acc_dt, keepdims=True)
+    dev = x.local.astype(acc_dt, copy=False) - m.local
+    xp = array_module(dev)
+    sq = (dev * xp.conj(dev)).real if xp.iscomplexobj(dev) else dev * dev
+    part = sq.sum(axis=axes, keepdims=True)
+    comm = _comm(x, axes)
+    if comm is not None and comm.size > 1:
+        part = allreduce(comm, part, "sum")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        v = part / builtins.max(_count(x, axes) - ddof, 0)
+    real_dt = np.empty(0, out_dt).real.dtype
+    return _finish(x, v.astype(real_dt, copy=False), axes, keepdims)
+
+
+def std(x: DistArray, axis=None, dtype=None, ddof=0, keepdims=False) -> DistArray:
+    v = var(x, axis=axis, dtype=dtype, ddof=ddof, keepdims=keepdims)
+    v.local[...] = array_module(v.local).sqrt(v.local)
+    return v
+
+
+def _extreme_identity(dtype: np.dtype, op: str):
+    if dtype.kind == "f":
+        return np.inf if op == "min" else -np.inf
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return info.max if op == "min" else info.min
+    if dtype.kind == "b":
+        return op == "min"
+    raise TypeError(f"{op} is not supported for dtype {dtype}")
+
+
+def _minmax(x: DistArray, axis, keepdims, op: str) -> DistArray:
+    axes = _axes(x, axis)
+    if _count(x, axes) == 0:
+        raise ValueError(f"zero-size array to reduction operation {'minimum' if op == 'min' else 'maximum'} "
+                         "which has no identity")
+    loc = x.local
+    if loc.size == 0:
+        shape = tuple(1 if t in axes else n for t, n in enumerate(loc.shape))
+        part = array_module(loc).full(shape, _extreme_identity(x.dtype, op), dtype=x.dtype)
+    else:
+        part = (loc.min if op == "min" else loc.max)(axis=axes, keepdims=True)
+    return _reduce(x, axes, op, part, keepdims)
+
+
+def min(x: DistArray, axis=None, keepdims=False) -> DistArray:
+    return _minmax(x, axis, keepdims, "min")
+
+
+def max(x: DistArray, axis=None, keepdims=False) -> DistArray:
+    return _minmax(x, axis, keepdims, "max")
+
+
+def any(x: DistArray, axis=None, keepdims=False) -> DistArray:
+    axes = _axes(x, axis)
+    return _reduce(x, axes, "lor", x.local.any(axis=axes, keepdims=True), keepdims)
+
+
+def all(x: DistArray, axis=None, keepdims=False) -> DistArray:
+    axes = _axes(x, axis)
+    return _reduce(x, axes, "land", x.local.all(axis=axes, keepdims=True), keepdims)
+
+
+def _better(op, v_new, i_new, v_best, i_best):
+    """Where candidate (v_new, i_new) beats the current best: NaN first (as NumPy), then
+    smaller (argmin) / larger (argmax) value, then lower global index; i < 0 is 'none'."""
+    valid = i_new >= 0
+    none_best = i_best < 0
+    if v_new.dtype.kind in "fc":
+        nan_new, nan_best = np.isnan(v_new), np.isnan(v_best)
+    else:
+        nan_new = nan_best = np.zeros(v_new.shape, bool)
+    with np.errstate(invalid="ignore"):
+        strictly = (v_new < v_best) if op == "min" else (v_new > v_best)
+        equal = v_new == v_best
+    plain = ~nan_new & ~nan_best & (strictly | (equal & (i_new < i_best)))
+    nans = nan_new & (~nan_best | (i_new < i_best))
+    return valid & (none_best | nans | plain)
+
+
+def _arg(x: DistArray, axis, keepdims: bool, op: str) -> DistArray:
+    if x.size == 0:
+        raise ValueError(f"attempt to get arg{op} of an empty sequence")
+    loc = to_host(x.local)
+    box = x.distribution.block_box(x.grid.coords)
+    if axis is None:
+        flat = loc.reshape(-1)
+        if flat.size:
+            k = int(np.argmin(flat) if op == "min" else np.argmax(flat))
+            val = flat[k:k + 1]
+            gidx = np.ravel_multi_index(
+                tuple(s + i for s, i in zip(box.start, np.unravel_index(k, loc.shape))), x.shape)
+            idx = np.array([gidx], dtype=np.int64)
+        else:
+            val = np.zeros(1, dtype=x.dtype)
+            idx = np.array([-1], dtype=np.int64)
+        comm = x.grid.cart
+        axes = tuple(range(x.ndim))
+    else:
+        (a,) = _axes(x, axis)
+        axes = (a,)
+        if loc.shape[a]:
+            k = np.argmin(loc, axis=a, keepdims=True) if op == "min" else np.argmax(loc, axis=a, keepdims=True)
+            val = np.take_along_axis(loc, k, axis=a)
+            idx = k.astype(np.int64) + box.start[a]
+        else:
+            shape = tuple(1 if t == a else n for t, n in enumerate(loc.shape))
+            val = np.zeros(shape, dtype=x.dtype)
+            idx = np.full(shape, -1, dtype=np.int64)
+        comm = _comm(x, axes)
+    if comm is not None and comm.size > 1:
+        vals = np.empty((comm.size,) + val.shape, dtype=val.dtype)
+        idxs = np.empty((comm.size,) + idx.shape, dtype=np.int64)
+        comm.Allgather(np.ascontiguousarray(val), vals)
+        comm.Allgather(np.ascontiguousarray(idx), idxs)
+        bv, bi = vals[0].copy(), idxs[0].copy()
+        for r in range(1, comm.size):
+            upd = _better(op, vals[r], idxs[r], bv, bi)
+            bv[upd] = vals[r][upd]
+            bi[upd] = idxs[r][upd]
+        idx = bi
+    xp = array_module(x.local)
+    if axis is None:
+        res = idx.reshape((1,) * x.ndim) if keepdims else idx.reshape(())
+        d = _result_dist(x, axes, keepdims)
+        return DistArray(xp.asarray(res) if xp is not np else res, d, x.grid)
+    return _finish(x, xp.asarray(idx) if xp is not np else idx, axes, keepdims)
+
+
+def argmin(x: DistArray, axis=None, keepdims=False) -> DistArray:
+    return _arg(x, axis, keepdims, "min")
+
+
+def argmax(x: DistArray, axis=None, keepdims=False) -> DistArray:
+    return _arg(x, axis, keepdims, "max")

@@ -1,0 +1,170 @@
+"""Elementwise NumPy ufuncs on DistArrays, and the alignment rule for mixed operands.
+
+See the module docstring of :mod:`disttensor.array` for the rule; :func:`result_layout` and
+:func:`align` implement it and are shared by ``where``, ``__setitem__`` and ``concatenate``.
+"""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from .array import DistArray, _check_grids
+from .backend import array_module, to_device
+from .distribution import Distribution
+from .grid import ProcessGrid
+
+__all__ = ["array_ufunc", "result_layout", "align", "operand_shape"]
+
+_REDUCE = {np.add: "sum", np.multiply: "prod", np.minimum: "min", np.maximum: "max",
+           np.logical_and: "all", np.logical_or: "any", np.fmin: "min", np.fmax: "max"}
+
+
+def operand_shape(x) -> tuple[int, ...]:
+    if isinstance(x, DistArray):
+        return x.shape
+    return tuple(np.shape(x))
+
+
+def _is_array_like(x) -> bool:
+    return isinstance(x, np.ndarray) or type(x).__module__.startswith("cupy")
+
+
+def result_layout(operands, shape) -> tuple[ProcessGrid, Distribution]:
+    """The (grid, distribution) of an elementwise result of ``shape`` (alignment rule)."""
+    dists = [x for x in operands if isinstance(x, DistArray)]
+    if not dists:
+        raise TypeError("no DistArray operand")
+    for x in dists:
+        if x.shape == tuple(shape):
+            return x.grid, x.distribution
+    grid = dists[0].grid
+    nd = len(shape)
+    split: list[int | None] = [None] * nd
+    sizes: list = [None] * nd
+    used = set()
+    for j in range(nd):
+        for x in dists:
+            i = j - (nd - x.ndim)
+            if i < 0 or x.shape[i] != shape[j] or x.grid.dims != grid.dims:
+                continue
+            g = x.split[i]
+            if g is not None and g not in used:
+                split[j] = g
+                sizes[j] = x.distribution.sizes(i)
+                used.add(g)
+            break
+    return grid, Distribution(shape, grid.dims, split, sizes)
+
+
+def align(x, grid: ProcessGrid, dist: Distribution, device: str):
+    """This rank's part of operand ``x`` that NumPy-broadcasts against the local block of
+    ``dist`` (collective when ``x`` is a DistArray that must be redistributed)."""
+    if isinstance(x, DistArray):
+        _check_grids(x.grid, grid)
+        if x.distribution == dist and x.grid.dims == grid.dims:
+            local = x.local
+        else:
+            nd, od = dist.ndim, x.ndim
+            split, sizes = [], []
+            for i in range(od):
+                j = i + nd - od
+                if x.shape[i] == dist.shape[j] and not (x.shape[i] == 1 and dist.split[j] is None):
+                    split.append(dist.split[j])
+                    sizes.append(dist.sizes(j) if dist.split[j] is not None else None)
+                else:
+                    split.append(None)
+                    sizes.append(None)
+            target = Distribution(x.shape, dist.grid_dims, split, sizes)
+            if target == x.distribution:
+                local = x.local
+            else:
+                local = x.redistribute(grid=grid, distribution=target).local
+        if x.device != device:
+            local = to_device(local, device)
+        return local
+    if _is_array_like(x):
+        shp = x.shape
+        if len(shp) > dist.ndim:
+            raise ValueError(f"operand of shape {shp} does not broadcast to {dist.shape}")
+        block = dist.block_slices(grid.coords)
+        sl = tuple(slice(None) if n == 1 else block[i + dist.ndim - len(shp)]
+                   for i, n in enumerate(shp))
+        return to_device(x[sl], device)
+    return x  # scalar
+
+
+def _device_of_operands(dists) -> str:
+    devs = {x.device for x in dists}
+    if len(devs) > 1:
+        raise ValueError("operands live on different devices (cpu and cuda); move one with "
+                         "x.to_device(...)")
+    return devs.pop()
+
+
+def array_ufunc(ufunc, method, inputs, kwargs):
+    if method == "reduce" and ufunc in _REDUCE:
+        from . import reductions
+        (x,) = inputs
+        if not isinstance(x, DistArray) or kwargs.get("out") is not None:
+            return NotImplemented
+        return getattr(reductions, _REDUCE[ufunc])(
+            x, axis=kwargs.get("axis", 0), keepdims=kwargs.get("keepdims", False),
+            **({"dtype": kwargs["dtype"]} if "dtype" in kwargs and _REDUCE[ufunc] in ("sum", "prod") else {}))
+    if method != "__call__":
+        return NotImplemented
+    for x in inputs:
+        if not (isinstance(x, (DistArray, numbers.Number, np.generic, bool)) or _is_array_like(x)):
+            return NotImplemented
+    out = kwargs.pop("out", None)
+    if out is not None:
+        out = out if isinstance(out, tuple) else (out,)
+        if any(not isinstance(o, DistArray) for o in out if o is not None):
+            raise TypeError("out= of a ufunc on DistArrays must be DistArrays")
+    where = kwargs.pop("where", True)
+    shapes = [operand_shape(x) for x in inputs]
+    if where is not True:
+        shapes.append(operand_shape(where))
+    try:
+        shape = np.broadcast_shapes(*shapes)
+    except ValueError:
+        raise ValueError(f"operands could not be broadcast together with shapes "
+                         f"{' '.join(str(s) for s in shapes)}") from None
+    dists = [x for x in inputs if isinstance(x, DistArray)]
+    if out is not None:
+        dists += [o for o in out if o is not None]
+    device = _device_of_operands(dists)
+    if out is not None and out[0] is not None:
+        o = out[0]
+        if o.shape != tuple(shape):
+            raise ValueError(f"out has shape {o.shape} but the result has shape {tuple(shape)}")
+        grid, dist = o.grid, o.distribution
+    else:
+        grid, dist = result_layout(list(inputs) + ([where] if where is not True else []), shape)
+    locals_ = [align(x, grid, dist, device) for x in inputs]
+    if where is not True:
+        kwargs["where"] = align(where, grid, dist, device)
+    if out is not None:
+        outs = []
+        for o in out:
+            if o is None:
+                outs.append(None)
+                continue
+            if o.distribution != dist or o.grid.dims != grid.dims:
+                raise ValueError("all out= arrays must share one distribution")
+            outs.append(o.local)
+        kwargs["out"] = tuple(outs)
+    res = ufunc(*locals_, **kwargs)
+    if ufunc.nout == 1:
+        res = (res,)
+    wrapped = []
+    for k, r in enumerate(res):
+        if out is not None and out[k] is not None:
+            wrapped.append(out[k])
+        else:
+            block = dist.block_shape(grid.coords)
+            if tuple(getattr(r, "shape", ())) != block:  # every operand was broadcast
+                xp = array_module(r) if hasattr(r, "shape") else np
+                r = xp.broadcast_to(xp.asarray(r), block).copy()
+            wrapped.append(DistArray(r, dist, grid))
+    return wrapped[0] if ufunc.nout == 1 else tuple(wrapped)
