@@ -13,6 +13,10 @@ from numpy import (absolute, abs, add, arccos, arcsin, arctan, arctan2, ceil, cl
                    rint, sign, sin, sinh, sqrt, square, subtract, tan, tanh, true_divide, trunc)
 
 from . import random
+# Load the submodules that share a name with a function defined below first: importing a
+# submodule binds it as a package attribute on first load, which would otherwise replace
+# the function `disttensor.redistribute` by the module once anything imported it lazily.
+from . import redistribute as _redistribute_module  # noqa: F401
 from .array import DistArray
 from .creation import (arange, empty, empty_like, from_global, full, full_like, linspace, ones,
                        ones_like, zeros, zeros_like)

@@ -143,7 +143,9 @@ class DistArray:
                         sz = [per[c] for c in range(grid.dims[g])]
                         glob.append(sum(sz))
                         all_sizes.append(sz)
-                distribution = Distribution(glob, grid.dims, split, all_sizes)
+                # explicit ownership sizes are checked against the blocks (below), not ignored
+                distribution = Distribution(glob, grid.dims, split,
+                                            all_sizes if sizes is None else sizes)
         with collective(grid.cart):
             want = distribution.block_shape(grid.coords)
             if local_shape != want:
@@ -314,9 +316,9 @@ class DistArray:
     def to_numpy(self) -> np.ndarray:
         """Collective: the global array as NumPy on every rank."""
         from .redistribute import redistribute_blocks
-        local = np.ascontiguousarray(to_host(self._local))
         if self.ndim == 0:
-            return np.array(local)
+            return np.array(to_host(self._local))
+        local = np.ascontiguousarray(to_host(self._local))
         target = Distribution(self.shape, self._dist.grid_dims, (None,) * self.ndim)
         return redistribute_blocks(self._grid.cart, local, self._dist, target)
 

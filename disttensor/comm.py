@@ -97,7 +97,22 @@ def _free_derived() -> None:
     _derived.clear()
 
 
-atexit.register(_free_derived)  # runs before mpi4py's own finalize (registered earlier)
+def _register_free_at_finalize() -> None:
+    """Free the cached datatypes when MPI is finalized, however that happens: an attribute on
+    ``MPI_COMM_SELF`` is deleted at the very start of ``MPI_Finalize`` (the MPI standard's hook
+    for clean-up), so an explicit ``MPI.Finalize()`` by the application frees them too (an
+    ``atexit`` handler alone runs too late then, and MPICH warns of leaked handles)."""
+    try:
+        if MPI.Is_finalized() or not MPI.Is_initialized():
+            return
+        keyval = MPI.Comm.Create_keyval(delete_fn=lambda comm, key, val: _free_derived())
+        MPI.COMM_SELF.Set_attr(keyval, None)
+    except Exception:  # pragma: no cover - an MPI without attribute callbacks: atexit only
+        pass
+
+
+_register_free_at_finalize()
+atexit.register(_free_derived)  # when MPI is finalized by mpi4py at exit (after atexit)
 
 
 def mpi_type(dtype: np.dtype) -> MPI.Datatype:
@@ -153,8 +168,18 @@ def allreduce(comm: MPI.Comm, arr, op: str):
         work = work.astype(np.uint8)
     elif dtype.kind == "f" and dtype.itemsize < 4 or dtype.char not in _NATIVE:
         work = work.astype(np.float32 if dtype.kind == "f" else np.float64)
+    top = None
+    if op in ("min", "max") and work.dtype.kind == "u":
+        # MPICH 4.0 (ch4) compares unsigned types as signed in MPI_MIN/MPI_MAX (min(4, 255)
+        # of uint8 gives 255); flipping the top bit maps the unsigned order onto the signed
+        # order exactly, so this is right with any MPI
+        unsigned = work.dtype
+        top = np.array(1 << (8 * unsigned.itemsize - 1), dtype=unsigned)
+        work = np.ascontiguousarray(work ^ top).view(f"i{unsigned.itemsize}")
     out = np.empty_like(work)
     comm.Allreduce(work, out, op=_OPS[op])
+    if top is not None:
+        out = out.view(unsigned) ^ top
     if op in ("min", "max") and work.dtype.kind in "fc":
         nan = np.isnan(work).astype(np.uint8)
         anynan = np.empty_like(nan)

@@ -90,7 +90,9 @@ def local_index_grid(x: DistArray):
 
 def arange(start, stop=None, step=1, dtype=None, grid=None, split=None, sizes=None,
            device="cpu") -> DistArray:
-    """Like ``numpy.arange``; element ``i`` is ``start + i * step``."""
+    """Like ``numpy.arange``, with NumPy's formula: the first two elements are ``start`` and
+    ``start + step`` cast to the dtype, element ``i >= 2`` is ``v0 + i * (v1 - v0)`` evaluated
+    in the dtype (float32 for float16), so the values are bit-identical to NumPy's."""
     if stop is None:
         start, stop = 0, start
     if step == 0:
@@ -99,10 +101,15 @@ def arange(start, stop=None, step=1, dtype=None, grid=None, split=None, sizes=No
     n = max(0, int(np.ceil((stop - start) / step)))
     x = empty((n,), dtype=out_dtype, grid=grid, split=split, sizes=sizes, device="cpu")
     (i,) = local_index_grid(x)
-    if out_dtype.kind in "iu":
-        vals = start + i * step
+    if out_dtype.kind in "iu" and all(isinstance(v, (int, np.integer)) for v in (start, step)):
+        vals = start + i * step  # exact (no wrap-around in int64 for sane ranges)
     else:
-        vals = start + i.astype(np.float64) * (np.float64(start + step) - start)
+        acc = np.dtype(np.float32) if out_dtype == np.float16 else out_dtype
+        with np.errstate(over="ignore", invalid="ignore"):
+            v0 = np.asarray(start).astype(out_dtype).astype(acc)
+            v1 = np.asarray(start + step).astype(out_dtype).astype(acc)
+            vals = v0 + i.astype(acc) * (v1 - v0)
+            vals = np.where(i == 0, v0, np.where(i == 1, v1, vals))
     x.local[...] = vals.astype(out_dtype)
     return x.to_device(device) if device != "cpu" else x
 
@@ -146,7 +153,8 @@ def from_global(a, grid=None, split=None, sizes=None, root=None, device="cpu", h
         grid_, dist = make_distribution(host.shape, g, split, sizes)
         from .comm import check_same
         check_same(comm, (host.shape, host.dtype.str), "global array shapes/dtypes passed to from_global")
-        local = np.ascontiguousarray(host[dist.block_slices(g.coords)])
+        # always a copy (never alias the caller's array); `...` keeps 0-d blocks arrays
+        local = np.array(host[dist.block_slices(g.coords) + (Ellipsis,)], copy=True, order="C")
     else:
         with collective(comm):
             if not 0 <= root < comm.size:

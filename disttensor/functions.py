@@ -10,31 +10,65 @@ from .indexing import flip
 __all__ = ["HANDLED"]
 
 
-def _red(fn, extra=()):
-    def impl(a, axis=None, *args, out=None, keepdims=False, **kwargs):
-        if out is not None:
+_NOVALUE = getattr(np, "_NoValue", object())
+
+
+def _red(fn, params, extra=()):
+    """``np.<reduction>`` for DistArrays.  ``params`` are NumPy's parameter names after ``a``
+    (so positional arguments bind as in NumPy); ``extra`` are those passed on to ``fn``.
+    Options DistArray reductions do not implement (``out=``, ``where=``, ``initial=``,
+    ``mean=``) raise ``TypeError`` instead of being ignored."""
+    def impl(a, *args, **kwargs):
+        if len(args) > len(params):
+            raise TypeError(f"{fn.__name__}() takes at most {len(params) + 1} positional arguments")
+        for name, v in zip(params, args):
+            if name in kwargs:
+                raise TypeError(f"{fn.__name__}() got multiple values for argument '{name}'")
+            kwargs[name] = v
+        kwargs = {k: v for k, v in kwargs.items() if v is not _NOVALUE}
+        if kwargs.pop("out", None) is not None:
             raise TypeError("out= is not supported for DistArray reductions")
-        if args:
-            raise TypeError("pass reduction options by keyword")
-        kwargs = {k: v for k, v in kwargs.items() if k in extra and v is not None}
-        return fn(a, axis=axis, keepdims=bool(keepdims), **kwargs)
+        where = kwargs.pop("where", True)
+        if where is not True:
+            raise TypeError("where= is not supported for DistArray reductions")
+        for name in ("initial", "mean"):
+            if name in kwargs:
+                raise TypeError(f"{name}= is not supported for DistArray reductions")
+        if "correction" in kwargs:  # NumPy 2 spelling of ddof
+            c = kwargs.pop("correction")
+            if kwargs.get("ddof", 0) != 0:
+                raise ValueError("ddof and correction can't be provided simultaneously.")
+            kwargs["ddof"] = c
+        unknown = set(kwargs) - set(extra) - {"axis", "keepdims"}
+        if unknown:
+            raise TypeError(f"{fn.__name__}() got unexpected keyword argument(s) {sorted(unknown)}")
+        kw = {k: v for k, v in kwargs.items() if k in extra and v is not None}
+        return fn(a, axis=kwargs.get("axis"), keepdims=bool(kwargs.get("keepdims", False)), **kw)
     return impl
 
 
+_SUM = ("axis", "dtype", "out", "keepdims", "initial", "where")
+_MEAN = ("axis", "dtype", "out", "keepdims")
+_VAR = ("axis", "dtype", "out", "ddof", "keepdims")
+_MIN = ("axis", "out", "keepdims", "initial", "where")
+_ARG = ("axis", "out")
+_ANY = ("axis", "out", "keepdims")
+
+
 HANDLED = {
-    np.sum: _red(reductions.sum, ("dtype",)),
-    np.prod: _red(reductions.prod, ("dtype",)),
-    np.mean: _red(reductions.mean, ("dtype",)),
-    np.var: _red(reductions.var, ("dtype", "ddof")),
-    np.std: _red(reductions.std, ("dtype", "ddof")),
-    np.min: _red(reductions.min),
-    np.max: _red(reductions.max),
-    np.amin: _red(reductions.min),
-    np.amax: _red(reductions.max),
-    np.argmin: _red(reductions.argmin),
-    np.argmax: _red(reductions.argmax),
-    np.any: _red(reductions.any),
-    np.all: _red(reductions.all),
+    np.sum: _red(reductions.sum, _SUM, ("dtype",)),
+    np.prod: _red(reductions.prod, _SUM, ("dtype",)),
+    np.mean: _red(reductions.mean, _MEAN, ("dtype",)),
+    np.var: _red(reductions.var, _VAR, ("dtype", "ddof")),
+    np.std: _red(reductions.std, _VAR, ("dtype", "ddof")),
+    np.min: _red(reductions.min, _MIN),
+    np.max: _red(reductions.max, _MIN),
+    np.amin: _red(reductions.min, _MIN),
+    np.amax: _red(reductions.max, _MIN),
+    np.argmin: _red(reductions.argmin, _ARG),
+    np.argmax: _red(reductions.argmax, _ARG),
+    np.any: _red(reductions.any, _ANY),
+    np.all: _red(reductions.all, _ANY),
     np.where: manipulation.where,
     np.concatenate: lambda arrays, axis=0, out=None, dtype=None, casting="same_kind":
         manipulation.concatenate(arrays, axis=axis, dtype=dtype),

@@ -111,6 +111,11 @@ class ProcessGrid:
         if sub is None:
             if len(key) == self.ndim:
                 sub = self.cart
+            elif not key:
+                # MPI_Cart_sub with no axis kept should give every rank a 0-d topology of
+                # size 1, but MPICH hands MPI_COMM_NULL to all ranks but one; COMM_SELF is
+                # exactly the communicator asked for.
+                sub = MPI.COMM_SELF.Dup()
             else:
                 sub = self.cart.Sub([g in key for g in range(self.ndim)])
             self._subs[key] = sub

@@ -17,6 +17,7 @@ CUDA-aware (``disttensor.comm.cuda_aware_mpi``).
 """
 from __future__ import annotations
 
+import zlib
 from functools import lru_cache
 from typing import Sequence
 
@@ -24,7 +25,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .backend import array_module
-from .comm import host_staging, subarray_type
+from .comm import collective, host_staging, subarray_type
 from .distribution import Distribution
 from .plans import CommPlan, halo_plan
 
@@ -58,6 +59,28 @@ def normalize_boundary(boundary, ndim: int) -> tuple[bool, ...]:
     return tuple(one(b) for b in boundary)
 
 
+def _agree(comm: MPI.Comm, err: Exception | None, args) -> None:
+    """Collective: raise ``err`` on its rank and the same exception type elsewhere if any rank
+    failed, or ``ValueError`` everywhere if ``args`` differ between ranks.  One 3-integer
+    all-reduce when all is well (the split-phase object is made once and reused, but the
+    one-shot ``x.exchange_halo()`` pays it each call)."""
+    if comm.size == 1:
+        if err is not None:
+            raise err
+        return
+    h = zlib.crc32(repr(args).encode())
+    flags = np.array([err is not None, h, -h], dtype=np.int64)
+    comm.Allreduce(MPI.IN_PLACE, flags, op=MPI.MAX)
+    if not flags[0] and flags[1] == -flags[2]:
+        return
+    with collective(comm):
+        if err is not None:
+            raise err
+    everyone = comm.allgather(args)
+    raise ValueError("halo widths (lo, hi) and periodic boundary flags must be the same on "
+                     f"every rank, got by rank: {everyone}")
+
+
 class HaloExchange:
     """A reusable, split-phase halo exchange of ``x``'s buffer (collective).
 
@@ -68,16 +91,23 @@ class HaloExchange:
     def __init__(self, x, boundary="zero"):
         self.x = x
         dist = x.distribution
-        self.periodic = normalize_boundary(boundary, x.ndim)
+        self.comm: MPI.Comm = x.grid.cart
         lo = tuple(h[0] for h in x.halo)
         hi = tuple(h[1] for h in x.halo)
-        for t, (a, b, per) in enumerate(zip(lo, hi, self.periodic)):
-            if not per and max(a, b) > dist.shape[t]:
-                raise ValueError(
-                    f"halo ({a}, {b}) on axis {t} is wider than its global extent "
-                    f"{dist.shape[t]} and the axis is not periodic")
-        self.comm: MPI.Comm = x.grid.cart
-        self.plan = plan(dist, self.comm.rank, lo, hi, self.periodic)
+        # Validate before the first message, and agree on it: the widths and the boundary are
+        # per-rank arguments, and a rank whose plan differs would leave its peers waiting.
+        err: Exception | None = None
+        try:
+            self.periodic = normalize_boundary(boundary, x.ndim)
+            for t, (a, b, per) in enumerate(zip(lo, hi, self.periodic)):
+                if not per and max(a, b) > dist.shape[t]:
+                    raise ValueError(
+                        f"halo ({a}, {b}) on axis {t} is wider than its global extent "
+                        f"{dist.shape[t]} and the axis is not periodic")
+            self.plan = plan(dist, self.comm.rank, lo, hi, self.periodic)
+        except Exception as e:  # noqa: BLE001 - re-raised on every rank by _agree
+            err = e
+        _agree(self.comm, err, (lo, hi, getattr(self, "periodic", None)))
         self._reqs: list[MPI.Request] = []
         self._pending: list = []
         self._mode: str | None = None

@@ -47,8 +47,11 @@ def normalize_key(key, shape) -> tuple[list[AxisSelection], list[int]]:
     for k in key:
         if isinstance(k, (bool, np.bool_)) or not (
                 k is None or k is Ellipsis or isinstance(k, (slice, numbers.Integral))):
-            raise TypeError("only integers, slices (`:`), ellipsis (`...`) and None are valid "
-                            f"DistArray indices (advanced indexing is not supported), got {k!r}")
+            msg = ("only integers, slices (`:`), ellipsis (`...`) and None are valid "
+                   f"DistArray indices (advanced indexing is not supported), got {k!r}")
+            if isinstance(k, (bool, np.bool_, list, tuple)) or hasattr(k, "shape"):
+                raise TypeError(msg)  # advanced indexing: NumPy would accept it
+            raise IndexError(msg)  # a float, a string...: NumPy raises IndexError too
     if sum(k is Ellipsis for k in key) > 1:
         raise IndexError("an index can only have a single ellipsis ('...')")
     used = sum(1 for k in key if k is not None and k is not Ellipsis)
@@ -115,10 +118,10 @@ def _selection(x: DistArray, sels):
 def flip(x: DistArray, axis) -> DistArray:
     """Reverse ``x`` along ``axis`` (int or tuple).  Along a split axis the block of grid
     coordinate ``c`` goes to ``p-1-c`` and the ownership sizes are reversed."""
-    axes = (axis,) if isinstance(axis, numbers.Integral) else tuple(axis)
+    from numpy.lib.array_utils import normalize_axis_tuple
+    axes = normalize_axis_tuple(axis, x.ndim)  # AxisError / repeated-axis ValueError as NumPy
     y = x
     for t in axes:
-        t = int(t) % x.ndim
         idx = [slice(None)] * y.ndim
         idx[t] = slice(None, None, -1)
         loc = y.local[tuple(idx)]
@@ -149,7 +152,7 @@ def flip(x: DistArray, axis) -> DistArray:
 def getitem(x: DistArray, key) -> DistArray:
     sels, new_axes = normalize_key(key, x.shape)
     local_sl, dist = _selection(x, sels)
-    y = DistArray(x.local[local_sl].copy(), dist, x.grid)
+    y = DistArray(x.local[local_sl + (Ellipsis,)].copy(), dist, x.grid)  # `...`: 0-d stays an array
     flips = [t for t, s in enumerate(sels) if s.flip]
     if flips:
         y = flip(y, flips)

@@ -23,11 +23,17 @@ __all__ = ["transpose", "moveaxis", "swapaxes", "reshape", "concatenate", "where
 
 
 def transpose(x: DistArray, axes=None) -> DistArray:
+    from numpy.lib.array_utils import normalize_axis_index
     nd = x.ndim
-    axes = tuple(reversed(range(nd))) if axes is None else tuple(int(a) % nd if -nd <= int(a) < nd
-                                                                  else nd for a in axes)
+    if axes is None:
+        axes = tuple(reversed(range(nd)))
+    else:
+        axes = tuple(axes)
+        if len(axes) != nd:
+            raise ValueError("axes don't match array")
+        axes = tuple(normalize_axis_index(int(a), nd) for a in axes)  # AxisError as NumPy
     if sorted(axes) != list(range(nd)):
-        raise ValueError("axes don't match array")
+        raise ValueError("repeated axis in transpose")
     return DistArray(x.local.transpose(axes), x.distribution.transpose(axes), x.grid)
 
 
@@ -44,6 +50,8 @@ def moveaxis(x: DistArray, source, destination) -> DistArray:
 
 
 def swapaxes(x: DistArray, a: int, b: int) -> DistArray:
+    from numpy.lib.array_utils import normalize_axis_index
+    a, b = normalize_axis_index(a, x.ndim, "axis1"), normalize_axis_index(b, x.ndim, "axis2")
     order = list(range(x.ndim))
     order[a], order[b] = order[b], order[a]
     return transpose(x, order)

@@ -9,13 +9,14 @@ returns a 0-d DistArray (replicated; ``float(r)``/``r.item()`` give the value).
 from __future__ import annotations
 
 import builtins
+import operator
 
 import numpy as np
 from mpi4py import MPI
 
 from .array import DistArray
 from .backend import array_module, to_host
-from .comm import allreduce
+from .comm import allreduce, mpi_type
 from .distribution import Distribution
 
 __all__ = ["sum", "prod", "mean", "var", "std", "min", "max", "argmin", "argmax", "any", "all"]
@@ -25,10 +26,12 @@ def _axes(x: DistArray, axis) -> tuple[int, ...]:
     if axis is None:
         return tuple(range(x.ndim))
     if isinstance(axis, (int, np.integer)):
+        if x.ndim == 0 and int(axis) in (0, -1):
+            return ()  # NumPy's legacy rule: an integer axis 0 / -1 of a 0-d array is allowed
         axis = (axis,)
     out = []
     for a in axis:
-        a = int(a)
+        a = operator.index(a)  # TypeError for floats, as NumPy
         if not -x.ndim <= a < x.ndim:
             raise np.exceptions.AxisError(a, x.ndim)
         out.append(a % x.ndim)
@@ -54,6 +57,7 @@ def _comm(x: DistArray, axes):
 
 def _finish(x: DistArray, partial, axes, keepdims: bool) -> DistArray:
     """``partial`` has the local block's shape with reduced axes of length 1."""
+    partial = array_module(partial).asarray(partial)  # 0-d arithmetic gives NumPy scalars
     if not keepdims:
         partial = partial.reshape(tuple(n for t, n in enumerate(partial.shape) if t not in axes))
     return DistArray(partial, _result_dist(x, axes, keepdims), x.grid)
@@ -189,7 +193,14 @@ def _better(op, v_new, i_new, v_best, i_best):
 
 
 def _arg(x: DistArray, axis, keepdims: bool, op: str) -> DistArray:
-    if x.size == 0:
+    if axis is not None and not isinstance(axis, (int, np.integer)):
+        raise TypeError(f"'{type(axis).__name__}' object cannot be interpreted as an integer")
+    if axis is not None and x.ndim == 0:
+        _axes(x, axis)  # 0 and -1 are fine (as NumPy), anything else raises AxisError
+        axis = None
+    # NumPy raises only when the reduced axis (or the whole array) is empty; an empty result
+    # along other axes is fine
+    if (x.size == 0) if axis is None else (x.shape[_axes(x, axis)[0]] == 0):
         raise ValueError(f"attempt to get arg{op} of an empty sequence")
     loc = to_host(x.local)
     box = x.distribution.block_box(x.grid.coords)
@@ -221,7 +232,8 @@ def _arg(x: DistArray, axis, keepdims: bool, op: str) -> DistArray:
     if comm is not None and comm.size > 1:
         vals = np.empty((comm.size,) + val.shape, dtype=val.dtype)
         idxs = np.empty((comm.size,) + idx.shape, dtype=np.int64)
-        comm.Allgather(np.ascontiguousarray(val), vals)
+        vt = mpi_type(val.dtype)  # explicit: MPI has no name for float16 (moved as bytes)
+        comm.Allgather([np.ascontiguousarray(val), vt], [vals, vt])
         comm.Allgather(np.ascontiguousarray(idx), idxs)
         bv, bi = vals[0].copy(), idxs[0].copy()
         for r in range(1, comm.size):

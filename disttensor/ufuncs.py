@@ -16,8 +16,9 @@ from .grid import ProcessGrid
 
 __all__ = ["array_ufunc", "result_layout", "align", "operand_shape"]
 
+# (np.fmin/np.fmax are not here: their reductions skip NaN, reductions.min/max propagate it)
 _REDUCE = {np.add: "sum", np.multiply: "prod", np.minimum: "min", np.maximum: "max",
-           np.logical_and: "all", np.logical_or: "any", np.fmin: "min", np.fmax: "max"}
+           np.logical_and: "all", np.logical_or: "any"}
 
 
 def operand_shape(x) -> tuple[int, ...]:
@@ -102,12 +103,22 @@ def _device_of_operands(dists) -> str:
     return devs.pop()
 
 
+def _may_fail_on_data(ufunc, locals_) -> bool:
+    if ufunc is np.power and any(getattr(v, "dtype", None) is not None and v.dtype.kind in "iu"
+                                 for v in locals_[1:]):
+        return True
+    return any(v in ("raise", "call") for v in np.geterr().values())
+
+
 def array_ufunc(ufunc, method, inputs, kwargs):
     if method == "reduce" and ufunc in _REDUCE:
         from . import reductions
         (x,) = inputs
-        if not isinstance(x, DistArray) or kwargs.get("out") is not None:
+        out = kwargs.get("out")
+        if not isinstance(x, DistArray) or (out is not None and out != (None,)):
             return NotImplemented
+        if set(kwargs) - {"axis", "keepdims", "dtype", "out"}:
+            return NotImplemented  # where=/initial= are not implemented: never ignore them
         return getattr(reductions, _REDUCE[ufunc])(
             x, axis=kwargs.get("axis", 0), keepdims=kwargs.get("keepdims", False),
             **({"dtype": kwargs["dtype"]} if "dtype" in kwargs and _REDUCE[ufunc] in ("sum", "prod") else {}))
@@ -154,7 +165,14 @@ def array_ufunc(ufunc, method, inputs, kwargs):
                 raise ValueError("all out= arrays must share one distribution")
             outs.append(o.local)
         kwargs["out"] = tuple(outs)
-    res = ufunc(*locals_, **kwargs)
+    if _may_fail_on_data(ufunc, locals_):
+        # a failure that depends on the values (an integer to a negative power, a floating
+        # point error under np.seterr(...='raise')) may hit only some ranks: agree on it
+        from .comm import collective
+        with collective(grid.cart):
+            res = ufunc(*locals_, **kwargs)
+    else:
+        res = ufunc(*locals_, **kwargs)
     if ufunc.nout == 1:
         res = (res,)
     wrapped = []

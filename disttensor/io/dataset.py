@@ -1,0 +1,373 @@
+"""Training samples read spatially partitioned: no rank ever holds a whole sample.
+
+Layouts
+-------
+* **CosmoFlow layout**: one HDF5 file per sample holding a ``C,D,H,W`` dataset (default name
+  ``"full"``) and a small target vector ``(k,)`` (default ``"unitPar"``), as in the CosmoFlow
+  data of MLPerf HPC.  With ``channels_last=True`` the sample dataset is ``D,H,W,C`` (the
+  layout of the original CosmoFlow files) and each rank transposes its own block.
+* **Stacked layout**: one file with an ``N,C,D,H,W`` dataset (``N,D,H,W,C`` with
+  ``channels_last``) and ``N,k`` targets.
+
+Batches
+-------
+``split = (sample_axis, c_axis, d_axis, h_axis, w_axis)`` names the grid axis of each batch
+axis, as everywhere in disttensor.  The samples of a batch are dealt in balanced consecutive
+pieces over grid axis ``split[0]`` (``None``: every rank sees every sample of the batch), and
+each sample is read spatially partitioned over the other named grid axes: the rank reads from
+the file exactly the hyperslab of its block.  ``x`` is an ``N,C,D,H,W`` DistArray with that
+split; ``y`` is an ``N,k`` DistArray split ``(split[0], None)`` (the targets of the rank's
+samples, replicated over the other grid axes).
+
+Epoch ``e`` visits the samples in the order :func:`disttensor.io.layout.epoch_order`
+``(n, seed, e, shuffle)`` (a permutation drawn from ``numpy.random.default_rng([seed, e])``,
+the same on every rank), cut into consecutive batches of ``batch_size`` (the last one shorter
+unless ``drop_last``).
+
+Background reads and MPI threads
+--------------------------------
+With ``prefetch=True`` batch ``b + 1`` is read by a background thread (one per dataset) while
+batch ``b`` is used.  MPI from that thread:
+
+* If h5py has the ``mpio`` driver and MPI runs at ``MPI_THREAD_MULTIPLE`` (mpi4py's default
+  request; checked with ``MPI.Query_thread()``), the thread does collective MPI-IO reads over a
+  private duplicate of the communicator of the ranks that read the same samples, so its
+  collectives never meet the main thread's.
+* Otherwise the thread makes no MPI call at all: every rank opens the files with HDF5's POSIX
+  driver and reads its hyperslab independently (``driver='independent'``, also selectable
+  explicitly).  Asking for ``driver='mpio'`` with ``prefetch=True`` below
+  ``MPI_THREAD_MULTIPLE`` is an error.
+
+Either way, failures are agreed on in the main thread when a batch is handed out (one small
+all-reduce per batch), so an unreadable sample raises the same exception on every rank.
+h5py holds the GIL during a read, so the overlap is with code that releases the GIL (NumPy,
+Numba, CuPy kernels, MPI waits).  The main thread's own collective HDF5 calls of
+:mod:`disttensor.io` first wait for any background read in flight (no two collective HDF5
+operations of one rank can then wait on each other across ranks).
+"""
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Iterator, Sequence
+
+import numpy as np
+from mpi4py import MPI
+
+from ..array import DistArray
+from ..backend import normalize_device, xp_for
+from ..comm import check_same, collective
+from ..distribution import Distribution
+from ..grid import ProcessGrid, get_default_grid
+from . import _h5
+from .layout import batch_indices, check_dataset_name
+
+__all__ = ["SampleDataset", "drain_background_reads"]
+
+_EXTENSIONS = (".h5", ".hdf5", ".hdf")
+drain_background_reads = _h5.drain_background_reads
+
+
+def _list_files(source) -> list[str]:
+    if isinstance(source, (str, os.PathLike)):
+        p = os.fspath(source)
+        if os.path.isdir(p):
+            files = sorted(os.path.join(p, f) for f in os.listdir(p)
+                           if f.lower().endswith(_EXTENSIONS) and not f.startswith("."))
+            if not files:
+                raise FileNotFoundError(f"no HDF5 files ({', '.join(_EXTENSIONS)}) in "
+                                        f"directory {p!r}")
+            return files
+        return [p]
+    if isinstance(source, (list, tuple)):
+        files = [os.fspath(s) for s in source]
+        if not files:
+            raise ValueError("SampleDataset needs at least one file")
+        return files
+    raise TypeError(f"source must be a path (file or directory) or a list of paths, got "
+                    f"{type(source).__name__}")
+
+
+def _probe_layout(files, xname, yname, channels_last):
+    meta = _h5.probe(files[0], [xname, yname])
+    xs, ys = meta[xname]["shape"], meta[yname]["shape"]
+    if len(files) == 1 and len(xs) == 5:
+        stacked, n = True, xs[0]
+        if len(ys) != 2 or ys[0] != n:
+            raise ValueError(f"stacked layout: targets {yname!r} of {files[0]!r} have shape "
+                             f"{ys}, expected ({n}, k)")
+        fsample, k = xs[1:], ys[1]
+    elif len(xs) == 4:
+        stacked, n = False, len(files)
+        if len(ys) > 1:
+            raise ValueError(f"targets {yname!r} of {files[0]!r} have shape {ys}, expected "
+                             "a vector (k,)")
+        fsample, k = xs, (ys[0] if ys else 1)
+    else:
+        raise ValueError(f"dataset {xname!r} of {files[0]!r} has shape {xs}: expected a "
+                         "4-d sample (C,D,H,W), one per file, or one 5-d stacked dataset "
+                         "(N,C,D,H,W) in a single file")
+    sample = (fsample[3],) + tuple(fsample[:3]) if channels_last else tuple(fsample)
+    return {"stacked": stacked, "n": n, "sample_shape": sample, "file_sample_shape": tuple(fsample),
+            "k": k, "y_shape": ys, "dtype": meta[xname]["dtype"], "ydtype": meta[yname]["dtype"]}
+
+
+class SampleDataset:
+    """Batches of samples read spatially partitioned (see the module docstring).
+
+    Parameters
+    ----------
+    source : a directory (all ``*.h5``/``*.hdf5``/``*.hdf`` files in it, sorted: one sample
+        each), a list of per-sample files, or one file (stacked layout if its sample dataset is
+        5-d, else a single sample).  Every rank must pass the same.
+    grid : the process grid (default grid).
+    split : ``(sample_axis, c_axis, d_axis, h_axis, w_axis)`` grid axes (``None``: not split);
+        default ``(0, None, 1, 2, 3)`` restricted to the grid's axes.
+    batch_size, shuffle, seed, drop_last : batching (see module docstring).
+    prefetch : read the next batch in a background thread.
+    x_dataset, y_dataset : dataset names (defaults ``"full"``, ``"unitPar"``, CosmoFlow's).
+    channels_last : samples stored ``D,H,W,C`` in the files.
+    driver : ``'mpio'``, ``'independent'`` or ``None`` (``'mpio'`` when h5py has it and either
+        ``prefetch`` is off or MPI runs at ``MPI_THREAD_MULTIPLE``).
+    device : where the batches' blocks live (``'cpu'`` or ``'cuda'``).
+
+    Construction is collective over ``grid``: it lists the files and checks the first one on
+    rank 0 (every later file is checked when it is read), and duplicates a communicator for
+    the reads.  Call :meth:`close` (collective) or use ``with`` to release the thread and the
+    communicator.
+    """
+
+    def __init__(self, source, grid: ProcessGrid | None = None, split=None, batch_size: int = 1,
+                 shuffle: bool = True, seed: int = 0, prefetch: bool = True, *,
+                 drop_last: bool = False, x_dataset: str = "full", y_dataset: str = "unitPar",
+                 channels_last: bool = False, driver: str | None = None, device: str = "cpu"):
+        grid = get_default_grid() if grid is None else grid
+        comm = getattr(grid, "cart", None)
+        with collective(comm):
+            if not isinstance(grid, ProcessGrid):
+                raise TypeError(f"grid must be a ProcessGrid, got {type(grid).__name__}")
+            if split is None:
+                split = tuple(g if g is None or g < grid.ndim else None for g in (0, None, 1, 2, 3))
+            split = tuple(split)
+            if len(split) > 5:
+                raise ValueError(f"split {split} has more than 5 entries (N, C, D, H, W)")
+            split = split + (None,) * (5 - len(split))
+            Distribution((0,) * 5, grid.dims, split)  # validates split against the grid
+            if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+                raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+            if not isinstance(seed, (int, np.integer)) or seed < 0:
+                raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+            self.x_dataset = check_dataset_name(x_dataset)
+            self.y_dataset = check_dataset_name(y_dataset)
+            self.device = normalize_device(device)
+            if self.device != "cpu":
+                xp_for(self.device)
+            resolved = _h5.resolve_driver(driver)
+            self.thread_level = MPI.Query_thread()
+            if prefetch and resolved == "mpio" and self.thread_level < MPI.THREAD_MULTIPLE:
+                if driver == "mpio":
+                    raise ValueError("driver='mpio' with prefetch=True needs MPI initialized "
+                                     "with MPI_THREAD_MULTIPLE (collective reads from the "
+                                     "background thread); use driver='independent' or "
+                                     "prefetch=False")
+                resolved = "independent"
+        check_same(comm, (split, int(batch_size), bool(shuffle), int(seed), bool(prefetch),
+                          bool(drop_last), self.x_dataset, self.y_dataset, bool(channels_last),
+                          resolved, self.device), "SampleDataset arguments")
+        self.grid = grid
+        self.split = split
+        self.batch_size = int(batch_size)
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.prefetch = bool(prefetch)
+        self.drop_last = bool(drop_last)
+        self.channels_last = bool(channels_last)
+        self.driver = resolved
+        self.files: list[str] = _h5.root_call(comm, lambda: _list_files(source))
+        meta = _h5.root_call(comm, lambda: _probe_layout(self.files, self.x_dataset,
+                                                         self.y_dataset, self.channels_last))
+        self.stacked: bool = meta["stacked"]
+        self.num_samples: int = meta["n"]
+        self.sample_shape: tuple[int, ...] = meta["sample_shape"]
+        self.num_targets: int = meta["k"]
+        self.dtype: np.dtype = meta["dtype"]
+        self.target_dtype: np.dtype = meta["ydtype"]
+        self._meta = meta
+        # the ranks that read the same samples: all grid axes but the sample axis
+        s0 = split[0]
+        group = grid.sub_comm([g for g in range(grid.ndim) if g != s0]) if s0 is not None \
+            else grid.cart
+        self._io_comm = group.Dup() if self.driver == "mpio" else None
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="disttensor-io") \
+            if self.prefetch else None
+        self._pending: list[Future] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        if self._io_comm is not None and self._executor is not None:
+            _h5.BACKGROUND.add(self)
+
+    # -- public -------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        n, b = self.num_samples, self.batch_size
+        return n // b if self.drop_last else -(-n // b)
+
+    def batch_indices(self, epoch: int) -> list[np.ndarray]:
+        """The sample indices of every batch of epoch ``epoch``, in order (no I/O)."""
+        return batch_indices(self.num_samples, self.batch_size, self.seed, int(epoch),
+                             self.shuffle, self.drop_last)
+
+    def batch_distribution(self, batch: int) -> tuple[Distribution, Distribution]:
+        """Distributions of ``x`` and ``y`` for a batch of ``batch`` samples."""
+        dx = Distribution((batch, *self.sample_shape), self.grid.dims, self.split)
+        dy = Distribution((batch, self.num_targets), self.grid.dims, (self.split[0], None),
+                          [dx.sizes(0) if self.split[0] is not None else None, None])
+        return dx, dy
+
+    def read_batch(self, indices: Sequence[int]) -> tuple[DistArray, DistArray]:
+        """Read the samples ``indices`` (in that order) as one batch now (collective)."""
+        with collective(self.grid.cart):
+            self._check_open()
+            idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+            if idx.size and (idx.min() < 0 or idx.max() >= self.num_samples):
+                raise IndexError(f"sample indices must be in [0, {self.num_samples})")
+        drain_background_reads()
+        with collective(self.grid.cart):
+            blocks = self._read(idx)
+        return self._wrap(idx, blocks)
+
+    def epoch(self, e: int) -> Iterator[tuple[DistArray, DistArray]]:
+        """Iterate over the batches ``(x, y)`` of epoch ``e`` (collective: every rank must
+        consume the same number of batches).  Leaving the loop early waits for the batch being
+        read in the background."""
+        with collective(self.grid.cart):
+            self._check_open()
+            if not isinstance(e, (int, np.integer)) or e < 0:
+                raise ValueError(f"epoch must be a non-negative int, got {e!r}")
+        batches = self.batch_indices(e)
+        if not batches:
+            return
+        if not self.prefetch:
+            for idx in batches:
+                with collective(self.grid.cart):
+                    blocks = self._read(idx)
+                yield self._wrap(idx, blocks)
+            return
+        fut = self._submit(batches[0])
+        try:
+            for i, idx in enumerate(batches):
+                nxt = self._submit(batches[i + 1]) if i + 1 < len(batches) else None
+                cur, fut = fut, nxt
+                with collective(self.grid.cart):
+                    blocks = cur.result()
+                yield self._wrap(idx, blocks)
+        finally:
+            self._drain()
+
+    def __iter__(self):
+        raise TypeError("iterate over dataset.epoch(e), which fixes the shuffling of epoch e")
+
+    def close(self) -> None:
+        """Wait for background reads, stop the thread, free the communicator (collective)."""
+        if self._closed:
+            return
+        self._drain()
+        self._closed = True
+        _h5.BACKGROUND.discard(self)
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+        if self._io_comm is not None:
+            self._io_comm.Free()
+            self._io_comm = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        layout = "stacked" if self.stacked else "files"
+        return (f"SampleDataset({layout}, samples={self.num_samples}, "
+                f"sample_shape={self.sample_shape}, targets={self.num_targets}, "
+                f"batch_size={self.batch_size}, split={self.split}, driver={self.driver!r}, "
+                f"prefetch={self.prefetch})")
+
+    # -- internals ----------------------------------------------------------------------------
+    def _check_open(self):
+        if self._closed:
+            raise ValueError("the SampleDataset is closed")
+
+    def _submit(self, idx) -> Future:
+        fut = self._executor.submit(self._read, idx)
+        with self._lock:
+            self._pending = [f for f in self._pending if not f.done()] + [fut]
+        return fut
+
+    def _drain(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for f in pending:
+            try:
+                f.result()
+            except BaseException:  # noqa: BLE001 - reported where the batch is consumed
+                pass
+
+    def _wrap(self, idx, blocks):
+        xl, yl = blocks
+        dx, dy = self.batch_distribution(len(idx))
+        if self.device != "cpu":
+            xp = xp_for(self.device)
+            xl, yl = xp.asarray(xl), xp.asarray(yl)
+        return DistArray(xl, dx, self.grid), DistArray(yl, dy, self.grid)
+
+    def _read(self, idx: np.ndarray):
+        """This rank's blocks of the batch ``idx`` (runs in the background thread: MPI only on
+        the private communicator, and only with collective I/O)."""
+        dx, _ = self.batch_distribution(len(idx))
+        box = dx.block_box(self.grid.coords)
+        mine = idx[box.start[0]:box.stop[0]]
+        xl = np.empty(box.shape, dtype=self.dtype)
+        yl = np.empty((len(mine), self.num_targets), dtype=self.target_dtype)
+        cstart, cstop = box.start[1:], box.stop[1:]
+        if self.channels_last:  # file axes D,H,W,C
+            fstart = tuple(cstart[1:]) + (cstart[0],)
+            fcount = tuple(b - a for a, b in zip(cstart[1:], cstop[1:])) + (cstop[0] - cstart[0],)
+        else:
+            fstart = tuple(cstart)
+            fcount = tuple(b - a for a, b in zip(cstart, cstop))
+        tmp = np.empty(fcount, dtype=self.dtype) if self.channels_last else None
+        comm = self._io_comm
+        m = self._meta
+        if self.stacked:
+            with _h5.ReadSession(self.files[0], comm, self.driver) as sess:
+                for j, s in enumerate(mine):
+                    out = tmp[None] if self.channels_last else xl[j:j + 1]
+                    sess.read([(self.x_dataset, (int(s),) + fstart, None, out),
+                               (self.y_dataset, (int(s), 0), None, yl[j:j + 1])])
+                    if self.channels_last:
+                        xl[j] = np.moveaxis(tmp, -1, 0)
+        else:
+            for j, s in enumerate(mine):
+                path = self.files[int(s)]
+                with _h5.ReadSession(path, comm, self.driver) as sess:
+                    got = sess.meta([self.x_dataset, self.y_dataset])
+                    with collective(comm):
+                        gx, gy = got[self.x_dataset], got[self.y_dataset]
+                        if gx["shape"] != m["file_sample_shape"] or gy["shape"] != m["y_shape"]:
+                            raise ValueError(
+                                f"sample file {path!r}: {self.x_dataset!r} has shape "
+                                f"{gx['shape']} and {self.y_dataset!r} {gy['shape']}, but the "
+                                f"first file has {m['file_sample_shape']} and {m['y_shape']}")
+                        if gx["dtype"] != self.dtype or gy["dtype"] != self.target_dtype:
+                            raise TypeError(
+                                f"sample file {path!r}: dtypes {gx['dtype']}/{gy['dtype']} "
+                                f"differ from the first file's {self.dtype}/{self.target_dtype}")
+                    out = tmp if self.channels_last else xl[j]
+                    yrow = yl[j] if m["y_shape"] else yl[j].reshape(())
+                    sess.read([(self.x_dataset, fstart, None, out),
+                               (self.y_dataset, (0,) * len(m["y_shape"]), None, yrow)])
+                    if self.channels_last:
+                        xl[j] = np.moveaxis(tmp, -1, 0)
+        return xl, yl

@@ -1,0 +1,168 @@
+#!/usr/bin/env bash
+# The whole test suite (what CI runs, through .ci/run):
+#   0. scripts/setup.sh  (idempotent: apt MPICH + parallel HDF5, .venv, mpi4py/h5py from source)
+#   1. tests/unit        plain pytest, no MPI launcher (no tests collected counts as a failure)
+#   2. tests/mpi         under mpiexec -n 1, 2, 3, 4 (3 gives uneven splits), each run wrapped
+#                        in a timeout so a deadlock fails instead of hanging
+#   3. CUDA sources      every disttensor/**/*.cu compiled with nvcc (skipped without nvcc)
+# Every step runs even when an earlier one failed; a summary table closes the output and the
+# exit status is non-zero if any step failed.
+#
+# Knobs (environment):
+#   DISTTENSOR_TEST_NPROCS="1 2 3 4"   rank counts for tests/mpi
+#   DISTTENSOR_MPI_TIMEOUT=900         seconds per mpiexec run
+#   DISTTENSOR_HYPOTHESIS_EXAMPLES=25  max_examples of hypothesis tests under MPI
+#   DISTTENSOR_MPI_IDLE_SLEEP=1        0 disables the MPICH idle-sleep shim (see below)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+PY=$ROOT/.venv/bin/python
+NPROCS=${DISTTENSOR_TEST_NPROCS:-"1 2 3 4"}
+MPI_TIMEOUT=${DISTTENSOR_MPI_TIMEOUT:-900}
+LOG_DIR=${DISTTENSOR_TEST_LOG_DIR:-build/test-logs}  # where scripts/mpi_pytest.py logs ranks > 0
+T_START=$(date +%s)
+
+# --- environment for the MPI runs ------------------------------------------------------------
+# One thread per rank: 4 ranks share 2 cores on CI; OpenMP/Numba/BLAS thread pools on top of
+# that only oversubscribe further.
+export OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
+# MPICH oversubscription.  Measured on the 2-core CI-type machine with
+# scripts/mpi_oversub_probe.py at -n 4 (8-byte MPI_Allreduce; 8-byte ping-pong between rank
+# pairs; a fixed NumPy workload on rank 0 while the other ranks wait in MPI_Barrier, 300 ms
+# when run alone at -n 1):
+#   plain mpiexec                        allreduce 10-20 ms   ping-pong 3 us..24 ms   work 1.0-1.5 s
+#   -bind-to none / -bind-to core        allreduce 15-21 ms   (no real change)
+#   MPIR_CVAR_POLLS_BEFORE_YIELD=1       allreduce 19 ms      (ch3-only CVAR, ignored by ch4)
+#   MPIR_CVAR_NOLOCAL=1, MPIR_CVAR_CH4_SHM=0, UCX_TLS=self,sm, MPIR_CVAR_DEVICE_COLLECTIVES=none,
+#   POSIX/intra collective algorithm CVARs, MPI4PY_RC_THREAD_LEVEL=single|multiple
+#                                        allreduce 17-21 ms   (no change)
+#   MPIR_CVAR_ASYNC_PROGRESS=1           allreduce 39 ms      (worse: one more spinning thread)
+#   LD_PRELOAD=build/libmpi_idle_sleep.so
+#                                        allreduce 40-200 us  ping-pong 35-170 us  work 0.35-0.46 s
+# Debian's MPICH is ch4:ucx, whose progress loop never yields the CPU (strace: no sched_yield)
+# and has no CVAR to make it, so no MPICH setting helps; the shim scripts/mpi_idle_sleep.c
+# (interposes ucp_worker_progress, which the progress loop calls every turn, and yields/sleeps
+# when idle) makes waiting ranks give their core to the rank they wait for: ~100x faster
+# collectives when oversubscribed.  It is built here with cc and handed to the ranks only
+# (mpiexec -genv LD_PRELOAD), for test runs; without a C compiler or with
+# DISTTENSOR_MPI_IDLE_SLEEP=0 the tests run without it (correct, just slower).
+
+STEP_NAMES=()
+STEP_STATUS=()
+STEP_SECS=()
+FAILED=0
+record() {  # name status seconds
+  STEP_NAMES+=("$1"); STEP_STATUS+=("$2"); STEP_SECS+=("$3")
+  case "$2" in PASS*|SKIP*) ;; *) FAILED=1 ;; esac
+}
+banner() { printf '\n=== %s ===\n' "$*"; }
+
+# --- 0. setup --------------------------------------------------------------------------------
+banner "setup (scripts/setup.sh)"
+t0=$(date +%s)
+if bash scripts/setup.sh; then record "setup" PASS $(( $(date +%s) - t0 ))
+else record "setup" "FAIL(rc=$?)" $(( $(date +%s) - t0 )); fi
+
+# --- the idle-sleep shim for oversubscribed MPICH ----------------------------------------------
+SHIM=""
+if [ "${DISTTENSOR_MPI_IDLE_SLEEP:-1}" != 0 ]; then
+  SHIM_SRC=scripts/mpi_idle_sleep.c
+  SHIM_SO=$ROOT/build/libmpi_idle_sleep.so
+  CC_BIN=$(command -v cc || command -v gcc || true)
+  if [ -f "$SHIM_SO" ] && [ "$SHIM_SO" -nt "$SHIM_SRC" ]; then
+    SHIM=$SHIM_SO
+  elif [ -n "$CC_BIN" ] && mkdir -p build \
+      && "$CC_BIN" -O2 -shared -fPIC -o "$SHIM_SO.tmp" "$SHIM_SRC" -ldl \
+      && mv -f "$SHIM_SO.tmp" "$SHIM_SO"; then
+    SHIM=$SHIM_SO
+  else
+    echo "[test] could not build $SHIM_SRC; MPI tests run without the idle-sleep shim"
+  fi
+fi
+MPIEXEC_ENV=()
+if [ -n "$SHIM" ]; then
+  MPIEXEC_ENV=(-genv LD_PRELOAD "$SHIM${LD_PRELOAD:+:$LD_PRELOAD}")
+fi
+
+# --- 1. unit tests (no MPI launcher) ------------------------------------------------------------
+banner "tests/unit (pytest, no mpiexec)"
+t0=$(date +%s)
+"$PY" -m pytest tests/unit -q
+rc=$?
+secs=$(( $(date +%s) - t0 ))
+case $rc in
+  0) record "tests/unit" PASS "$secs" ;;
+  5) record "tests/unit" "FAIL(no tests)" "$secs" ;;
+  *) record "tests/unit" "FAIL(rc=$rc)" "$secs" ;;
+esac
+
+# --- 2. MPI tests ------------------------------------------------------------------------------
+for n in $NPROCS; do
+  banner "tests/mpi under mpiexec -n $n (timeout ${MPI_TIMEOUT}s)"
+  mkdir -p "$LOG_DIR"
+  rm -f "$LOG_DIR"/rank*-n"$n".log
+  t0=$(date +%s)
+  # timeout puts itself and mpiexec in a process group of their own, which a Ctrl-C at the
+  # terminal does not reach: run it in the background and forward INT/TERM to it.
+  timeout -k 10 "$MPI_TIMEOUT" mpiexec "${MPIEXEC_ENV[@]}" -n "$n" \
+    "$PY" -m mpi4py scripts/mpi_pytest.py tests/mpi -q &
+  TIMEOUT_PID=$!
+  trap 'kill -TERM "$TIMEOUT_PID" 2>/dev/null; wait "$TIMEOUT_PID"; exit 130' INT TERM
+  wait "$TIMEOUT_PID"
+  rc=$?
+  trap - INT TERM
+  secs=$(( $(date +%s) - t0 ))
+  case $rc in
+    0) record "tests/mpi -n $n" PASS "$secs" ;;
+    5) record "tests/mpi -n $n" "PASS(no tests)" "$secs" ;;
+    124|137)
+      record "tests/mpi -n $n" "TIMEOUT(${MPI_TIMEOUT}s)" "$secs"
+      for log in "$LOG_DIR"/rank*-n"$n".log; do
+        [ -f "$log" ] || continue
+        r=$(basename "$log" .log)
+        echo "--- last lines of $log ---"
+        tail -n 60 "$log" | sed "s/^/[${r%%-*}] /"
+      done ;;
+    *) record "tests/mpi -n $n" "FAIL(rc=$rc)" "$secs" ;;
+  esac
+done
+
+# --- 3. CUDA sources compile check ---------------------------------------------------------------
+banner "CUDA sources (nvcc)"
+t0=$(date +%s)
+NVCC=$(command -v nvcc || true)
+if [ -z "$NVCC" ]; then
+  for d in /usr/local/cuda/bin /usr/local/cuda-*/bin /opt/nvidia/hpc_sdk/*/*/compilers/bin; do
+    if [ -x "$d/nvcc" ]; then NVCC=$d/nvcc; break; fi
+  done
+fi
+mapfile -t CU_FILES < <(find disttensor -name '*.cu' -type f 2>/dev/null | sort)
+if [ -z "$NVCC" ]; then
+  echo "nvcc not found (PATH, /usr/local/cuda/bin): skipping ${#CU_FILES[@]} .cu file(s)"
+  record "nvcc compile" "SKIP(no nvcc)" $(( $(date +%s) - t0 ))
+elif [ ${#CU_FILES[@]} -eq 0 ]; then
+  echo "no .cu files under disttensor/ ($NVCC is there)"
+  record "nvcc compile" "PASS(0 files)" $(( $(date +%s) - t0 ))
+else
+  nbad=0
+  for f in "${CU_FILES[@]}"; do
+    # shellcheck disable=SC2086 # DISTTENSOR_NVCC_FLAGS is a list of flags
+    if "$NVCC" -std=c++17 ${DISTTENSOR_NVCC_FLAGS:-} -c -o /dev/null "$f"; then
+      echo "ok    $f"
+    else
+      echo "FAIL  $f"; nbad=$((nbad + 1))
+    fi
+  done
+  if [ $nbad -eq 0 ]; then record "nvcc compile" "PASS(${#CU_FILES[@]} files)" $(( $(date +%s) - t0 ))
+  else record "nvcc compile" "FAIL($nbad/${#CU_FILES[@]} files)" $(( $(date +%s) - t0 )); fi
+fi
+
+# --- summary -------------------------------------------------------------------------------------
+banner "summary"
+printf '%-20s %-18s %8s\n' step status seconds
+printf '%-20s %-18s %8s\n' -------------------- ------------------ --------
+for i in "${!STEP_NAMES[@]}"; do
+  printf '%-20s %-18s %8s\n' "${STEP_NAMES[$i]}" "${STEP_STATUS[$i]}" "${STEP_SECS[$i]}"
+done
+printf '%-20s %-18s %8s\n' total "$([ $FAILED = 0 ] && echo PASS || echo FAIL)" $(( $(date +%s) - T_START ))
+exit $FAILED

@@ -1,0 +1,216 @@
+"""Checkpoints under MPI: round trips, loading on another grid, atomic replacement."""
+from __future__ import annotations
+
+import errno
+import os
+
+import h5py
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import disttensor as dt
+from disttensor import io
+from disttensor.io import _h5
+from conftest import assert_all_ranks, assert_allclose_all
+
+SIZE = MPI.COMM_WORLD.Get_size()
+DRIVERS = [d for d in ("mpio", "independent") if io.hdf5_driver_available(d)]
+
+
+def _state(g):
+    """Parameters and optimizer state of a toy model on grid ``g`` (1-d or 2-d)."""
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((5, 3, 3, 3)).astype("float32")
+    m = rng.standard_normal((9, 4)).astype("float64")
+    uneven = rng.integers(0, 100, (7, 2)).astype("int16")
+    p = g.dims[0]
+    sizes = [0] * p
+    sizes[-1] = 7  # everything on the last coordinate: an unbalanced distribution
+    arrays = {
+        "model/conv1/weight": dt.from_global(w, grid=g, split=(0,)),
+        "model/fc/bias": dt.from_global(np.arange(4.0, dtype="float32"), grid=g, split=()),
+        "opt/m": dt.from_global(m, grid=g, split=(None, 0)),
+        "uneven": dt.from_global(uneven, grid=g, split=(0,), sizes=[sizes, None]),
+        "flags": dt.from_global(rng.random(6) > 0.5, grid=g),
+        "empty": dt.zeros((0, 3), dtype="complex64", grid=g),
+    }
+    host = {"rng_state": np.arange(8, dtype=np.uint64), "betas": np.array([0.9, 0.999]),
+            "scalar_host": np.array(1.5)}
+    scalars = {"step": 1234, "epoch": 3, "lr": 1e-3, "name": "cosmoflow", "done": False,
+               "empty": "", "big": 2**62, "neg": -7}
+    return arrays, host, scalars, {"w": w, "m": m, "uneven": uneven}
+
+
+def _same_state(comm, arrays, host, scalars, ref):
+    a0, h0, s0, _ = ref
+    assert_all_ranks(comm, sorted(arrays) == sorted(a0), f"{sorted(arrays)}")
+    for n, x in a0.items():
+        y = arrays[n]
+        assert_all_ranks(comm, y.shape == x.shape and y.dtype == x.dtype,
+                         f"{n}: {y.shape}/{y.dtype} vs {x.shape}/{x.dtype}")
+        assert_allclose_all(comm, y.local, x.to_numpy()[y.local_slices], rtol=0,
+                            err_msg=n)
+    assert_all_ranks(comm, sorted(host) == sorted(h0))
+    for n, v in h0.items():
+        assert_all_ranks(comm, host[n].dtype == v.dtype and np.array_equal(host[n], v), n)
+    assert_all_ranks(comm, scalars == s0, f"{scalars} != {s0}")
+    assert_all_ranks(comm, all(type(scalars[k]) is type(v) for k, v in s0.items()),
+                     f"{ {k: type(v).__name__ for k, v in scalars.items()} }")
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_round_trip_same_grid(comm, shared_tmp_path, driver):
+    g = dt.ProcessGrid((SIZE,))
+    ref = _state(g)
+    arrays, host, scalars, _ = ref
+    path = shared_tmp_path / "ck.h5"
+    io.save_checkpoint(path, arrays, host, scalars, driver=driver)
+    a, h, s = io.load_checkpoint(path, grid=g, driver=driver)
+    _same_state(comm, a, h, s, ref)
+    for n, x in arrays.items():  # the very same distributions come back (unbalanced too)
+        assert_all_ranks(comm, a[n].distribution == x.distribution, n)
+
+    def serial():  # plain h5py sees the global arrays and the recorded distribution
+        with h5py.File(path, "r") as f:
+            return (np.array_equal(f["arrays/model/conv1/weight"][...], ref[3]["w"]),
+                    f.attrs["format"], list(f["arrays/uneven"].attrs["dt_split"]),
+                    int(f["scalars"].attrs["step"]))
+    res = _h5.root_call(comm, serial)
+    assert_all_ranks(comm, res == (True, "disttensor.checkpoint", [0, -1], 1234), str(res))
+    g.free()
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_written_on_a_sub_grid_loads_on_all_ranks(comm, shared_tmp_path, driver):
+    """Saved by 2 ranks (a grid over a sub-communicator; 1 rank when there are fewer than 3),
+    loaded on every rank with the new grid's distribution."""
+    w = 2 if SIZE >= 3 else 1
+    sub = comm.Split(0 if comm.rank < w else MPI.UNDEFINED, comm.rank)
+    path = shared_tmp_path / "sub.h5"
+    if sub != MPI.COMM_NULL:
+        gs = dt.ProcessGrid((w,), comm=sub)
+        arrays, host, scalars, _ = _state(gs)
+        io.save_checkpoint(path, arrays, host, scalars, driver=driver)
+        gs.free()
+        sub.Free()
+    comm.Barrier()
+    g = dt.ProcessGrid((SIZE,))
+    ref_grid = dt.ProcessGrid((1,), comm=MPI.COMM_SELF)  # the reference state, locally
+    ref = _state(ref_grid)
+    a, h, s = io.load_checkpoint(path, grid=g, driver=driver,
+                                 split={"opt/m": (0, None), "model/fc/bias": (0,)})
+    _same_state(comm, a, h, s, ref)
+    assert_all_ranks(comm, a["opt/m"].split == (0, None) and a["model/fc/bias"].split == (0,))
+    assert_all_ranks(comm, a["model/conv1/weight"].split == (0, None, None, None))
+    assert_all_ranks(comm, a["uneven"].distribution.is_balanced(0) or w == SIZE)
+    # grid=None: a grid of the saved shape over the default grid's communicator if it fits
+    a2, _, _ = io.load_checkpoint(path, driver=driver)
+    want_dims = (w,) if w == SIZE else dt.get_default_grid().dims
+    assert_all_ranks(comm, all(x.grid.dims == want_dims for x in a2.values()),
+                     str({n: x.grid.dims for n, x in a2.items()}))
+    _same_state(comm, a2, h, s, ref)
+    ref_grid.free()
+    g.free()
+
+
+def test_load_on_a_2d_grid(comm, shared_tmp_path):
+    g = dt.ProcessGrid((SIZE,))
+    ref = _state(g)
+    path = shared_tmp_path / "to2d.h5"
+    io.save_checkpoint(path, *ref[:3])
+    g2 = dt.ProcessGrid((1, SIZE))
+    a, h, s = io.load_checkpoint(path, grid=g2, split={"model/conv1/weight": (1, None, 0)})
+    _same_state(comm, a, h, s, ref)
+    assert_all_ranks(comm, a["model/conv1/weight"].split == (1, None, 0, None))
+    assert_all_ranks(comm, a["opt/m"].split == (None, 0) and a["opt/m"].grid is g2)
+    g2.free()
+    g.free()
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_failure_mid_write_keeps_the_last_checkpoint(comm, shared_tmp_path, driver, monkeypatch):
+    """While a checkpoint is being written, `path` still holds the previous one; when a rank
+    fails (injected ENOSPC after its block went out, or a crash-like error), every rank
+    raises, the temporary file is removed and the previous checkpoint loads as before."""
+    g = dt.ProcessGrid((SIZE,))
+    path = shared_tmp_path / "last.h5"
+    old = {"x": dt.from_global(np.arange(6.0), grid=g)}
+    io.save_checkpoint(path, old, scalars={"step": 1}, driver=driver)
+    new = {"x": dt.from_global(-np.arange(6.0), grid=g),
+           "y": dt.zeros((100, 10), grid=g)}
+    real = _h5.write_from
+    seen = []
+
+    def failing(dset, start, data, dxpl):
+        real(dset, start, data, dxpl)
+        if comm.rank == 0:  # mid-write: the file at `path` is still the old checkpoint
+            with h5py.File(path, "r") as f:
+                seen.append(int(f["scalars"].attrs["step"]))
+        if comm.rank == SIZE - 1 and dset.name == "/arrays/y":
+            raise OSError(errno.ENOSPC, "No space left on device (injected)")
+    monkeypatch.setattr(_h5, "write_from", failing)
+    ok, msg = True, ""
+    try:
+        io.save_checkpoint(path, new, scalars={"step": 2}, driver=driver)
+        ok, msg = False, "did not raise"
+    except OSError as e:
+        ok = "No space left on device" in str(e)
+        msg = str(e)
+    assert_all_ranks(comm, ok, msg)
+    assert_all_ranks(comm, comm.rank != 0 or (seen and set(seen) == {1}), f"{seen}")
+    monkeypatch.setattr(_h5, "write_from", real)
+    a, _, s = io.load_checkpoint(path, grid=g, driver=driver)
+    assert_all_ranks(comm, sorted(a) == ["x"] and s == {"step": 1})
+    assert_allclose_all(comm, a["x"].to_numpy(), np.arange(6.0))
+    left = [p for p in os.listdir(shared_tmp_path) if p.endswith(".tmp")] if comm.rank == 0 else []
+    assert_all_ranks(comm, not left, f"{left}")
+    # and a successful save replaces it
+    io.save_checkpoint(path, new, scalars={"step": 2}, driver=driver)
+    a, _, s = io.load_checkpoint(path, grid=g, driver=driver)
+    assert_all_ranks(comm, sorted(a) == ["x", "y"] and s == {"step": 2})
+    g.free()
+
+
+def _raises_everywhere(comm, exc, match, fn):
+    import re
+    ok, msg = True, ""
+    try:
+        fn()
+        ok, msg = False, "did not raise"
+    except exc as e:
+        if not re.search(match, str(e)):
+            ok, msg = False, f"wrong message: {e}"
+    except Exception as e:  # noqa: BLE001
+        ok, msg = False, f"raised {type(e).__name__}: {e}"
+    assert_all_ranks(comm, ok, msg)
+
+
+def test_checkpoint_errors(comm, shared_tmp_path):
+    g = dt.ProcessGrid((SIZE,))
+    x = dt.zeros((4,), grid=g)
+    p = shared_tmp_path / "e.h5"
+    io.write_hdf5(x, p, "x", mode="w")
+    _raises_everywhere(comm, ValueError, "not a disttensor checkpoint",
+                       lambda: io.load_checkpoint(p, grid=g))
+    _raises_everywhere(comm, FileNotFoundError, "no such checkpoint",
+                       lambda: io.load_checkpoint(shared_tmp_path / "none.h5", grid=g))
+    _raises_everywhere(comm, TypeError, "must be a DistArray",
+                       lambda: io.save_checkpoint(p, {"x": np.zeros(3)}))
+    _raises_everywhere(comm, TypeError, "must be an int, float, bool or str",
+                       lambda: io.save_checkpoint(p, {"x": x}, scalars={"s": [1, 2]}))
+    _raises_everywhere(comm, ValueError, "does not fit in int64",
+                       lambda: io.save_checkpoint(p, {"x": x}, scalars={"s": 2**70}))
+    _raises_everywhere(comm, ValueError, "invalid array name",
+                       lambda: io.save_checkpoint(p, {"a//b": x}))
+    if SIZE > 1:
+        _raises_everywhere(comm, ValueError, "differ between ranks",
+                           lambda: io.save_checkpoint(p, {"x": x}, scalars={"r": comm.rank}))
+    io.save_checkpoint(shared_tmp_path / "ck_ok.h5", {"x": x})
+    _raises_everywhere(comm, ValueError, "does not hold",
+                       lambda: io.load_checkpoint(shared_tmp_path / "ck_ok.h5", grid=g,
+                                                  split={"nope": (0,)}))
+    _raises_everywhere(comm, TypeError, "split must be None or a dict",
+                       lambda: io.load_checkpoint(shared_tmp_path / "ck_ok.h5", grid=g,
+                                                  split=(0,)))
+    g.free()
