@@ -9,7 +9,9 @@ move the same bytes.  Calls are interleaved rep by rep; each rep starts after a 
 its time is the slowest rank's; medians over ``--reps`` reps after ``--warmup``.
 
 Each line: absolute ms of ours and of the bare Alltoallv, the ratio ours/bare, and both as
-GB/s = global array bytes / time (the whole array changes hands once).  See bench/README.md.
+GB/s = global array bytes / time (the whole array changes hands once); in brackets the same
+redistribution written into a preallocated output block (``redistribute_blocks(..., out=)``),
+which leaves out the page faults of a fresh 32 MiB output.  See bench/README.md.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from mpi4py import MPI
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import disttensor as dt  # noqa: E402
 from disttensor.redistribute import plan as redistribution_plan  # noqa: E402
+from disttensor.redistribute import redistribute_blocks  # noqa: E402
 
 COMM = MPI.COMM_WORLD
 MIB = 1 << 20
@@ -38,19 +41,17 @@ def timed(fn) -> float:
     return COMM.allreduce(dt_, op=MPI.MAX)
 
 
-def compare(ours, bare, reps: int, warmup: int) -> tuple[float, float]:
+def compare(fns: dict, reps: int, warmup: int) -> dict:
+    """Median seconds of each function, called interleaved (rotating who goes first)."""
     for _ in range(warmup):
-        ours()
-        bare()
-    a, b = [], []
+        for f in fns.values():
+            f()
+    times = {k: [] for k in fns}
+    keys = list(fns)
     for i in range(reps):
-        if i % 2:
-            b.append(timed(bare))
-            a.append(timed(ours))
-        else:
-            a.append(timed(ours))
-            b.append(timed(bare))
-    return statistics.median(a), statistics.median(b)
+        for k in keys[i % len(keys):] + keys[:i % len(keys)]:
+            times[k].append(timed(fns[k]))
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def bare_alltoallv(plan, itemsize: int):
@@ -97,16 +98,21 @@ def main() -> None:
             ours = lambda: x.redistribute(split=split)  # noqa: E731
             y = ours()
             ok = COMM.allreduce(bool(np.array_equal(y.to_numpy(), x.to_numpy())), op=MPI.LAND)
+            out = np.empty_like(y.local)
+            prealloc = lambda: redistribute_blocks(grid.cart, x.local, x.distribution, dst,  # noqa: E731
+                                                   out=out)
             bare, nbytes = bare_alltoallv(redistribution_plan(x.distribution, dst, COMM.rank),
                                           x.dtype.itemsize)
             del y
-            t_ours, t_bare = compare(ours, bare, args.reps, args.warmup)
+            t = compare({"ours": ours, "bare": bare, "prealloc": prealloc}, args.reps, args.warmup)
             gbytes = x.nbytes / 1e9
             if COMM.rank == 0:
                 print(f"redistribute {dtype} shape={shape} split axis 0 -> {target}: "
-                      f"bytes/rank={nbytes / MIB:.1f} MiB  ours={t_ours * 1e3:.2f} ms "
-                      f"({gbytes / t_ours:.2f} GB/s)  bare_alltoallv={t_bare * 1e3:.2f} ms "
-                      f"({gbytes / t_bare:.2f} GB/s)  ratio={t_ours / t_bare:.2f}"
+                      f"bytes/rank={nbytes / MIB:.1f} MiB  ours={t['ours'] * 1e3:.2f} ms "
+                      f"({gbytes / t['ours']:.2f} GB/s)  bare_alltoallv={t['bare'] * 1e3:.2f} ms "
+                      f"({gbytes / t['bare']:.2f} GB/s)  ratio={t['ours'] / t['bare']:.2f}  "
+                      f"[into a preallocated out: {t['prealloc'] * 1e3:.2f} ms, "
+                      f"ratio={t['prealloc'] / t['bare']:.2f}]"
                       + ("" if ok else "  WRONG RESULT"), flush=True)
         del x
     grid.free()

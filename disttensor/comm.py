@@ -18,7 +18,8 @@ from mpi4py import MPI
 from .backend import array_module, to_host
 
 __all__ = ["CollectiveError", "collective", "check_same", "any_true", "mpi_type",
-           "subarray_type", "allreduce", "host_staging", "cuda_aware_mpi"]
+           "subarray_type", "allreduce", "host_staging", "cuda_aware_mpi", "private_comm",
+           "PieceExchange"]
 
 
 class CollectiveError(RuntimeError):
@@ -211,3 +212,129 @@ def cuda_aware_mpi() -> bool:
 def host_staging(arr) -> bool:
     """Whether a device array must go through host memory for MPI."""
     return array_module(arr) is not np and not cuda_aware_mpi()
+
+
+# -- private communicators -------------------------------------------------------------------
+_PRIVATE_KEYVAL = None
+
+
+def _free_private(comm, keyval, comms) -> None:
+    if not MPI.Is_finalized():
+        for c in comms.values():
+            c.Free()
+    comms.clear()
+
+
+def private_comm(comm: MPI.Comm, purpose: str) -> MPI.Comm:
+    """A duplicate of ``comm`` reserved for one kind of library traffic (``purpose``), so
+    point-to-point messages of, say, a split-phase halo exchange still in flight can never
+    match those of another operation or of user code on ``comm``.  Created on first use
+    (collective over ``comm``), cached as an MPI attribute of ``comm`` and freed with it."""
+    global _PRIVATE_KEYVAL
+    if _PRIVATE_KEYVAL is None:
+        _PRIVATE_KEYVAL = MPI.Comm.Create_keyval(delete_fn=_free_private)
+    comms = comm.Get_attr(_PRIVATE_KEYVAL)
+    if comms is None:
+        comms = {}
+        comm.Set_attr(_PRIVATE_KEYVAL, comms)
+    c = comms.get(purpose)
+    if c is None:
+        c = comms[purpose] = comm.Dup()
+    return c
+
+
+# -- point-to-point exchange of array pieces ---------------------------------------------------
+def _c_contiguous(a) -> bool:
+    return bool(a.flags.c_contiguous)
+
+
+def _bytes(a):
+    """An MPI buffer spec moving the C-contiguous array ``a`` as raw bytes (works for every
+    dtype, float16 and bfloat16 included)."""
+    return [a, MPI.BYTE]
+
+
+class PieceExchange:
+    """Non-blocking point-to-point exchange of array pieces, reusable.
+
+    ``sends`` and ``recvs`` are ``(peer, tag, view)`` triples; the views (NumPy or CuPy, all of
+    one kind) stay bound to their arrays, so one object serves many exchanges of the same
+    buffers.  :meth:`start` posts every receive, then packs and posts every send;
+    :meth:`finish` waits and unpacks (or, with ``accumulate=True``, adds what arrived into the
+    receive views).  Both sides order a piece's elements C-wise.
+
+    Transport (CPU): a C-contiguous piece goes straight from/to its array, any other piece
+    through a contiguous scratch buffer allocated once (a NumPy copy).  MPI subarray datatypes
+    would avoid that copy, but measured with Debian's MPICH (ch4:ucx) they were never faster
+    than the NumPy pack and up to ~40x slower under load for short runs (strided faces; see
+    ``bench/README.md``).  GPU pieces are packed on the device, the stream is synchronized
+    before MPI sees them, and they go through host memory unless MPI is CUDA-aware."""
+
+    def __init__(self, comm: MPI.Comm, sends, recvs, accumulate: bool = False):
+        self.comm = comm
+        self.accumulate = accumulate
+        self.sends = [(int(p), int(t), v) for p, t, v in sends if v.size]
+        self.recvs = [(int(p), int(t), v) for p, t, v in recvs if v.size]
+        views = [v for _, _, v in self.sends + self.recvs]
+        self.xp = array_module(views[0]) if views else np
+        self.gpu = self.xp is not np
+        self.staged = self.gpu and not cuda_aware_mpi()
+        self._send_scratch = [self._scratch(v, recv=False) for _, _, v in self.sends]
+        self._recv_scratch = [self._scratch(v, recv=True) for _, _, v in self.recvs]
+        self._reqs: list = []
+        self._active = False
+
+    def _scratch(self, v, recv: bool):
+        if self.staged:
+            return np.empty(v.shape, dtype=v.dtype)
+        if _c_contiguous(v) and not (recv and self.accumulate):
+            return None
+        return self.xp.empty(v.shape, dtype=v.dtype)
+
+    @property
+    def nbytes_sent(self) -> int:
+        return sum(int(v.nbytes) for _, _, v in self.sends)
+
+    def start(self) -> "PieceExchange":
+        if self._active:
+            raise RuntimeError("exchange already in progress")
+        comm = self.comm
+        reqs = []
+        for (p, tag, v), s in zip(self.recvs, self._recv_scratch):
+            reqs.append(comm.Irecv(_bytes(v if s is None else s), p, tag))
+        data = []
+        for (_, _, v), s in zip(self.sends, self._send_scratch):
+            if s is None:
+                data.append(v)
+            elif self.staged:
+                data.append(self.xp.asnumpy(v))
+            else:
+                s[...] = v
+                data.append(s)
+        if self.gpu and self.sends:
+            self.xp.cuda.get_current_stream().synchronize()
+        for (p, tag, _), d in zip(self.sends, data):
+            reqs.append(comm.Isend(_bytes(d), p, tag))
+        self._keep = data  # alive until the sends complete
+        self._reqs = reqs
+        self._active = True
+        return self
+
+    def finish(self) -> None:
+        if not self._active:
+            raise RuntimeError("finish() without a matching start()")
+        MPI.Request.Waitall(self._reqs)
+        self._reqs, self._keep, self._active = [], [], False
+        for (_, _, v), s in zip(self.recvs, self._recv_scratch):
+            if s is None:
+                continue
+            if self.staged:
+                s = self.xp.asarray(s)
+            if self.accumulate:
+                v += s
+            else:
+                v[...] = s
+
+    def run(self) -> None:
+        self.start()
+        self.finish()

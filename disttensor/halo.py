@@ -11,9 +11,14 @@ the interior between the two overlaps the messages.  ``reverse_begin()/reverse_e
 the adjoint: every halo cell is sent back to its owner and *added* there, then the halo is
 zeroed (this is what a backward pass needs after a forward stencil read the halo).
 
-CPU buffers move with MPI subarray datatypes straight from/to the buffer (no pack copy).  GPU
-buffers are packed into contiguous device arrays, and go through host memory unless MPI is
-CUDA-aware (``disttensor.comm.cuda_aware_mpi``).
+Messages go point to point on a private duplicate of the grid's communicator (so an exchange
+in flight never matches other traffic).  A piece that is contiguous in the buffer (a face
+normal to axis 0, say) moves straight from/to the buffer; any other is packed into contiguous
+scratch allocated once per :class:`HaloExchange` (see :class:`disttensor.comm.PieceExchange`
+for why not MPI subarray datatypes).  GPU buffers are packed on the device and go through host
+memory unless MPI is CUDA-aware (``disttensor.comm.cuda_aware_mpi``).  Reuse one
+``x.halo_exchange()`` object for repeated exchanges: it keeps the plan, the views and the
+scratch.
 """
 from __future__ import annotations
 
@@ -24,8 +29,7 @@ from typing import Sequence
 import numpy as np
 from mpi4py import MPI
 
-from .backend import array_module
-from .comm import collective, host_staging, subarray_type
+from .comm import PieceExchange, collective, private_comm
 from .distribution import Distribution
 from .plans import CommPlan, halo_plan
 
@@ -108,46 +112,58 @@ class HaloExchange:
         except Exception as e:  # noqa: BLE001 - re-raised on every rank by _agree
             err = e
         _agree(self.comm, err, (lo, hi, getattr(self, "periodic", None)))
-        self._reqs: list[MPI.Request] = []
-        self._pending: list = []
+        self.pcomm: MPI.Comm = private_comm(self.comm, "halo") if self.comm.size > 1 else self.comm
+        self._forward: PieceExchange | None = None
+        self._reverse: PieceExchange | None = None
         self._mode: str | None = None
+
+    def _engine(self, reverse: bool) -> PieceExchange:
+        """The message part of the exchange, built on first use and reused: views of the
+        buffer's boxes, contiguous scratch for the pieces that need packing."""
+        buf = self.x.buffer
+        p = self.plan
+        if not reverse:
+            if self._forward is None:
+                self._forward = PieceExchange(
+                    self.pcomm, [(t.peer, t.tag, buf[t.box.slices()]) for t in p.sends],
+                    [(t.peer, t.tag, buf[t.box.slices()]) for t in p.recvs])
+            return self._forward
+        if self._reverse is None:
+            self._reverse = PieceExchange(
+                self.pcomm,
+                [(t.peer, t.tag + _REVERSE_TAG, buf[t.box.slices()]) for t in p.recvs],
+                [(t.peer, t.tag + _REVERSE_TAG, buf[t.box.slices()]) for t in p.sends],
+                accumulate=True)
+        return self._reverse
+
+    @property
+    def nbytes_sent(self) -> int:
+        """Bytes this rank sends in one (forward) exchange."""
+        return sum(t.box.size for t in self.plan.sends) * self.x.dtype.itemsize
 
     # -- forward --------------------------------------------------------------------------------
     def begin(self) -> "HaloExchange":
-        """Post all messages of the exchange; local copies and zero fills happen here."""
+        """Post all messages of the exchange, then do the zero fills and local copies (while
+        the messages fly)."""
         if self._mode is not None:
             raise RuntimeError("halo exchange already in progress; call end() first")
+        engine = self._engine(reverse=False)
+        engine.start()
         buf = self.x.buffer
-        xp = array_module(buf)
         p = self.plan
         for box in p.zero:
             buf[box.slices()] = 0
         for sbox, dbox in p.local:
             buf[dbox.slices()] = buf[sbox.slices()]
-        comm = self.comm
-        reqs = []
-        if xp is np:
-            for t in p.recvs:
-                reqs.append(comm.Irecv([buf, 1, subarray_type(buf.dtype, buf.shape, t.box.start, t.box.shape)],
-                                       t.peer, t.tag))
-            for t in p.sends:
-                reqs.append(comm.Isend([buf, 1, subarray_type(buf.dtype, buf.shape, t.box.start, t.box.shape)],
-                                       t.peer, t.tag))
-        else:
-            reqs = self._post_packed(buf, xp, p.sends, p.recvs, lambda t: t.tag)
-        self._reqs = reqs
         self._mode = "forward"
         return self
 
     def end(self) -> None:
-        """Wait for the exchange begun by :meth:`begin`."""
+        """Wait for the exchange begun by :meth:`begin` (and unpack what needs it)."""
         if self._mode != "forward":
             raise RuntimeError("end() without a matching begin()")
-        MPI.Request.Waitall(self._reqs)
-        buf = self.x.buffer
-        for box, host, dev in self._pending:  # GPU receives
-            buf[box.slices()] = dev if host is None else array_module(buf).asarray(host).reshape(box.shape)
-        self._reqs, self._pending, self._mode = [], [], None
+        self._mode = None
+        self._forward.finish()
 
     def exchange(self) -> None:
         self.begin()
@@ -155,28 +171,14 @@ class HaloExchange:
 
     # -- adjoint ----------------------------------------------------------------------------------
     def reverse_begin(self) -> "HaloExchange":
-        """Adjoint exchange: send every received halo piece back to its owner."""
+        """Adjoint exchange: send every halo piece received from a peer back to it, and add
+        the halo pieces copied locally into their owned cells."""
         if self._mode is not None:
             raise RuntimeError("halo exchange already in progress; call end() first")
+        self._engine(reverse=True).start()
         buf = self.x.buffer
-        xp = array_module(buf)
-        p = self.plan
-        self._sums = []
-        comm = self.comm
-        reqs = []
-        # the pieces that forward sent to peers come back into contiguous scratch, added at end
-        if xp is np:
-            for t in p.sends:
-                tmp = np.empty(t.box.shape, dtype=buf.dtype)
-                self._sums.append((t.box, tmp))
-                reqs.append(comm.Irecv(tmp, t.peer, t.tag + _REVERSE_TAG))
-            for t in p.recvs:
-                reqs.append(comm.Isend([buf, 1, subarray_type(buf.dtype, buf.shape, t.box.start, t.box.shape)],
-                                       t.peer, t.tag + _REVERSE_TAG))
-        else:
-            reqs = self._post_packed(buf, xp, p.recvs, p.sends, lambda t: t.tag + _REVERSE_TAG,
-                                     accumulate=True)
-        self._reqs = reqs
+        for sbox, dbox in self.plan.local:  # reads halo cells (sends only read them too)
+            buf[sbox.slices()] += buf[dbox.slices()]
         self._mode = "reverse"
         return self
 
@@ -184,43 +186,10 @@ class HaloExchange:
         """Finish the adjoint: add what came back into the owned block, zero the halo."""
         if self._mode != "reverse":
             raise RuntimeError("reverse_end() without a matching reverse_begin()")
-        MPI.Request.Waitall(self._reqs)
-        buf = self.x.buffer
-        xp = array_module(buf)
-        for sbox, dbox in self.plan.local:
-            buf[sbox.slices()] += buf[dbox.slices()]
-        for box, tmp in self._sums:
-            buf[box.slices()] += tmp
-        for box, host, dev in self._pending:
-            buf[box.slices()] += dev if host is None else xp.asarray(host).reshape(box.shape)
+        self._mode = None
+        self._reverse.finish()
         self.x.zero_halo()
-        self._reqs, self._pending, self._sums, self._mode = [], [], [], None
 
     def reverse(self) -> None:
         self.reverse_begin()
         self.reverse_end()
-
-    # -- GPU path ---------------------------------------------------------------------------------
-    def _post_packed(self, buf, xp, sends, recvs, tag, accumulate=False):
-        """Pack sends into contiguous device arrays (host copies when staging) and post."""
-        comm = self.comm
-        staged = host_staging(buf)
-        packed = [(t, xp.ascontiguousarray(buf[t.box.slices()])) for t in sends]
-        xp.cuda.get_current_stream().synchronize()
-        reqs = []
-        self._keep = []
-        self._pending = []
-        for t in recvs:
-            if staged:
-                host = np.empty(t.box.size, dtype=buf.dtype)
-                self._pending.append((t.box, host, None))
-                reqs.append(comm.Irecv(host, t.peer, tag(t)))
-            else:
-                dev = xp.empty(t.box.shape, dtype=buf.dtype)
-                self._pending.append((t.box, None, dev))
-                reqs.append(comm.Irecv(dev, t.peer, tag(t)))
-        for t, piece in packed:
-            data = piece.get() if staged else piece
-            self._keep.append(data)
-            reqs.append(comm.Isend(data, t.peer, tag(t)))
-        return reqs

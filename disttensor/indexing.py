@@ -136,10 +136,10 @@ def flip(x: DistArray, axis) -> DistArray:
         c = y.grid.coords[g]
         partner = p - 1 - c
         xp = array_module(loc)
+        sub = y.grid.sub_comm([g])  # collective on first use: every rank, the middle one too
         if partner == c:
             out = loc.copy()
         else:
-            sub = y.grid.sub_comm([g])
             shape = new.block_shape(y.grid.coords)
             send = np.ascontiguousarray(to_host(loc))
             recv = np.empty(shape, dtype=y.dtype)

@@ -1,10 +1,14 @@
 """Any-to-any block redistribution and its adjoint.
 
 ``redistribute_blocks`` moves one array from distribution ``src`` to distribution ``dst`` in a
-single collective step: on CPU an ``MPI_Alltoallw`` whose send and receive datatypes are
-subarray types of the local blocks (no pack copy); on GPU (or any non-NumPy block) the
-pieces are packed into one contiguous buffer per direction and moved with ``MPI_Alltoallv``
-(through host memory unless MPI is CUDA-aware).  Pieces a rank keeps are copied locally.
+single collective step: every piece (the intersection of this rank's source block with a
+destination block) is one point-to-point message on a private duplicate of the communicator,
+and pieces a rank keeps are copied locally while the messages fly.  Contiguous pieces move
+straight from the source block / into the destination block; the others are packed (see
+:class:`disttensor.comm.PieceExchange` for why not MPI subarray datatypes, and for GPU blocks).
+Point to point rather than ``MPI_Alltoallv``/``Alltoallw``: a rank talks only to the ranks its
+block meets, which is few for the usual redistributions on large grids, and nothing is sent
+to or copied through itself.
 
 The adjoint ``R*`` of a redistribution ``R`` maps a ``dst`` block back to a ``src`` block,
 *adding* every received piece into place: where ``dst`` replicates data, ``R`` copies one
@@ -16,12 +20,11 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-import numpy as np
 from mpi4py import MPI
 
-from .backend import array_module, to_host
-from .comm import host_staging, mpi_type, subarray_type
-from .distribution import Distribution
+from .backend import array_module
+from .comm import PieceExchange, private_comm
+from .distribution import Box, Distribution
 from .plans import CommPlan, redistribution_plan
 
 __all__ = ["plan", "redistribute_blocks", "redistribute_adjoint_blocks"]
@@ -33,78 +36,40 @@ def plan(src: Distribution, dst: Distribution, rank: int) -> CommPlan:
     return redistribution_plan(src, dst, rank)
 
 
-def _alltoallw(comm: MPI.Comm, sendbuf: np.ndarray, sends, recvbuf: np.ndarray, recvs) -> None:
-    """One Alltoallw; ``sends``/``recvs`` are ``(peer, box)`` pairs in the buffers' own
-    coordinates (buffers C-contiguous)."""
-    size = comm.size
-    scount, rcount = [0] * size, [0] * size
-    stypes, rtypes = [MPI.BYTE] * size, [MPI.BYTE] * size
-    zeros = [0] * size
-    for peer, box in sends:
-        scount[peer] = 1
-        stypes[peer] = subarray_type(sendbuf.dtype, sendbuf.shape, box.start, box.shape)
-    for peer, box in recvs:
-        rcount[peer] = 1
-        rtypes[peer] = subarray_type(recvbuf.dtype, recvbuf.shape, box.start, box.shape)
-    comm.Alltoallw([sendbuf, (scount, zeros), stypes], [recvbuf, (rcount, zeros), rtypes])
+def _view(a, box: Box):
+    """The part of ``a`` in ``box`` as a view (also for 0-d arrays)."""
+    return a[box.slices()] if a.ndim else a[...]
 
 
-def _alltoallv_packed(comm: MPI.Comm, dtype, send_pieces, recv_sizes, xp):
-    """Alltoallv of contiguous pieces.  ``send_pieces``: ``(peer, flat array)``;
-    ``recv_sizes``: ``(peer, n)``.  Returns ``{peer: flat received array}`` (device of ``xp``)."""
-    size = comm.size
-    scounts, rcounts = [0] * size, [0] * size
-    for peer, piece in send_pieces:
-        scounts[peer] = int(piece.size)
-    for peer, n in recv_sizes:
-        rcounts[peer] = int(n)
-    sdispl = np.concatenate([[0], np.cumsum(scounts)[:-1]]).astype(int).tolist()
-    rdispl = np.concatenate([[0], np.cumsum(rcounts)[:-1]]).astype(int).tolist()
-    order = sorted(send_pieces, key=lambda p: p[0])
-    if order:
-        sendbuf = xp.concatenate([p.reshape(-1) for _, p in order])
-    else:
-        sendbuf = xp.empty(0, dtype=dtype)
-    recvbuf = xp.empty(int(sum(rcounts)), dtype=dtype)
-    staged = xp is not np and host_staging(sendbuf)
-    if xp is not np:
-        xp.cuda.get_current_stream().synchronize()
-    sb = to_host(sendbuf) if staged else sendbuf
-    rb = np.empty(recvbuf.size, dtype=dtype) if staged else recvbuf
-    t = mpi_type(np.dtype(dtype))
-    comm.Alltoallv([sb, (scounts, sdispl), t], [rb, (rcounts, rdispl), t])
-    if staged:
-        recvbuf = xp.asarray(rb)
-    return {peer: recvbuf[rdispl[peer]:rdispl[peer] + rcounts[peer]] for peer, _ in recv_sizes}
+def _check_block(a, want, what: str) -> None:
+    if tuple(a.shape) != tuple(want):
+        raise ValueError(f"{what} has shape {tuple(a.shape)}, the distribution's block here is "
+                         f"{tuple(want)}")
 
 
 def redistribute_blocks(comm: MPI.Comm, src_local, src: Distribution, dst: Distribution,
                         out=None):
     """Collective: return this rank's block of ``dst`` given its block ``src_local`` of
-    ``src`` (``comm`` ranks numbered as both grids).  ``out``, if given, is written into."""
+    ``src`` (``comm`` ranks numbered as both grids).  ``out``, if given, is written into.
+    ``src_local`` may be any view (non-contiguous, transposed, the interior of a halo buffer)."""
     p = plan(src, dst, comm.rank)
     xp = array_module(src_local)
+    _check_block(src_local, src.rank_box(comm.rank).shape, "the local source block")
     my_dst_shape = dst.rank_box(comm.rank).shape
     if out is None:
         out = xp.empty(my_dst_shape, dtype=src_local.dtype)
+    else:
+        _check_block(out, my_dst_shape, "out")
+    ex = None
+    if comm.size > 1:  # private_comm is collective on first use: every rank gets it
+        ex = PieceExchange(private_comm(comm, "redistribute"),
+                           [(t.peer, 0, _view(src_local, t.box)) for t in p.sends],
+                           [(t.peer, 0, _view(out, t.box)) for t in p.recvs])
+        ex.start()
     for sbox, dbox in p.local:
-        out[dbox.slices()] = src_local[sbox.slices()]
-    if comm.size == 1:
-        return out
-    if xp is np and src_local.ndim > 0:
-        sbuf = np.ascontiguousarray(src_local)
-        rbuf = out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
-        _alltoallw(comm, sbuf, [(t.peer, t.box) for t in p.sends],
-                   rbuf, [(t.peer, t.box) for t in p.recvs])
-        if rbuf is not out:
-            for t in p.recvs:
-                out[t.box.slices()] = rbuf[t.box.slices()]
-        return out
-    pieces = [(t.peer, xp.ascontiguousarray(src_local[t.box.slices()])) for t in p.sends]
-    got = _alltoallv_packed(comm, src_local.dtype, pieces,
-                            [(t.peer, t.box.size) for t in p.recvs], xp)
-    for t in p.recvs:
-        out[t.box.slices()] = got[t.peer].reshape(t.box.shape)
+        _view(out, dbox)[...] = _view(src_local, sbox)
+    if ex is not None:
+        ex.finish()
     return out
 
 
@@ -113,14 +78,17 @@ def redistribute_adjoint_blocks(comm: MPI.Comm, dst_local, src: Distribution, ds
     of every piece of ``dst_local`` that the forward map copied from this rank."""
     p = plan(src, dst, comm.rank)
     xp = array_module(dst_local)
+    _check_block(dst_local, dst.rank_box(comm.rank).shape, "the local block")
     out = xp.zeros(src.rank_box(comm.rank).shape, dtype=dst_local.dtype)
+    ex = None
+    if comm.size > 1:
+        ex = PieceExchange(private_comm(comm, "redistribute"),
+                           [(t.peer, 0, _view(dst_local, t.box)) for t in p.recvs],
+                           [(t.peer, 0, _view(out, t.box)) for t in p.sends],
+                           accumulate=True)
+        ex.start()
     for sbox, dbox in p.local:
-        out[sbox.slices()] += dst_local[dbox.slices()]
-    if comm.size == 1:
-        return out
-    pieces = [(t.peer, xp.ascontiguousarray(dst_local[t.box.slices()])) for t in p.recvs]
-    got = _alltoallv_packed(comm, dst_local.dtype, pieces,
-                            [(t.peer, t.box.size) for t in p.sends], xp)
-    for t in p.sends:  # at most one piece per peer (a box meets a box once)
-        out[t.box.slices()] += got[t.peer].reshape(t.box.shape)
+        _view(out, sbox)[...] += _view(dst_local, dbox)
+    if ex is not None:
+        ex.finish()
     return out

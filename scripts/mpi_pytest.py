@@ -18,6 +18,9 @@ Usage (from the repository root)::
 * ``-o faulthandler_timeout=S`` (``DISTTENSOR_TEST_STACK_DUMP_S``, default 300 s) makes a test
   that runs longer than that dump every thread's stack, so a deadlock killed by the outer
   ``timeout`` leaves tracebacks behind (on the terminal for rank 0, in the logs for the others).
+* A rank whose session ends while another rank's is still running (say a rank-local internal
+  error, while the others wait in a collective) waits ``DISTTENSOR_SYNC_TIMEOUT`` seconds
+  (default 120), then prints why and the end of its log and aborts the job with exit code 86.
 * The exit code is collective: after pytest returns, the ranks all-gather their exit codes, and
   if any rank failed, every rank exits non-zero (with the same code, after a clean
   ``MPI_Finalize``).  Exit code 5 (no tests
@@ -31,12 +34,15 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
+import numpy as np
 from mpi4py import MPI
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_TESTS = 5  # pytest.ExitCode.NO_TESTS_COLLECTED
+ABORT_EXIT_CODE = 86  # the job was aborted because its ranks got out of step (as conftest.py)
 
 
 def _has_option(args: list[str], name: str) -> bool:
@@ -70,14 +76,48 @@ def _combine(codes: list[int]) -> int:
     return max(specific) if specific else NO_TESTS
 
 
+def _exchange_codes(comm: MPI.Comm, rc: int, log_path: Path | None) -> list[int]:
+    """All-gather the exit codes; give up (abort the job, after saying why) when some rank has
+    not finished its session ``DISTTENSOR_SYNC_TIMEOUT`` seconds after this one did: that rank is
+    stuck in a collective that this rank, which ended its session early, will never enter."""
+    timeout = float(os.environ.get("DISTTENSOR_SYNC_TIMEOUT", "120"))
+    send = np.array([rc], dtype=np.int64)
+    recv = np.zeros(comm.Get_size(), dtype=np.int64)
+    req = comm.Iallgather(send, recv)
+    t0, delay = time.monotonic(), 1e-4
+    while not req.Test():
+        if time.monotonic() - t0 > timeout:
+            r = comm.Get_rank()
+            lines = [f"pytest ended here with exit code {rc}, but other ranks are still running "
+                     f"{timeout:.0f} s later (blocked in a collective this rank left?); "
+                     f"aborting the MPI job"]
+            if log_path is not None:
+                lines += [f"last lines of {log_path}:"]
+                lines += log_path.read_text(errors="replace").splitlines()[-40:]
+            sys.stdout.write("".join(f"[rank {r}] {line}\n" for line in lines))
+            sys.stdout.flush()
+            time.sleep(2)  # let mpiexec forward the message first
+            MPI.COMM_WORLD.Abort(ABORT_EXIT_CODE)
+        time.sleep(delay)
+        delay = min(2 * delay, 0.02)
+    return [int(c) for c in recv]
+
+
 def main(argv: list[str]) -> int:
-    comm = MPI.COMM_WORLD
-    rank, size = comm.Get_rank(), comm.Get_size()
+    world = MPI.COMM_WORLD
+    rank, size = world.Get_rank(), world.Get_size()
+    # a private communicator for the final exchange, so it can never match a collective of a
+    # test still running on another rank
+    comm = world.Dup()
     args = _pytest_args(argv, rank, size)
 
     log_path = None
     saved_fds = None
-    if rank != 0:
+    if rank == 0:
+        # where conftest.py writes a last word before it aborts a deadlocked job (pytest's
+        # output capture does not touch a duplicate)
+        os.environ["DISTTENSOR_TEST_TERMINAL_FD"] = str(os.dup(2))
+    else:
         log_dir = Path(os.environ.get("DISTTENSOR_TEST_LOG_DIR", ROOT / "build" / "test-logs"))
         log_dir.mkdir(parents=True, exist_ok=True)
         log_path = log_dir / f"rank{rank}-n{size}.log"
@@ -108,7 +148,7 @@ def main(argv: list[str]) -> int:
             os.close(saved_fds[0])
             os.close(saved_fds[1])
 
-    codes = comm.allgather(rc)
+    codes = _exchange_codes(comm, rc, log_path)
     final = _combine(codes)
 
     # Print the logs of failed ranks one rank after another (mpiexec forwards each rank's

@@ -8,9 +8,18 @@
   imported, plus ``locking=False`` at every open): several processes open the same file, and
   many parallel file systems do not support the locks.
 * Transfers go through h5py's low-level API (``DatasetID.read/write`` with explicit
-  dataspaces), because h5py's high-level ``dset[...]`` returns early for an empty selection,
-  which would leave the other ranks waiting inside a collective transfer forever.  Here a rank
-  with nothing to transfer still takes part with an empty (``select_none``) selection.
+  dataspaces and transfer property lists), because h5py's high-level ``dset[...]`` (a) returns
+  early for an empty selection, which would leave the other ranks waiting inside a collective
+  transfer forever, and (b) reads int/float datasets through a fast path that uses the default
+  transfer list, silently ignoring ``with dset.collective:`` (h5py 3.16).  Here a rank with
+  nothing to transfer still takes part with an empty (``select_none``) selection.
+* Running out of space: writers check the free space first, and before any raw data moves
+  claim the blocks it needs (``fallocate``; with ``mpio`` after flushing HDF5's metadata),
+  because a collective MPI-IO write that hits ENOSPC can leave some ranks inside ROMIO for
+  ever and HDF5 cannot close a file whose metadata it failed to write (both seen with MPICH
+  4.0 / HDF5 1.10.8 on a full tmpfs; the POSIX driver can even crash in ``H5D_close``).  The
+  reservation needs the *uncompressed* size even for compressed datasets; the unused part is
+  trimmed when the file is closed.
 * Failures are made collective: every step runs inside :func:`disttensor.comm.collective`, and
   rank-local preparation is done (and agreed on) before entering a collective HDF5 call.
 """
@@ -421,21 +430,22 @@ class ReadSession:
     """A file open for reading on every rank of ``comm`` (``comm=None``: this process alone,
     no MPI calls at all).  Collective to create, to read, and to close."""
 
-    def __init__(self, path, comm, driver: str):
+    def __init__(self, path, comm, driver: str, collective_io: bool = True):
         self.path = os.fspath(path)
         self.comm = comm
-        self.collective_io = driver == "mpio" and comm is not None
+        self.mpio = driver == "mpio" and comm is not None
+        self.collective_io = self.mpio and collective_io
         self.f = None
         drain_background_reads()
         try:
             with collective(comm):
                 try:
-                    self.f = open_file(self.path, "r", comm if self.collective_io else None)
+                    self.f = open_file(self.path, "r", comm if self.mpio else None)
                 except OSError:
                     check_file(self.path)  # a clearer error when that is the cause
                     raise
         except BaseException:
-            if self.f is not None and not self.collective_io:
+            if self.f is not None and not self.mpio:
                 self.f.close()
             self.f = None
             raise

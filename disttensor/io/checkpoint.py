@@ -99,9 +99,10 @@ def save_checkpoint(path, arrays: dict | None = None, host: dict | None = None,
         driver = _h5.resolve_driver(driver)
         for kind, d in (("array", arrays), ("host array", host), ("scalar", scalars)):
             for n in d:
-                check_dataset_name(n, kind) if kind != "scalar" else None
                 if not isinstance(n, str) or not n:
                     raise ValueError(f"{kind} names must be non-empty str, got {n!r}")
+                if kind != "scalar":  # scalars are attributes: any name
+                    check_dataset_name(n, kind)
         for n, x in arrays.items():
             if not isinstance(x, DistArray):
                 raise TypeError(f"arrays[{n!r}] must be a DistArray, got {type(x).__name__}")
@@ -180,10 +181,14 @@ def _read_meta(path):
         arrays = {}
         for n, d in datasets("arrays").items():
             m = _h5.dataset_meta(d)
-            m["dist"] = decode_distribution(d.attrs)
-            if m["dist"].shape != m["shape"]:
+            # broadcast the attributes, not a Distribution: a Distribution unpickled in another
+            # process compares unequal to an identical one (it keeps the sender's hash)
+            m["dist_attrs"] = {k: d.attrs[k] for k in encode_distribution(
+                Distribution((), (1,))) if k in d.attrs}
+            dist = decode_distribution(m["dist_attrs"])
+            if dist.shape != m["shape"]:
                 raise ValueError(f"checkpoint {p!r}: array {n!r} has shape {m['shape']} but "
-                                 f"its distribution attributes say {m['dist'].shape}")
+                                 f"its distribution attributes say {dist.shape}")
             arrays[n] = m
         host = {n: _h5.dataset_meta(d) for n, d in datasets("host").items()}
         scalars = {k: _from_attr(v) for k, v in f["scalars"].attrs.items()} \
@@ -248,7 +253,7 @@ def load_checkpoint(path, grid: ProcessGrid | None = None, split: dict | None = 
     plan = []
     for n in sorted(ameta):
         m = ameta[n]
-        saved: Distribution = m["dist"]
+        saved: Distribution = decode_distribution(m["dist_attrs"])
         g = grid_for(saved.grid_dims)
         with collective(comm):
             if split is not None and n in split:

@@ -130,6 +130,8 @@ class SampleDataset:
     channels_last : samples stored ``D,H,W,C`` in the files.
     driver : ``'mpio'``, ``'independent'`` or ``None`` (``'mpio'`` when h5py has it and either
         ``prefetch`` is off or MPI runs at ``MPI_THREAD_MULTIPLE``).
+    collective_io : with ``mpio``, collective (default) or independent transfers (see
+        :func:`~disttensor.io.read_hdf5`).
     device : where the batches' blocks live (``'cpu'`` or ``'cuda'``).
 
     Construction is collective over ``grid``: it lists the files and checks the first one on
@@ -141,7 +143,8 @@ class SampleDataset:
     def __init__(self, source, grid: ProcessGrid | None = None, split=None, batch_size: int = 1,
                  shuffle: bool = True, seed: int = 0, prefetch: bool = True, *,
                  drop_last: bool = False, x_dataset: str = "full", y_dataset: str = "unitPar",
-                 channels_last: bool = False, driver: str | None = None, device: str = "cpu"):
+                 channels_last: bool = False, driver: str | None = None,
+                 collective_io: bool = True, device: str = "cpu"):
         grid = get_default_grid() if grid is None else grid
         comm = getattr(grid, "cart", None)
         with collective(comm):
@@ -174,7 +177,8 @@ class SampleDataset:
                 resolved = "independent"
         check_same(comm, (split, int(batch_size), bool(shuffle), int(seed), bool(prefetch),
                           bool(drop_last), self.x_dataset, self.y_dataset, bool(channels_last),
-                          resolved, self.device), "SampleDataset arguments")
+                          resolved, bool(collective_io), self.device),
+                   "SampleDataset arguments")
         self.grid = grid
         self.split = split
         self.batch_size = int(batch_size)
@@ -184,6 +188,7 @@ class SampleDataset:
         self.drop_last = bool(drop_last)
         self.channels_last = bool(channels_last)
         self.driver = resolved
+        self.collective_io = bool(collective_io)
         self.files: list[str] = _h5.root_call(comm, lambda: _list_files(source))
         meta = _h5.root_call(comm, lambda: _probe_layout(self.files, self.x_dataset,
                                                          self.y_dataset, self.channels_last))
@@ -341,7 +346,7 @@ class SampleDataset:
         comm = self._io_comm
         m = self._meta
         if self.stacked:
-            with _h5.ReadSession(self.files[0], comm, self.driver) as sess:
+            with _h5.ReadSession(self.files[0], comm, self.driver, self.collective_io) as sess:
                 for j, s in enumerate(mine):
                     out = tmp[None] if self.channels_last else xl[j:j + 1]
                     sess.read([(self.x_dataset, (int(s),) + fstart, None, out),
@@ -351,7 +356,7 @@ class SampleDataset:
         else:
             for j, s in enumerate(mine):
                 path = self.files[int(s)]
-                with _h5.ReadSession(path, comm, self.driver) as sess:
+                with _h5.ReadSession(path, comm, self.driver, self.collective_io) as sess:
                     got = sess.meta([self.x_dataset, self.y_dataset])
                     with collective(comm):
                         gx, gy = got[self.x_dataset], got[self.y_dataset]

@@ -50,7 +50,7 @@ def hdf5_driver_available(driver: str) -> bool:
 
 def read_hdf5(path, dataset: str, grid=None, split=None, sizes=None, slices=None,
               driver: str | None = None, device: str = "cpu", *, dtype=None, shape=None,
-              out: DistArray | None = None) -> DistArray:
+              out: DistArray | None = None, collective_io: bool = True) -> DistArray:
     """Read ``dataset`` of the HDF5 file ``path`` into a DistArray (collective over the grid).
 
     Parameters
@@ -69,23 +69,29 @@ def read_hdf5(path, dataset: str, grid=None, split=None, sizes=None, slices=None
     out : optional DistArray to read into (its distribution and grid are used, ``grid``,
         ``split`` and ``sizes`` must be omitted); its shape must equal the selection's and its
         dtype the dataset's.  Returned.
+    collective_io : with ``driver='mpio'``, move the data in one collective MPI-IO transfer
+        (default; lets MPI-IO aggregate requests, which pays on parallel file systems with
+        many ranks) or, with ``False``, each rank independently (often faster on one node or
+        from the page cache: see ``bench/io_bench.py``).  Datasets compressed with filters
+        that are not built into HDF5 (h5py's LZF, plugins) are always read independently:
+        HDF5 1.10's collective filtered read hands them wrong buffer sizes.
 
     Raises (on every rank) ``FileNotFoundError``, ``IsADirectoryError``,
     :class:`~disttensor.io.NotHDF5FileError`, :class:`~disttensor.io.DatasetNotFoundError`
     (a ``KeyError``), ``TypeError`` (bad dtype), ``ValueError`` (bad arguments or shape).
     """
     _h5.drain_background_reads()
-    if out is not None:
-        if not isinstance(out, DistArray):
-            raise TypeError(f"out must be a DistArray, got {type(out).__name__}")
-        if grid is not None or split is not None or sizes is not None:
-            raise ValueError("read_hdf5: pass either out= or grid/split/sizes, not both")
-        grid = out.grid
+    grid = (out.grid if isinstance(out, DistArray) else None) if grid is None else grid
     grid = get_default_grid() if grid is None else grid
     comm = getattr(grid, "cart", None)
     with collective(comm):
         if comm is None:
             raise TypeError(f"grid must be a ProcessGrid, got {type(grid).__name__}")
+        if out is not None:
+            if not isinstance(out, DistArray):
+                raise TypeError(f"out must be a DistArray, got {type(out).__name__}")
+            if grid is not out.grid or split is not None or sizes is not None:
+                raise ValueError("read_hdf5: pass either out= or grid/split/sizes, not both")
         name = check_dataset_name(dataset)
         driver = _h5.resolve_driver(driver)
         device = normalize_device(device)
@@ -94,33 +100,37 @@ def read_hdf5(path, dataset: str, grid=None, split=None, sizes=None, slices=None
         if dtype is not None:
             dtype = np.dtype(dtype)
         path = os.fspath(path)
-    check_same(comm, (path, name, driver, device), "read_hdf5 path, dataset, driver, device")
+    check_same(comm, (path, name, driver, bool(collective_io), device),
+               "read_hdf5 path, dataset, driver, collective_io, device")
 
-    meta = _h5.root_call(comm, lambda: _h5.probe(path, [name])[name])
-    fshape, fdtype = meta["shape"], meta["dtype"]
-    with collective(comm):
-        if shape is not None and tuple(shape) != fshape:
-            raise ValueError(f"dataset {name!r} in {path!r} has shape {fshape}, expected "
-                             f"{tuple(shape)}")
-        if dtype is not None and dtype != fdtype:
-            raise TypeError(f"dataset {name!r} in {path!r} has dtype {fdtype}, expected {dtype}")
-        sel = normalize_selection(slices, fshape)
-        sshape = selection_shape(sel)
-        if out is not None:
-            if out.shape != sshape:
-                raise ValueError(f"out has shape {out.shape} but the selection of dataset "
-                                 f"{name!r} has shape {sshape}")
-            if out.dtype != fdtype:
-                raise TypeError(f"out has dtype {out.dtype} but dataset {name!r} has {fdtype}")
-            dist = out.distribution
-        else:
-            grid, dist = make_distribution(sshape, grid, split, sizes)
-        box = dist.block_box(grid.coords)
-        start, stride, count = file_hyperslab(sel, box)
-        host = np.empty(count, dtype=fdtype)
-
-    sess = _h5.ReadSession(path, comm, driver)
+    # every rank opens the file and checks the metadata itself (no extra serial probe: a
+    # failed open is diagnosed on every rank, see ReadSession)
+    sess = _h5.ReadSession(path, comm, driver, collective_io)
     try:
+        with collective(comm):
+            meta = _h5.dataset_meta(_h5.get_dataset(sess.f, name, path))
+            fshape, fdtype = meta["shape"], meta["dtype"]
+            if shape is not None and tuple(shape) != fshape:
+                raise ValueError(f"dataset {name!r} in {path!r} has shape {fshape}, expected "
+                                 f"{tuple(shape)}")
+            if dtype is not None and dtype != fdtype:
+                raise TypeError(f"dataset {name!r} in {path!r} has dtype {fdtype}, expected "
+                                f"{dtype}")
+            sel = normalize_selection(slices, fshape)
+            sshape = selection_shape(sel)
+            if out is not None:
+                if out.shape != sshape:
+                    raise ValueError(f"out has shape {out.shape} but the selection of dataset "
+                                     f"{name!r} has shape {sshape}")
+                if out.dtype != fdtype:
+                    raise TypeError(f"out has dtype {out.dtype} but dataset {name!r} has "
+                                    f"{fdtype}")
+                dist = out.distribution
+            else:
+                grid, dist = make_distribution(sshape, grid, split, sizes)
+            box = dist.block_box(grid.coords)
+            start, stride, count = file_hyperslab(sel, box)
+            host = np.empty(count, dtype=fdtype)
         sess.read([(name, start, stride, host)])
     finally:
         sess.close()
@@ -156,6 +166,10 @@ def write_hdf5(x: DistArray, path, dataset: str, driver: str | None = None, *, m
     chunks, compression, compression_opts, shuffle : storage of a newly created dataset, as in
         ``h5py.Group.create_dataset`` (ignored for scalar and empty datasets).
     attrs : attributes to set on the dataset (same values on every rank).
+
+    Space: the target directory must have room for the uncompressed data (plus, with
+    ``atomic`` and ``'a'``/``'r+'``, the copy of the existing file), checked and reserved before
+    any data moves; otherwise ``OSError(ENOSPC)`` on every rank and ``path`` is unchanged.
     """
     _h5.drain_background_reads()
     comm = getattr(getattr(x, "grid", None), "cart", None)

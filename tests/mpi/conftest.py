@@ -59,6 +59,7 @@ def assert_all_ranks(comm: MPI.Comm, ok: bool, msg: str = "") -> None:
 
     The message names the failing ranks and carries each failing rank's ``msg``.  Costs one
     small all-reduce when everything passed (plus an all-gather on failure)."""
+    __tracebackhide__ = True  # pytest: show the caller's line, not this helper's
     ok = bool(ok)
     if comm.Get_size() == 1:
         if not ok:
@@ -86,6 +87,7 @@ def assert_allclose_all(comm: MPI.Comm, actual, desired, rtol: float = 1e-7, ato
                         *, equal_nan: bool = True, err_msg: str = "") -> None:
     """``numpy.testing.assert_allclose`` on each rank's data, failing on every rank if it fails
     on any (CuPy arrays are copied to the host first)."""
+    __tracebackhide__ = True
     ok, msg = True, ""
     try:
         np.testing.assert_allclose(_to_numpy(actual), _to_numpy(desired), rtol=rtol, atol=atol,
@@ -128,7 +130,12 @@ def _get_sync_comm() -> MPI.Comm | None:
     return _sync_comm
 
 
+_config: pytest.Config | None = None
+
+
 def pytest_configure(config):
+    global _config
+    _config = config
     config.addinivalue_line("markers", "mpi: runs under mpiexec (collective over COMM_WORLD)")
 
 
@@ -155,19 +162,33 @@ _PASSED, _SKIPPED, _FAILED = 0, 1, 2
 _SYNC_TIMEOUT = float(os.environ.get("DISTTENSOR_SYNC_TIMEOUT", "120"))
 
 
+ABORT_EXIT_CODE = 86  # exit status of a job aborted because its ranks got out of step
+
+
 def _abort(comm: MPI.Comm, text: str) -> None:
     """Print ``text`` where a person will see it and end the whole MPI job."""
     lines = "".join(f"[rank {comm.Get_rank()}] {line}\n" for line in text.splitlines())
-    fds = {2}
-    tty = os.environ.get("DISTTENSOR_TEST_TERMINAL_FD")  # set by scripts/mpi_pytest.py
-    if tty and tty.isdigit():
-        fds.add(int(tty))
-    for fd in fds:
+    capman = _config.pluginmanager.getplugin("capturemanager") if _config else None
+    if capman is not None:  # give fds 1 and 2 back to where they pointed before pytest
         try:
+            capman.suspend_global_capture(in_=True)
+        except Exception:  # noqa: BLE001
+            pass
+    # the terminal (a duplicate kept by scripts/mpi_pytest.py) and the rank's own stderr (its
+    # log file on ranks > 0), each file once
+    tty = os.environ.get("DISTTENSOR_TEST_TERMINAL_FD", "")
+    seen = set()
+    for fd in ([int(tty)] if tty.isdigit() else []) + [2]:
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) in seen:
+                continue
+            seen.add((st.st_dev, st.st_ino))
             os.write(fd, lines.encode(errors="replace"))
         except OSError:
             pass
-    MPI.COMM_WORLD.Abort(3)
+    time.sleep(2)  # let mpiexec forward the message before the abort tears the job down
+    MPI.COMM_WORLD.Abort(ABORT_EXIT_CODE)
 
 
 def _short_traceback(err: BaseException) -> str:
@@ -191,10 +212,10 @@ def _exchange_codes(comm: MPI.Comm, code: int, where: str, own: str) -> list[int
     delay = 1e-4
     while not req.Test():
         if time.monotonic() - t0 > _SYNC_TIMEOUT:
-            _abort(comm, f"waited {_SYNC_TIMEOUT:.0f} s for the other ranks to finish {where}; "
-                         "they are probably blocked in a collective of the test that this rank "
-                         f"left early.  This rank's outcome: {own}\nAborting the MPI job "
-                         "(DISTTENSOR_SYNC_TIMEOUT sets the wait).")
+            _abort(comm, f"waited {_SYNC_TIMEOUT:.0f} s for the other ranks to finish {where}: "
+                         "probably some rank is blocked in a collective that another rank left "
+                         "early (a rank-local failure, skip or exit).  This rank's outcome: "
+                         f"{own}\nAborting the MPI job (DISTTENSOR_SYNC_TIMEOUT sets the wait).")
         time.sleep(delay)
         delay = min(2 * delay, 0.02)
     return [int(c) for c in recv]

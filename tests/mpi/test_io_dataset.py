@@ -2,7 +2,6 @@
 samples in the same order; background reads; errors."""
 from __future__ import annotations
 
-import itertools
 import math
 import os
 
@@ -121,14 +120,17 @@ def test_channels_last_files_and_partial_batches(comm, shared_tmp_path, driver):
             with h5py.File(shared_tmp_path / f"s{i}.hdf5", "w") as f:
                 f["x"] = full[i]
                 f["t"] = tgt[i]
+        with h5py.File(shared_tmp_path / "stacked_cl.h5", "w") as f:
+            f["x"] = full
+            f["t"] = tgt
     comm.Barrier()
     files = [str(shared_tmp_path / f"s{i}.hdf5") for i in range(5)]
     g = dt.ProcessGrid((SIZE, 1))
     want = np.moveaxis(full, -1, 1)
     for drop in (False, True):
-        with io.SampleDataset(files, g, split=(0, 1, None, None, None), batch_size=2,
+        with io.SampleDataset(files if not drop else shared_tmp_path / "stacked_cl.h5", g, split=(0, 1, None, None, None), batch_size=2,
                               shuffle=False, x_dataset="x", y_dataset="t", channels_last=True,
-                              driver=driver, drop_last=drop) as ds:
+                              driver=driver, drop_last=drop, collective_io=drop) as ds:
             batches = list(ds.epoch(0))
             assert_all_ranks(comm, len(batches) == (2 if drop else 3))
             for b, (x, y) in enumerate(batches):

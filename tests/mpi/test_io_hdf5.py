@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import errno
 import itertools
-import math
 import os
 import subprocess
 
@@ -89,7 +88,9 @@ def test_round_trip_random_layouts(comm, shared_tmp_path, lay, lay2, dtype, data
         split2 = data.draw(splits(len(shape), len(dims2)))
         sl = tuple(slice(data.draw(st.integers(0, 2)), None, data.draw(st.integers(1, 3)))
                    for _ in shape[:data.draw(st.integers(0, len(shape)))])
-        y = io.read_hdf5(path, "grp/data", grid=g2, split=split2, slices=sl, driver=driver2)
+        coll = data.draw(st.booleans())
+        y = io.read_hdf5(path, "grp/data", grid=g2, split=split2, slices=sl, driver=driver2,
+                         collective_io=coll)
         want = a[sl]
         assert_all_ranks(comm, y.shape == want.shape and y.dtype == a.dtype,
                          f"{y.shape}/{y.dtype} vs {want.shape}/{a.dtype}")

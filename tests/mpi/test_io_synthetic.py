@@ -1,0 +1,77 @@
+"""Parallel generation of the synthetic dataset: the same samples whatever the rank count."""
+from __future__ import annotations
+
+import os
+
+import h5py
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from disttensor import io
+from disttensor.io import _h5
+from disttensor.io.synthetic import main, synthetic_sample
+from conftest import assert_all_ranks
+
+SIZE = MPI.COMM_WORLD.Get_size()
+DRIVERS = [d for d in ("mpio", "independent") if io.hdf5_driver_available(d)]
+
+
+def _check_files(comm, paths, n, size, channels, seed):
+    def check():
+        bad = []
+        for i, p in enumerate(paths):
+            x, y = synthetic_sample(i, size, channels, seed)
+            with h5py.File(p, "r") as f:
+                if not (np.array_equal(f["full"][...], x) and np.array_equal(f["unitPar"][...], y)
+                        and int(f.attrs["index"]) == i):
+                    bad.append(i)
+        return bad, sorted(os.listdir(os.path.dirname(paths[0])))
+    bad, listing = _h5.root_call(comm, check)
+    assert_all_ranks(comm, not bad, f"samples differ from the serial generator: {bad}")
+    assert_all_ranks(comm, listing == [f"sample_{i:06d}.h5" for i in range(n)], str(listing))
+
+
+def test_files_layout_in_parallel(comm, shared_tmp_path):
+    n = 2 * SIZE + 1
+    paths = io.generate_synthetic(shared_tmp_path / "f", n, size=6, channels=3, seed=9)
+    assert_all_ranks(comm, len(paths) == n)
+    _check_files(comm, paths, n, 6, 3, 9)
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_stacked_layout_in_parallel(comm, shared_tmp_path, driver):
+    n = SIZE + 2  # the last round leaves ranks without a sample
+    out = io.generate_synthetic(shared_tmp_path / "s.h5", n, size=5, channels=2, seed=1,
+                                layout="stacked", driver=driver, dtype="float64")
+
+    def check():
+        with h5py.File(out, "r") as f:
+            x, y = f["full"][...], f["unitPar"][...]
+            ok = x.shape == (n, 2, 5, 5, 5) and y.shape == (n, 3) and x.dtype == np.float64
+            for i in range(n):
+                xi, yi = synthetic_sample(i, 5, 2, 1, "float64")
+                ok = ok and np.array_equal(x[i], xi) and np.array_equal(y[i], yi)
+            return ok and f.attrs["generator"] == "disttensor.io.synthetic"
+    assert_all_ranks(comm, _h5.root_call(comm, check))
+
+
+def test_command_line_main_in_parallel(comm, shared_tmp_path):
+    d = shared_tmp_path / "cli"
+    rc = main(["--out", str(d), "--samples", "3", "--size", "4", "--channels", "1",
+               "--seed", "2"])
+    assert_all_ranks(comm, rc == 0)
+    _check_files(comm, [str(d / f"sample_{i:06d}.h5") for i in range(3)], 3, 4, 1, 2)
+
+
+def test_bad_arguments(comm, shared_tmp_path):
+    for kw, exc in [({"samples": -1}, ValueError), ({"size": 1}, ValueError),
+                    ({"layout": "zip"}, ValueError), ({"dtype": "int32"}, TypeError)]:
+        args = dict(out=shared_tmp_path / "bad", samples=2)
+        args.update(kw)
+        ok = False
+        try:
+            io.generate_synthetic(**args)
+        except exc:
+            ok = True
+        assert_all_ranks(comm, ok, str(kw))
