@@ -216,6 +216,11 @@ class Distribution:
     def __hash__(self) -> int:
         return self._hash
 
+    def __reduce__(self):
+        # rebuild on unpickling: the cached hash is process-specific (hash(None) varies)
+        sizes = [self.sizes(t) if g is not None else None for t, g in enumerate(self.split)]
+        return (Distribution, (self.shape, self.grid_dims, self.split, sizes))
+
     def __repr__(self) -> str:
         sizes = tuple(self.sizes(t) if g is not None else None for t, g in enumerate(self.split))
         return (f"Distribution(shape={self.shape}, grid_dims={self.grid_dims}, "

@@ -187,7 +187,7 @@ def _better(op, v_new, i_new, v_best, i_best):
     with np.errstate(invalid="ignore"):
         strictly = (v_new < v_best) if op == "min" else (v_new > v_best)
         equal = v_new == v_best
-    plain = ~nan_new & ~nan_best & (strictly | (equal & (i_new > i_best)))
+    plain = ~nan_new & ~nan_best & (strictly | (equal & (i_new < i_best)))
     nans = nan_new & (~nan_best | (i_new < i_best))
     return valid & (none_best | nans | plain)
 

@@ -561,3 +561,10 @@ def test_validation_random_bad_sizes(dist, data):
     sizes[t] = tuple(s)
     with pytest.raises(ValueError):
         Distribution(dist.shape, dist.grid_dims, dist.split, sizes)
+
+
+def test_pickle_round_trip_rebuilds_hash():
+    import pickle
+    d = Distribution((5, 3), (2, 1), (0, None), [(4, 1), None])
+    e = pickle.loads(pickle.dumps(d))
+    assert e == d and hash(e) == hash(d) and e.offsets == d.offsets
