@@ -191,22 +191,33 @@ def allreduce(comm: MPI.Comm, arr, op: str):
 
 
 # -- GPU buffers -----------------------------------------------------------------------------
+def mpix_query_cuda_support() -> bool | None:
+    """``MPIX_Query_cuda_support()`` of the MPI library mpi4py is linked to, through ctypes
+    (MPICH >= 4 and Open MPI have it; mpi4py 4.1 does not wrap it).  ``None`` where the
+    library lacks the symbol."""
+    import ctypes
+    try:
+        lib = ctypes.CDLL(MPI.__file__)  # dlsym on it also searches its libmpi dependency
+        fn = lib.MPIX_Query_cuda_support
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_int
+    fn.argtypes = []
+    return bool(fn())
+
+
 @lru_cache(maxsize=1)
 def cuda_aware_mpi() -> bool:
-    """Whether the MPI library reports CUDA support (MPIX_Query_cuda_support where the
-    library has it; otherwise the ``DISTTENSOR_CUDA_AWARE_MPI=1`` environment variable)."""
+    """Whether device buffers may be handed to MPI: ``DISTTENSOR_CUDA_AWARE_MPI`` (``1``/``0``)
+    if set, else ``MPIX_Query_cuda_support()`` of the MPI library (False where it lacks it)."""
     import os
     env = os.environ.get("DISTTENSOR_CUDA_AWARE_MPI")
     if env is not None:
-        return env not in ("0", "", "false", "no")
+        return env.lower() not in ("0", "", "false", "no")
     try:
-        from mpi4py.util import pkl5  # noqa: F401 - only to be sure mpi4py.util exists
-        query = getattr(MPI, "Query_cuda_support", None)
-        if query is not None:
-            return bool(query())
+        return bool(mpix_query_cuda_support())
     except Exception:
-        pass
-    return False
+        return False
 
 
 def host_staging(arr) -> bool:

@@ -31,24 +31,6 @@ def _err(e: BaseException) -> str:
     return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".strip()
 
 
-def mpix_query_cuda_support() -> bool | None:
-    """``MPIX_Query_cuda_support()`` of the MPI library mpi4py is linked to, through ctypes
-    (MPICH >= 4 and Open MPI have it; mpi4py 4.1 does not wrap it).  ``None`` where the
-    library lacks the symbol."""
-    import ctypes
-
-    from mpi4py import MPI
-
-    try:
-        lib = ctypes.CDLL(MPI.__file__)  # dlsym on it also searches its libmpi dependency
-        fn = lib.MPIX_Query_cuda_support
-    except (OSError, AttributeError):
-        return None
-    fn.restype = ctypes.c_int
-    fn.argtypes = []
-    return bool(fn())
-
-
 def _mpi_rows() -> list[tuple[str, str]]:
     rows: list[tuple[str, str]] = []
     try:
@@ -72,6 +54,7 @@ def _mpi_rows() -> list[tuple[str, str]]:
     except Exception as e:  # noqa: BLE001
         rows.append(("CUDA-aware MPI (disttensor.comm)", f"query failed: {_err(e)}"))
     try:
+        from disttensor.comm import mpix_query_cuda_support
         q = mpix_query_cuda_support()
         rows.append(("MPIX_Query_cuda_support()",
                      "not provided by this MPI" if q is None else str(q)))

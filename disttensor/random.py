@@ -50,7 +50,7 @@ class Generator:
         stride = 1
         for t, ix in reversed(list(enumerate(local_index_grid(x)))):
             idx = idx + ix.astype(np.uint64) * np.uint64(stride)
-            stride *= x.local_shape[t]
+            stride *= x.shape[t]
         xp = x.xp if device == "cpu" else __import__("cupy")
         if xp is not np:
             idx = xp.asarray(idx)

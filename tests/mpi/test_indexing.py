@@ -224,6 +224,25 @@ def test_setitem(shape, kind, dtype, seed, data):
     check(x, want, f"x[{key!r}] = {kind}{vs}")
 
 
+@settings(max_examples=30)
+@given(shape=shapes(1, 3, 5), seed=seeds, data=st.data())
+@collective_checks
+def test_setitem_negative_steps_distarray_value(shape, seed, data):
+    """Slices with negative steps on every axis, a DistArray value of the full selection
+    shape (so each selected element gets a different value) distributed differently."""
+    layout = data.draw(layouts(shape, SIZE))
+    a = values(shape, seed)
+    x = dist(a, layout)
+    key = tuple(slice(data.draw(st.one_of(st.none(), st.integers(-n - 1, n))),
+                      data.draw(st.one_of(st.none(), st.integers(-n - 1, n))),
+                      data.draw(st.sampled_from([-1, -2, -3, 1, 2]))) for n in shape)
+    vs = a[key].shape
+    v = values(vs, seed + 1) + 1000
+    a[key] = v
+    x[key] = dist(v, data.draw(layouts(vs, SIZE)))
+    check(x, a, f"x[{key!r}] = DistArray{vs}")
+
+
 @settings(max_examples=20)
 @given(shape=shapes(1, 3, 5), seed=seeds, data=st.data())
 @collective_checks
