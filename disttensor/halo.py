@@ -29,7 +29,7 @@ from typing import Sequence
 import numpy as np
 from mpi4py import MPI
 
-from .comm import PieceExchange, collective, private_comm
+from .comm import PieceExchange, collective, copy_into, fill_zero, private_comm
 from .distribution import Distribution
 from .plans import CommPlan, halo_plan
 
@@ -152,9 +152,9 @@ class HaloExchange:
         buf = self.x.buffer
         p = self.plan
         for box in p.zero:
-            buf[box.slices()] = 0
+            fill_zero(buf[box.slices()])
         for sbox, dbox in p.local:
-            buf[dbox.slices()] = buf[sbox.slices()]
+            copy_into(buf[dbox.slices()], buf[sbox.slices()])
         self._mode = "forward"
         return self
 

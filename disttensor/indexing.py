@@ -185,6 +185,8 @@ def _insert_axes(y: DistArray, positions) -> DistArray:
 
 def setitem(x: DistArray, key, value) -> None:
     from .ufuncs import align, operand_shape
+    if isinstance(value, (list, tuple)):  # nested sequences are arrays, as in NumPy
+        value = np.asarray(value)
     sels, new_axes = normalize_key(key, x.shape)
     local_sl, dist = _selection(x, sels)
     # shape the value must broadcast to (NumPy's result shape of x[key])

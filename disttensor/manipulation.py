@@ -211,7 +211,7 @@ def where(condition, x=None, y=None) -> DistArray:
     from .ufuncs import align, operand_shape, result_layout, _device_of_operands
     if x is None or y is None:
         raise TypeError("where(condition) without x and y (nonzero) is not supported for DistArray")
-    ops = [condition, x, y]
+    ops = [np.asarray(o) if isinstance(o, (list, tuple)) else o for o in (condition, x, y)]
     shape = np.broadcast_shapes(*[operand_shape(o) for o in ops])
     grid, dist = result_layout(ops, shape)
     device = _device_of_operands([o for o in ops if isinstance(o, DistArray)])

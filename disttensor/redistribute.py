@@ -23,7 +23,7 @@ from functools import lru_cache
 from mpi4py import MPI
 
 from .backend import array_module
-from .comm import PieceExchange, private_comm
+from .comm import PieceExchange, copy_into, private_comm
 from .distribution import Box, Distribution
 from .plans import CommPlan, redistribution_plan
 
@@ -67,7 +67,7 @@ def redistribute_blocks(comm: MPI.Comm, src_local, src: Distribution, dst: Distr
                            [(t.peer, 0, _view(out, t.box)) for t in p.recvs])
         ex.start()
     for sbox, dbox in p.local:
-        _view(out, dbox)[...] = _view(src_local, sbox)
+        copy_into(_view(out, dbox), _view(src_local, sbox))
     if ex is not None:
         ex.finish()
     return out

@@ -61,6 +61,8 @@ def result_layout(operands, shape) -> tuple[ProcessGrid, Distribution]:
 def align(x, grid: ProcessGrid, dist: Distribution, device: str):
     """This rank's part of operand ``x`` that NumPy-broadcasts against the local block of
     ``dist`` (collective when ``x`` is a DistArray that must be redistributed)."""
+    if isinstance(x, (list, tuple)):  # nested sequences are arrays, as in NumPy
+        x = np.asarray(x)
     if isinstance(x, DistArray):
         _check_grids(x.grid, grid)
         if x.distribution == dist and x.grid.dims == grid.dims:
@@ -124,6 +126,7 @@ def array_ufunc(ufunc, method, inputs, kwargs):
             **({"dtype": kwargs["dtype"]} if "dtype" in kwargs and _REDUCE[ufunc] in ("sum", "prod") else {}))
     if method != "__call__":
         return NotImplemented
+    inputs = tuple(np.asarray(x) if isinstance(x, (list, tuple)) else x for x in inputs)
     for x in inputs:
         if not (isinstance(x, (DistArray, numbers.Number, np.generic, bool)) or _is_array_like(x)):
             return NotImplemented

@@ -24,6 +24,11 @@ RANK = COMM.Get_rank()
 _GRIDS: dict = {}
 
 
+def examples(n: int) -> int:
+    """``n`` scaled by ``DISTTENSOR_HYPOTHESIS_EXAMPLES`` (default 25, see conftest.py)."""
+    return max(1, n * settings.default.max_examples // 25)
+
+
 def grid(dims) -> dt.ProcessGrid:
     """One ProcessGrid per grid shape (creating one is collective; all ranks draw the same
     examples, so they create them in the same order)."""
@@ -110,7 +115,7 @@ seeds = st.integers(0, 2**32 - 1)
 
 
 # -- constant fills --------------------------------------------------------------------------
-@settings(max_examples=25)
+@settings(max_examples=examples(25))
 @given(shape=shapes(0, 4, 5), dtype=st.sampled_from(DTYPES + [None]), data=st.data())
 @collective_checks
 def test_zeros_ones_empty_full(shape, dtype, data):
@@ -127,7 +132,7 @@ def test_zeros_ones_empty_full(shape, dtype, data):
           layout=layout)
 
 
-@settings(max_examples=8)
+@settings(max_examples=examples(8))
 @given(shape=shapes(0, 3, 4))
 @collective_checks
 def test_default_grid_and_split(shape):
@@ -140,7 +145,7 @@ def test_default_grid_and_split(shape):
     check(dt.ones(shape, dtype="int32"), np.ones(shape, dtype="int32"))
 
 
-@settings(max_examples=20)
+@settings(max_examples=examples(20))
 @given(shape=shapes(0, 4, 5), dtype=st.sampled_from(DTYPES), new=st.sampled_from(DTYPES + [None]),
        seed=seeds, data=st.data())
 @collective_checks
@@ -174,7 +179,7 @@ float_args = st.tuples(st.sampled_from([-1.5, 0.0, 0.1, 2.25]),
                        st.sampled_from([0.3, 0.5, 1.0, -0.7, -0.25]))
 
 
-@settings(max_examples=30)
+@settings(max_examples=examples(30))
 @given(args=st.one_of(int_args, float_args),
        dtype=st.sampled_from([None, "float32", "float16", "int32", "float64", "int64"]),
        data=st.data())
@@ -185,7 +190,7 @@ def test_arange(args, dtype, data):
     check(dt.arange(*args, dtype=dtype, **layout_kw(layout)), want, layout=layout)
 
 
-@settings(max_examples=25)
+@settings(max_examples=examples(25))
 @given(start=st.sampled_from([0, -3, 1.5, 10.0]), stop=st.sampled_from([1, 7.5, -2.0, 1e-300]),
        num=st.integers(0, 11), endpoint=st.booleans(),
        dtype=st.sampled_from([None, "float32", "int64", "float64"]), data=st.data())
@@ -198,7 +203,7 @@ def test_linspace(start, stop, num, endpoint, dtype, data):
 
 
 # -- moving whole arrays -------------------------------------------------------------------------
-@settings(max_examples=30)
+@settings(max_examples=examples(30))
 @given(shape=shapes(0, 4, 5), dtype=st.sampled_from(DTYPES), seed=seeds,
        root=st.one_of(st.none(), st.integers(0, SIZE - 1)), gather_root=st.integers(0, SIZE - 1),
        halo=st.sampled_from([None, 0, 1]), data=st.data())
@@ -226,7 +231,7 @@ def test_from_global_gather_identity(shape, dtype, seed, root, gather_root, halo
     expect(np.array_equal(t2, a), "np.asarray(x) differs")
 
 
-@settings(max_examples=15)
+@settings(max_examples=examples(15))
 @given(shape=shapes(1, 3, 5), seed=seeds, data=st.data())
 @collective_checks
 def test_from_global_then_redistribute_is_the_same_array(shape, seed, data):
@@ -237,7 +242,7 @@ def test_from_global_then_redistribute_is_the_same_array(shape, seed, data):
     check(y, a, layout=lb)
 
 
-@settings(max_examples=20)
+@settings(max_examples=examples(20))
 @given(shape=shapes(0, 4, 5), dtype=st.sampled_from(["float64", "int32", "bool"]), seed=seeds,
        explicit=st.booleans(), data=st.data())
 @collective_checks
@@ -272,7 +277,7 @@ def _draws(rng, shape, kw):
     ]
 
 
-@settings(max_examples=20)
+@settings(max_examples=examples(20))
 @given(shape=shapes(0, 4, 5), seed=st.integers(0, 2**63), data=st.data())
 @collective_checks
 def test_random_does_not_depend_on_the_distribution(shape, seed, data):

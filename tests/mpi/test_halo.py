@@ -35,7 +35,7 @@ def get_grid(dims) -> dt.ProcessGrid:
     return _GRIDS[dims]
 
 
-DTYPES = ["float64", "float32", "int32", "int64"]
+DTYPES = ["float64", "float32", "int32", "int64", "float16", "complex128"]  # float16: exact below 2048
 
 
 @st.composite
@@ -155,11 +155,11 @@ def test_split_phase_matches_padded_global(case):
     garbage(x)
     h = x.halo_exchange(boundary_arg(periodic))
     h.begin()
-    interior_sum = x.local.astype(np.float64).sum()  # work on the interior while messages fly
+    interior_sum = x.local.astype(np.complex128).sum()  # work on the interior while messages fly
     h.end()
     want = expected_buffer(g, x, halo, periodic)
     assert_allclose_all(COMM, x.buffer, want, rtol=0, equal_nan=False, err_msg=f"case {case}")
-    assert_all_ranks(COMM, interior_sum == g[x.local_slices].astype(np.float64).sum(),
+    assert_all_ranks(COMM, interior_sum == g[x.local_slices].astype(np.complex128).sum(),
                      "interior changed")
     # the same HaloExchange object can be reused, and begin() twice is refused
     garbage(x)
@@ -291,3 +291,30 @@ def test_bad_boundary_raises():
     with pytest.raises(ValueError, match="one entry per axis"):
         x.exchange_halo(("zero", "zero"))
     assert COMM.allreduce(1) == SIZE
+
+
+def test_overlapping_split_phase_exchanges_and_other_traffic():
+    """Two split-phase exchanges in flight at once on the same grid (ended in the reverse
+    order), with a redistribution and a halo-free reduction in between: messages must never
+    cross between them (private communicator, per-piece tags, MPI ordering)."""
+    grid = get_grid((SIZE,))
+    g1 = global_values((2 * SIZE + 1, 5), "float64")
+    g2 = global_values((SIZE + 2, 4), "float32") + 0.5
+    a = dt.from_global(g1, grid=grid, split=(0, None)).with_halo(((2, 1), (1, 1)))
+    b = dt.from_global(g2, grid=grid, split=(0, None)).with_halo(((1, 3), (0, 2)))
+    garbage(a)
+    garbage(b)
+    ha = a.halo_exchange("periodic")
+    hb = b.halo_exchange(("zero", "periodic"))
+    ha.begin()
+    hb.begin()
+    moved = dt.from_global(g1, grid=grid, split=(0, None)).redistribute(split=(None, 0))
+    total = float(dt.from_global(g2, grid=grid).sum())
+    hb.end()
+    ha.end()
+    assert_allclose_all(COMM, a.buffer, expected_buffer(g1, a, ((2, 1), (1, 1)), (True, True)),
+                        rtol=0, equal_nan=False)
+    assert_allclose_all(COMM, b.buffer, expected_buffer(g2, b, ((1, 3), (0, 2)), (False, True)),
+                        rtol=0, equal_nan=False)
+    assert_allclose_all(COMM, moved.to_numpy(), g1, rtol=0)
+    assert_all_ranks(COMM, total == float(g2.astype(np.float64).sum()), f"sum {total}")

@@ -25,9 +25,13 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NumPy's emp
 
 COMM = MPI.COMM_WORLD
 SIZE = COMM.Get_size()
-RANK = COMM.Get_rank()
 
 _GRIDS: dict = {}
+
+
+def examples(n: int) -> int:
+    """``n`` scaled by ``DISTTENSOR_HYPOTHESIS_EXAMPLES`` (default 25, see conftest.py)."""
+    return max(1, n * settings.default.max_examples // 25)
 
 
 def grid(dims) -> dt.ProcessGrid:
@@ -172,7 +176,7 @@ seeds = st.integers(0, 2**32 - 1)
 REDUCTIONS = ["sum", "prod", "mean", "var", "std", "min", "max", "any", "all"]
 
 
-@settings(max_examples=60)
+@settings(max_examples=examples(60))
 @given(shape=shapes(0, 4, 5), dtype=st.sampled_from(["float64", "float32", "int64", "int32",
                                                       "uint8", "bool", "float16"]),
        keepdims=st.booleans(), via=st.sampled_from(["method", "numpy", "dt"]), seed=seeds,
@@ -213,7 +217,7 @@ def test_reductions(shape, dtype, keepdims, via, seed, data):
         compare(lambda: getattr(np, name)(a, **kw), fn, what=f"{name}{kw}")
 
 
-@settings(max_examples=25)
+@settings(max_examples=examples(25))
 @given(shape=shapes(1, 4, 5), dtype=st.sampled_from(["float64", "float32"]), keepdims=st.booleans(),
        seed=seeds, data=st.data())
 @collective_checks
@@ -240,7 +244,7 @@ def test_nan_propagation(shape, dtype, keepdims, seed, data):
                     what=f"{name}{kw}", **tolerances(name, a, want))
 
 
-@settings(max_examples=30)
+@settings(max_examples=examples(30))
 @given(shape=shapes(0, 3, 4), dtype=st.sampled_from(["float64", "int32", "bool"]),
        uf=st.sampled_from([np.add, np.multiply, np.minimum, np.maximum, np.logical_and,
                            np.logical_or]),
@@ -261,7 +265,7 @@ def test_ufunc_reduce(shape, dtype, uf, keepdims, seed, data):
             **tol)
 
 
-@settings(max_examples=20)
+@settings(max_examples=examples(20))
 @given(shape=shapes(1, 3, 4), seed=seeds, data=st.data())
 @collective_checks
 def test_reduction_options(shape, seed, data):
@@ -310,7 +314,7 @@ def test_reduction_options(shape, seed, data):
     expect(bool(x.any()) == bool(a.any()) and bool(x.all()) == bool(a.all()), "bool(any/all)")
 
 
-@settings(max_examples=25)
+@settings(max_examples=examples(25))
 @given(shape=shapes(1, 3, 4, min_side=0), data=st.data())
 @collective_checks
 def test_zero_size_reductions(shape, data):
@@ -329,7 +333,7 @@ def test_zero_size_reductions(shape, data):
                     what=f"{name}{kw}")
 
 
-@settings(max_examples=15)
+@settings(max_examples=examples(15))
 @given(n=st.integers(1, 9), seed=seeds, data=st.data())
 @collective_checks
 def test_axis_errors(n, seed, data):

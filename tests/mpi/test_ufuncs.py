@@ -25,9 +25,13 @@ from strategies import layouts, shapes
 
 COMM = MPI.COMM_WORLD
 SIZE = COMM.Get_size()
-RANK = COMM.Get_rank()
 
 _GRIDS: dict = {}
+
+
+def examples(n: int) -> int:
+    """``n`` scaled by ``DISTTENSOR_HYPOTHESIS_EXAMPLES`` (default 25, see conftest.py)."""
+    return max(1, n * settings.default.max_examples // 25)
 
 
 def grid(dims) -> dt.ProcessGrid:
@@ -176,7 +180,7 @@ FLOAT_UNARY = [np.negative, np.positive, np.absolute, np.exp, np.sin, np.tanh, n
 POSITIVE_UNARY = [np.sqrt, np.log, np.log1p, np.log10, np.cbrt]
 
 
-@settings(max_examples=25)
+@settings(max_examples=examples(25))
 @given(shape=shapes(0, 4, 5), dtype=st.sampled_from(["float64", "float32", "float16", "int32",
                                                       "int64", "uint8", "bool"]),
        seed=seeds, data=st.data())
@@ -217,7 +221,7 @@ UFUNCS2 = [np.maximum, np.minimum, np.fmax, np.arctan2, np.hypot, np.copysign,
            np.logical_and, np.logical_xor]
 
 
-@settings(max_examples=25)
+@settings(max_examples=examples(25))
 @given(shape=shapes(0, 4, 5), dtype=st.sampled_from(["float64", "float32", "int64", "int32",
                                                       "uint8", "bool"]),
        seed=seeds, data=st.data())
@@ -242,12 +246,12 @@ def test_binary_same_shape_different_layouts(shape, dtype, seed, data):
 
 
 # -- broadcasting, mixed operand kinds -------------------------------------------------------------
-OPERAND_KINDS = ["dist", "dist", "numpy", "scalar"]
+OPERAND_KINDS = ["dist", "dist", "numpy", "scalar", "list"]
 BROADCAST_OPS = [operator.add, operator.sub, operator.mul, operator.truediv, operator.lt,
                  operator.ge, np.maximum, np.arctan2, operator.floordiv, operator.pow]
 
 
-@settings(max_examples=40)
+@settings(max_examples=examples(40))
 @given(shape=shapes(0, 4, 4), kinds=st.tuples(st.sampled_from(OPERAND_KINDS),
                                               st.sampled_from(OPERAND_KINDS)),
        op=st.sampled_from(BROADCAST_OPS), seed=seeds, data=st.data())
@@ -265,17 +269,18 @@ def test_broadcasting_mixed_operands(shape, kinds, op, seed, data):
         s = data.draw(broadcastable(shape))
         a = values(s, "float64", seed + i, positive=op is operator.pow)
         arrays.append(a)
-        operands.append(dist(a, data.draw(layouts(s, SIZE))) if kind == "dist" else a)
+        operands.append(dist(a, data.draw(layouts(s, SIZE))) if kind == "dist"
+                        else a.tolist() if kind == "list" and s and 0 not in s else a)
     r = compare(lambda: op(*arrays), lambda: op(*operands),
                 rtol=1e-13 if op in (np.arctan2, operator.pow) else 0.0)
     if r is not None:
         full = [o for o in operands if isinstance(o, dt.DistArray) and o.shape == r.shape]
         if full:   # alignment rule: the first DistArray operand of the result's shape
             expect(r.distribution == full[0].distribution,
-                             f"layout {r.distribution}, first full operand {full[0].distribution}")
+                   f"layout {r.distribution}, first full operand {full[0].distribution}")
 
 
-@settings(max_examples=25)
+@settings(max_examples=examples(25))
 @given(shape=shapes(1, 4, 4), seed=seeds, data=st.data())
 @collective_checks
 def test_broadcasting_between_distarrays_on_different_grids(shape, seed, data):
@@ -301,7 +306,7 @@ PROMOTION_CASES = [
 ]
 
 
-@settings(max_examples=30)
+@settings(max_examples=examples(30))
 @given(case=st.sampled_from(PROMOTION_CASES), swap=st.booleans(), as_numpy=st.booleans(),
        op=st.sampled_from([operator.add, operator.mul, operator.truediv, operator.floordiv,
                            operator.and_, operator.or_, operator.lt, operator.sub,
@@ -327,7 +332,7 @@ INPLACE = [operator.iadd, operator.isub, operator.imul, operator.itruediv, opera
            operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor]
 
 
-@settings(max_examples=40)
+@settings(max_examples=examples(40))
 @given(shape=shapes(0, 4, 4), dx=st.sampled_from(["float64", "float32", "int64", "int32"]),
        dy=st.sampled_from(["float64", "int32", "int8", "bool"]),
        kind=st.sampled_from(["dist", "dist", "numpy", "scalar"]), op=st.sampled_from(INPLACE),
@@ -359,7 +364,7 @@ def test_inplace(shape, dx, dy, kind, op, seed, data):
 
 # -- out= and where= --------------------------------------------------------------------------------
 @pytest.mark.filterwarnings("ignore:'where' used without 'out'")
-@settings(max_examples=30)
+@settings(max_examples=examples(30))
 @given(shape=shapes(0, 4, 4), seed=seeds, mask_kind=st.sampled_from(["dist", "numpy", "none"]),
        data=st.data())
 @collective_checks
@@ -395,7 +400,7 @@ def test_out_and_where(shape, seed, mask_kind, data):
 
 
 # -- multi-output ufuncs -----------------------------------------------------------------------------
-@settings(max_examples=25)
+@settings(max_examples=examples(25))
 @given(shape=shapes(0, 4, 4), dtype=st.sampled_from(["float64", "int32", "float32"]),
        seed=seeds, data=st.data())
 @collective_checks
@@ -421,7 +426,7 @@ def test_multi_output(shape, dtype, seed, data):
 
 
 # -- astype, copy ---------------------------------------------------------------------------------------
-@settings(max_examples=25)
+@settings(max_examples=examples(25))
 @given(shape=shapes(0, 4, 5), src=st.sampled_from(["float64", "float32", "int32", "bool", "uint8"]),
        dst=st.sampled_from(["float64", "float32", "float16", "int64", "int8", "bool", "complex64"]),
        seed=seeds, data=st.data())
@@ -445,8 +450,9 @@ def test_astype_and_copy(shape, src, dst, seed, data):
 
 
 # -- where --------------------------------------------------------------------------------------------
-@settings(max_examples=30)
-@given(shape=shapes(0, 4, 4), kinds=st.tuples(*[st.sampled_from(["dist", "numpy", "scalar"])] * 3),
+@settings(max_examples=examples(30))
+@given(shape=shapes(0, 4, 4),
+       kinds=st.tuples(*[st.sampled_from(["dist", "numpy", "scalar", "list"])] * 3),
        seed=seeds, data=st.data())
 @collective_checks
 def test_where(shape, kinds, seed, data):
@@ -461,14 +467,15 @@ def test_where(shape, kinds, seed, data):
             continue
         s = data.draw(broadcastable(shape))
         a = values(s, ["bool", "int32", "float32"][i], seed + i)
-        arrays.append(a)
-        operands.append(dist(a, data.draw(layouts(s, SIZE))) if kind == "dist" else a)
+        operands.append(dist(a, data.draw(layouts(s, SIZE))) if kind == "dist"
+                        else a.tolist() if kind == "list" and s and 0 not in s else a)
+        arrays.append(operands[-1] if kind == "list" else a)   # NumPy's rule for lists too
     compare(lambda: np.where(*arrays), lambda: dt.where(*operands))
     compare(lambda: np.where(*arrays), lambda: np.where(*operands))
 
 
 # -- collective errors of data-dependent ufunc failures ---------------------------------------------
-@settings(max_examples=10)
+@settings(max_examples=examples(10))
 @given(n=st.integers(1, 9), at=st.integers(0, 8))
 @collective_checks
 def test_integer_power_with_a_negative_exponent_raises_on_every_rank(n, at):
