@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import zlib
 from functools import lru_cache
-from typing import Sequence
 
 import numpy as np
 from mpi4py import MPI

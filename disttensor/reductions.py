@@ -70,16 +70,24 @@ def _reduce(x: DistArray, axes, op: str, partial, keepdims: bool) -> DistArray:
     return _finish(x, partial, axes, keepdims)
 
 
-def sum(x: DistArray, axis=None, dtype=None, keepdims=False) -> DistArray:
+def _sum_prod(x: DistArray, axis, dtype, keepdims, op: str) -> DistArray:
     axes = _axes(x, axis)
-    part = x.local.sum(axis=axes, dtype=dtype, keepdims=True)
-    return _reduce(x, axes, "sum", part, keepdims)
+    # float16 partial results would be rounded to float16 on every rank before they are
+    # combined; NumPy accumulates half in float32 and rounds once, so do the same
+    acc = np.float32 if dtype is None and x.dtype == np.float16 else dtype
+    part = getattr(x.local, op)(axis=axes, dtype=acc, keepdims=True)
+    r = _reduce(x, axes, op, part, keepdims)
+    if acc is not dtype:
+        r = DistArray(r.local.astype(np.float16), r.distribution, r.grid)
+    return r
+
+
+def sum(x: DistArray, axis=None, dtype=None, keepdims=False) -> DistArray:
+    return _sum_prod(x, axis, dtype, keepdims, "sum")
 
 
 def prod(x: DistArray, axis=None, dtype=None, keepdims=False) -> DistArray:
-    axes = _axes(x, axis)
-    part = x.local.prod(axis=axes, dtype=dtype, keepdims=True)
-    return _reduce(x, axes, "prod", part, keepdims)
+    return _sum_prod(x, axis, dtype, keepdims, "prod")
 
 
 def _count(x: DistArray, axes) -> int:

@@ -96,18 +96,18 @@ def check(x, expected, *, exact=True, rtol=0.0, atol=0.0, dtype=True, values=Tru
         _FAILS.append(f"{type(e).__name__}: {e}")
 
 
-def global_array(shape, dtype, seed):
+def global_array(shape, dtype, seed) -> np.ndarray:
     """A deterministic global array (the same on every rank)."""
     rng = np.random.default_rng(seed)
     dtype = np.dtype(dtype)
     if dtype.kind == "b":
-        return rng.random(shape) < 0.5
+        return np.array(rng.random(shape) < 0.5)
     if dtype.kind in "iu":
         lo = 0 if dtype.kind == "u" else -20
-        return rng.integers(lo, 20, size=shape).astype(dtype)
+        return np.array(rng.integers(lo, 20, size=shape), dtype=dtype)
     if dtype.kind == "c":
-        return (rng.normal(size=shape) + 1j * rng.normal(size=shape)).astype(dtype)
-    return rng.normal(size=shape).astype(dtype)
+        return np.array(rng.normal(size=shape) + 1j * rng.normal(size=shape), dtype=dtype)
+    return np.array(rng.normal(size=shape), dtype=dtype)
 
 
 DTYPES = ["float64", "float32", "float16", "int32", "int64", "uint8", "bool", "complex128"]
@@ -139,8 +139,7 @@ def test_default_grid_and_split(shape):
     """Without grid/split: a 1-D grid over all ranks, tensor axis 0 split (NumPy on 1 rank)."""
     x = dt.zeros(shape)
     want = (0,) + (None,) * (len(shape) - 1) if shape else ()
-    expect(x.split == want and x.grid.dims == (SIZE,),
-                     f"split {x.split}, grid {x.grid.dims}")
+    expect(x.split == want and x.grid.dims == (SIZE,), f"split {x.split}, grid {x.grid.dims}")
     check(x, np.zeros(shape))
     check(dt.ones(shape, dtype="int32"), np.ones(shape, dtype="int32"))
 
@@ -226,7 +225,7 @@ def test_from_global_gather_identity(shape, dtype, seed, root, gather_root, halo
     expect(ok, msg)
     t = x.to_numpy()
     expect(isinstance(t, np.ndarray) and t.dtype == a.dtype and t.shape == a.shape
-                     and np.array_equal(t, a), f"to_numpy gave {t!r}")
+           and np.array_equal(t, a), f"to_numpy gave {t!r}")
     t2 = np.asarray(x)
     expect(np.array_equal(t2, a), "np.asarray(x) differs")
 
@@ -298,10 +297,10 @@ def test_random_does_not_depend_on_the_distribution(shape, seed, data):
     expect(ok, "random values out of range or of the wrong dtype")
     if u.size > 1:   # successive calls (and values within one call) differ
         expect(len(np.unique(u)) == u.size and not np.array_equal(u, u32),
-                         "repeated random values")
+               "repeated random values")
     other = dt.random.default_rng(seed + 1).random(shape, **layout_kw(la)).to_numpy()
     expect(u.size <= 1 or not np.array_equal(other, u),
-                     "different seeds gave the same numbers")
+           "different seeds gave the same numbers")
 
 
 @collective_checks
@@ -317,10 +316,10 @@ def test_random_statistics():
     expect(abs(m) < tol and abs(s - 1.0) < 0.05, f"normal mean {m}, std {s}")
     mu, su = float(u.mean()), float(u.std())
     expect(abs(mu - 0.5) < tol and abs(su - np.sqrt(1 / 12)) < 0.02,
-                     f"uniform mean {mu}, std {su}")
+           f"uniform mean {mu}, std {su}")
     counts = np.bincount(k.to_numpy(), minlength=6)
     expect(counts.size == 6 and np.all(np.abs(counts - n / 6) < 6 * np.sqrt(n / 6)),
-                     f"integer counts {counts}")
+           f"integer counts {counts}")
     zn = z.to_numpy()
     corr = np.corrcoef(zn[:-1], zn[1:])[0, 1]
     expect(abs(corr) < 5.0 / np.sqrt(n), f"lag-1 correlation {corr}")

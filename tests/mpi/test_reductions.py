@@ -107,8 +107,8 @@ def compare(f_np, f_dt, what="", **tol):
     got, derr = outcome(f_dt)
     if err is not None:
         kind = next(k for k in (TypeError, ValueError, IndexError, Exception) if isinstance(err, k))
-        expect(isinstance(derr, kind), f"{what}: NumPy raised {type(err).__name__}: {err}; "
-                                       f"got {derr!r}" if derr else f"{what}: got {got!r}")
+        expect(isinstance(derr, kind),
+               f"{what}: NumPy raised {type(err).__name__}: {err}; got {derr!r}")
         return None
     if derr is not None:
         expect(False, f"{what}: NumPy passed, got {type(derr).__name__}: {derr}")
@@ -201,12 +201,19 @@ def test_reductions(shape, dtype, keepdims, via, seed, data):
         kw = dict(axis=axis, keepdims=keepdims)
         if name in ("var", "std"):
             kw["ddof"] = data.draw(st.sampled_from([0, 1, 2]))
-        want, _ = outcome(lambda: getattr(np, name)(src, **kw))
+        def ref():
+            if dtype == "float16" and name in ("sum", "mean"):
+                # accumulate in float32, round once (NumPy's own half sums round partial
+                # results more often than that, so it is not the tight reference)
+                r = getattr(np, name)(src.astype(np.float32), **kw)
+                return np.asarray(r).astype(np.float16)
+            return getattr(np, name)(src, **kw)
+        want, _ = outcome(ref)
         tol = tolerances(name, src, want, kw.get("ddof", 0))
         fn = {"method": lambda: getattr(xs, name)(**kw),
               "numpy": lambda: getattr(np, name)(xs, **kw),
               "dt": lambda: getattr(dt, name)(xs, **kw)}[via]
-        compare(lambda: getattr(np, name)(src, **kw), fn, what=f"{name}{kw}", **tol)
+        compare(ref, fn, what=f"{name}{kw}", **tol)
     # argmin/argmax: axis None or an int only
     ax = axis if not isinstance(axis, tuple) else (axis[0] if axis else None)
     for name in ("argmin", "argmax"):

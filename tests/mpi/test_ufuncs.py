@@ -122,7 +122,8 @@ def compare(f_np, f_dt, what="", **kw):
     want, err = outcome(f_np)
     got, derr = outcome(f_dt)
     if err is not None:
-        expect(*same_error(err, derr, got))
+        ok, msg = same_error(err, derr, got)
+        expect(ok, f"{what}: {msg}")
         return None
     if derr is not None:
         expect(False, f"{what}: NumPy passed, got {type(derr).__name__}: {derr}")
@@ -150,7 +151,7 @@ def values(shape, dtype, seed, *, nonzero=False, positive=False) -> np.ndarray:
     else:
         a = np.array(rng.normal(size=shape) * 3, dtype=dtype)
         if positive:
-            a = np.array(np.abs(a))
+            a = np.array(np.abs(a), dtype=dtype)
         if dtype.kind == "f" and a.size and not nonzero:
             a.flat[0] = 0.0   # a zero, for division and sign edge cases
     if nonzero:
@@ -193,23 +194,23 @@ def test_unary(shape, dtype, seed, data):
     r = rtol_of(dtype)
     if kind == "f":
         for f in FLOAT_UNARY:
-            compare(lambda: f(a), lambda: f(x), rtol=r)
+            compare(lambda: f(a), lambda: f(x), rtol=r, what=f.__name__)
         p = np.abs(a) + np.asarray(0.5, a.dtype)
         xp = abs(x) + np.asarray(0.5, a.dtype)
         for f in POSITIVE_UNARY:
-            compare(lambda: f(p), lambda: f(xp), rtol=r)
+            compare(lambda: f(p), lambda: f(xp), rtol=r, what=f.__name__)
     elif kind == "b":
         for f in (np.logical_not, np.invert, np.negative, np.absolute):
-            compare(lambda: f(a), lambda: f(x))
+            compare(lambda: f(a), lambda: f(x), what=f.__name__)
     else:
         for f in (np.negative, np.absolute, np.square, np.sign, np.invert, np.logical_not):
-            compare(lambda: f(a), lambda: f(x))
+            compare(lambda: f(a), lambda: f(x), what=f.__name__)
     # operators and dt.* aliases
-    compare(lambda: -a, lambda: -x)
-    compare(lambda: abs(a), lambda: abs(x))
-    compare(lambda: +a, lambda: +x)
-    compare(lambda: ~a, lambda: ~x)
-    compare(lambda: np.abs(a), lambda: dt.abs(x))
+    compare(lambda: -a, lambda: -x, what="-x")
+    compare(lambda: abs(a), lambda: abs(x), what="abs(x)")
+    compare(lambda: +a, lambda: +x, what="+x")
+    compare(lambda: ~a, lambda: ~x, what="~x")
+    compare(lambda: np.abs(a), lambda: dt.abs(x), what="dt.abs")
 
 
 # -- binary, same shape --------------------------------------------------------------------------
@@ -238,11 +239,11 @@ def test_binary_same_shape_different_layouts(shape, dtype, seed, data):
     if kind == "b":
         ops = [operator.add, operator.mul, operator.sub] + COMPARE + BITWISE
     for op in ops:
-        r = compare(lambda: op(a, b), lambda: op(x, y),
+        r = compare(lambda: op(a, b), lambda: op(x, y), what=op.__name__,
                     rtol=rtol_of(dtype) if op in (operator.pow, np.arctan2, np.hypot) else 0.0)
         if r is not None:   # the result takes the layout of the first operand
             expect(r.distribution == x.distribution and r.grid is x.grid,
-                             f"{op.__name__}: result distribution {r.distribution}")
+                   f"{op.__name__}: result distribution {r.distribution}")
 
 
 # -- broadcasting, mixed operand kinds -------------------------------------------------------------
@@ -271,7 +272,7 @@ def test_broadcasting_mixed_operands(shape, kinds, op, seed, data):
         arrays.append(a)
         operands.append(dist(a, data.draw(layouts(s, SIZE))) if kind == "dist"
                         else a.tolist() if kind == "list" and s and 0 not in s else a)
-    r = compare(lambda: op(*arrays), lambda: op(*operands),
+    r = compare(lambda: op(*arrays), lambda: op(*operands), what=f"{op.__name__}{kinds}",
                 rtol=1e-13 if op in (np.arctan2, operator.pow) else 0.0)
     if r is not None:
         full = [o for o in operands if isinstance(o, dt.DistArray) and o.shape == r.shape]
@@ -357,8 +358,8 @@ def test_inplace(shape, dx, dy, kind, op, seed, data):
         expect(isinstance(derr, kinds), f"NumPy raised {err!r}, got {derr!r}")
         return
     expect(derr is None and got is x and x.distribution == before_dist
-                     and x.local is before_local,
-                     f"in-place op gave {got!r} / {derr!r} (must update x itself)")
+           and x.local is before_local,
+           f"in-place op gave {got!r} / {derr!r} (must update x itself)")
     check(x, want, rtol=1e-6 if op is operator.ipow else 0.0)
 
 
@@ -382,7 +383,7 @@ def test_out_and_where(shape, seed, mask_kind, data):
     np.add(a, b, out=want, where=m if mask_kind != "none" else True)
     r = np.add(x, y, out=out, where=mask)
     expect(r is out and out.local is o_local and out.distribution == o_dist,
-                     "out= must be returned and written in place")
+           "out= must be returned and written in place")
     check(out, want)
     # out= positional and as a 1-tuple, scalar operand: the layout of out wins
     out2 = dist(np.zeros(shape), data.draw(layouts(shape, SIZE)))
@@ -444,7 +445,7 @@ def test_astype_and_copy(shape, src, dst, seed, data):
     for c in (x.copy(), np.copy(x)):
         check(c, a)
         expect(c.distribution == x.distribution
-                         and not np.shares_memory(c.local, x.local), "copy shares memory")
+               and not np.shares_memory(c.local, x.local), "copy shares memory")
         c.local[...] = 1            # writing the copy leaves the original alone
         check(x, a)
 
