@@ -6,68 +6,21 @@ Every check compares each rank's local block with the matching block of the NumP
 """
 from __future__ import annotations
 
-import functools
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from mpi4py import MPI
 
 import disttensor as dt
-from conftest import assert_all_ranks
+from checks import COMM, SIZE, examples, grid, expect, collective_checks
 from strategies import layouts, shapes
 
-COMM = MPI.COMM_WORLD
-SIZE = COMM.Get_size()
 RANK = COMM.Get_rank()
-
-_GRIDS: dict = {}
-
-
-def examples(n: int) -> int:
-    """``n`` scaled by ``DISTTENSOR_HYPOTHESIS_EXAMPLES`` (default 25, see conftest.py)."""
-    return max(1, n * settings.default.max_examples // 25)
-
-
-def grid(dims) -> dt.ProcessGrid:
-    """One ProcessGrid per grid shape (creating one is collective; all ranks draw the same
-    examples, so they create them in the same order)."""
-    dims = tuple(dims)
-    if dims not in _GRIDS:
-        _GRIDS[dims] = dt.ProcessGrid(dims)
-    return _GRIDS[dims]
 
 
 def layout_kw(layout) -> dict:
     dims, split, sizes = layout
     return dict(grid=grid(dims), split=split, sizes=sizes)
-
-
-# Checks record failures locally and each example settles them with one collective
-# assertion (an all-reduce per check is what makes oversubscribed runs slow).
-_FAILS: list[str] = []
-
-
-def expect(ok: bool, msg: str) -> None:
-    if not ok:
-        _FAILS.append(msg)
-
-
-def settle() -> None:
-    """Collective: fail on every rank if any check failed on any rank."""
-    fails = list(_FAILS)
-    _FAILS.clear()
-    assert_all_ranks(COMM, not fails, " | ".join(fails[:3]))
-
-
-def collective_checks(fn):
-    """Run the test body, then settle its recorded checks (goes under ``@given``)."""
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        _FAILS.clear()
-        fn(*args, **kwargs)
-        settle()
-    return wrapper
 
 
 def check(x, expected, *, exact=True, rtol=0.0, atol=0.0, dtype=True, values=True, layout=None):
@@ -93,7 +46,7 @@ def check(x, expected, *, exact=True, rtol=0.0, atol=0.0, dtype=True, values=Tru
             else:
                 np.testing.assert_allclose(x.local, block, rtol=rtol, atol=atol, equal_nan=True)
     except Exception as e:  # noqa: BLE001 - reported collectively
-        _FAILS.append(f"{type(e).__name__}: {e}")
+        expect(False, f"{type(e).__name__}: {e}")
 
 
 def global_array(shape, dtype, seed) -> np.ndarray:

@@ -9,70 +9,17 @@ example records its checks locally and settles them with one collective assertio
 """
 from __future__ import annotations
 
-import functools
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from mpi4py import MPI
 
 import disttensor as dt
-from conftest import assert_all_ranks
+from checks import SIZE, examples, dist, expect, collective_checks
 from strategies import layouts, shapes
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NumPy's empty-slice warnings
-
-COMM = MPI.COMM_WORLD
-SIZE = COMM.Get_size()
-
-_GRIDS: dict = {}
-
-
-def examples(n: int) -> int:
-    """``n`` scaled by ``DISTTENSOR_HYPOTHESIS_EXAMPLES`` (default 25, see conftest.py)."""
-    return max(1, n * settings.default.max_examples // 25)
-
-
-def grid(dims) -> dt.ProcessGrid:
-    """One ProcessGrid per grid shape (collective to create; every rank draws the same
-    examples, so all create them in the same order)."""
-    dims = tuple(dims)
-    if dims not in _GRIDS:
-        _GRIDS[dims] = dt.ProcessGrid(dims)
-    return _GRIDS[dims]
-
-
-def dist(a, layout) -> dt.DistArray:
-    dims, split, sizes = layout
-    return dt.from_global(np.asarray(a), grid=grid(dims), split=split, sizes=sizes)
-
-
-# Checks record failures locally and each example settles them with one collective
-# assertion (an all-reduce per check is what makes oversubscribed runs slow).
-_FAILS: list[str] = []
-
-
-def expect(ok: bool, msg: str) -> None:
-    if not ok:
-        _FAILS.append(msg)
-
-
-def settle() -> None:
-    """Collective: fail on every rank if any check failed on any rank."""
-    fails = list(_FAILS)
-    _FAILS.clear()
-    assert_all_ranks(COMM, not fails, " | ".join(fails[:3]))
-
-
-def collective_checks(fn):
-    """Run the test body, then settle its recorded checks (goes under ``@given``)."""
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        _FAILS.clear()
-        fn(*args, **kwargs)
-        settle()
-    return wrapper
 
 
 def check(x, expected, *, rtol=0.0, atol=0.0, what=""):
@@ -88,7 +35,7 @@ def check(x, expected, *, rtol=0.0, atol=0.0, what=""):
         else:
             np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, equal_nan=True)
     except Exception as e:  # noqa: BLE001 - reported collectively
-        _FAILS.append(f"{what}: {type(e).__name__}: {e}")
+        expect(False, f"{what}: {type(e).__name__}: {e}")
 
 
 def outcome(fn):
