@@ -18,9 +18,7 @@ the ratio ours/bare (1.0 = no overhead over the network primitive).  See bench/R
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -28,32 +26,10 @@ from mpi4py import MPI
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import disttensor as dt  # noqa: E402
+from _timing import compare  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 COMM = MPI.COMM_WORLD
 MIB = 1 << 20
-
-
-def timed(fn) -> float:
-    """Seconds of one collective call, the slowest rank's, after a barrier."""
-    COMM.Barrier()
-    t0 = time.perf_counter()
-    fn()
-    dt_ = time.perf_counter() - t0
-    return COMM.allreduce(dt_, op=MPI.MAX)
-
-
-def compare(fns: dict, reps: int, warmup: int) -> dict:
-    """Median seconds of each function, called interleaved (rotating who goes first) so that
-    drift of this noisy machine hits all of them alike."""
-    for _ in range(warmup):
-        for f in fns.values():
-            f()
-    times = {k: [] for k in fns}
-    keys = list(fns)
-    for i in range(reps):
-        for k in keys[i % len(keys):] + keys[:i % len(keys)]:
-            times[k].append(timed(fns[k]))
-    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def shape_for(dtype, target_bytes: int) -> tuple[int, int, int]:

@@ -16,9 +16,7 @@ which leaves out the page faults of a fresh 32 MiB output.  See bench/README.md.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -26,32 +24,12 @@ from mpi4py import MPI
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import disttensor as dt  # noqa: E402
+from _timing import compare  # noqa: E402  (bench/ is on sys.path when run as a script)
 from disttensor.redistribute import plan as redistribution_plan  # noqa: E402
 from disttensor.redistribute import redistribute_blocks  # noqa: E402
 
 COMM = MPI.COMM_WORLD
 MIB = 1 << 20
-
-
-def timed(fn) -> float:
-    COMM.Barrier()
-    t0 = time.perf_counter()
-    fn()
-    dt_ = time.perf_counter() - t0
-    return COMM.allreduce(dt_, op=MPI.MAX)
-
-
-def compare(fns: dict, reps: int, warmup: int) -> dict:
-    """Median seconds of each function, called interleaved (rotating who goes first)."""
-    for _ in range(warmup):
-        for f in fns.values():
-            f()
-    times = {k: [] for k in fns}
-    keys = list(fns)
-    for i in range(reps):
-        for k in keys[i % len(keys):] + keys[:i % len(keys)]:
-            times[k].append(timed(fns[k]))
-    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def bare_alltoallv(plan, itemsize: int):

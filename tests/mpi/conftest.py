@@ -38,7 +38,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from mpi4py import MPI
 
-__all__ = ["assert_all_ranks", "assert_allclose_all"]
+__all__ = ["assert_all_ranks", "assert_allclose_all", "assert_raises_all"]
 
 # -- hypothesis ------------------------------------------------------------------------------
 settings.register_profile(
@@ -94,6 +94,22 @@ def assert_allclose_all(comm: MPI.Comm, actual, desired, rtol: float = 1e-7, ato
                                    equal_nan=equal_nan, err_msg=err_msg)
     except Exception as e:  # noqa: BLE001 - AssertionError, or a TypeError etc. from bad input
         ok, msg = False, f"{type(e).__name__}: {str(e).strip()}"
+    assert_all_ranks(comm, ok, msg)
+
+
+def assert_raises_all(comm: MPI.Comm, exc, match: str, fn) -> None:
+    """Collective: ``fn()`` must raise ``exc`` with a message matching the regular expression
+    ``match`` on every rank; fails on every rank otherwise."""
+    import re
+    ok, msg = True, ""
+    try:
+        fn()
+        ok, msg = False, "did not raise"
+    except exc as e:
+        if not re.search(match, str(e)):
+            ok, msg = False, f"wrong message: {e}"
+    except Exception as e:  # noqa: BLE001 - any other exception is a failure
+        ok, msg = False, f"raised {type(e).__name__}: {e}"
     assert_all_ranks(comm, ok, msg)
 
 

@@ -12,7 +12,7 @@ from mpi4py import MPI
 import disttensor as dt
 from disttensor import io
 from disttensor.io import _h5
-from conftest import assert_all_ranks, assert_allclose_all
+from conftest import assert_all_ranks, assert_allclose_all, assert_raises_all
 
 SIZE = MPI.COMM_WORLD.Get_size()
 DRIVERS = [d for d in ("mpio", "independent") if io.hdf5_driver_available(d)]
@@ -172,45 +172,31 @@ def test_failure_mid_write_keeps_the_last_checkpoint(comm, shared_tmp_path, driv
     g.free()
 
 
-def _raises_everywhere(comm, exc, match, fn):
-    import re
-    ok, msg = True, ""
-    try:
-        fn()
-        ok, msg = False, "did not raise"
-    except exc as e:
-        if not re.search(match, str(e)):
-            ok, msg = False, f"wrong message: {e}"
-    except Exception as e:  # noqa: BLE001
-        ok, msg = False, f"raised {type(e).__name__}: {e}"
-    assert_all_ranks(comm, ok, msg)
-
-
 def test_checkpoint_errors(comm, shared_tmp_path):
     g = dt.ProcessGrid((SIZE,))
     x = dt.zeros((4,), grid=g)
     p = shared_tmp_path / "e.h5"
     io.write_hdf5(x, p, "x", mode="w")
-    _raises_everywhere(comm, ValueError, "not a disttensor checkpoint",
+    assert_raises_all(comm, ValueError, "not a disttensor checkpoint",
                        lambda: io.load_checkpoint(p, grid=g))
-    _raises_everywhere(comm, FileNotFoundError, "no such checkpoint",
+    assert_raises_all(comm, FileNotFoundError, "no such checkpoint",
                        lambda: io.load_checkpoint(shared_tmp_path / "none.h5", grid=g))
-    _raises_everywhere(comm, TypeError, "must be a DistArray",
+    assert_raises_all(comm, TypeError, "must be a DistArray",
                        lambda: io.save_checkpoint(p, {"x": np.zeros(3)}))
-    _raises_everywhere(comm, TypeError, "must be an int, float, bool or str",
+    assert_raises_all(comm, TypeError, "must be an int, float, bool or str",
                        lambda: io.save_checkpoint(p, {"x": x}, scalars={"s": [1, 2]}))
-    _raises_everywhere(comm, ValueError, "does not fit in int64",
+    assert_raises_all(comm, ValueError, "does not fit in int64",
                        lambda: io.save_checkpoint(p, {"x": x}, scalars={"s": 2**70}))
-    _raises_everywhere(comm, ValueError, "invalid array name",
+    assert_raises_all(comm, ValueError, "invalid array name",
                        lambda: io.save_checkpoint(p, {"a//b": x}))
     if SIZE > 1:
-        _raises_everywhere(comm, ValueError, "differ between ranks",
+        assert_raises_all(comm, ValueError, "differ between ranks",
                            lambda: io.save_checkpoint(p, {"x": x}, scalars={"r": comm.rank}))
     io.save_checkpoint(shared_tmp_path / "ck_ok.h5", {"x": x})
-    _raises_everywhere(comm, ValueError, "does not hold",
+    assert_raises_all(comm, ValueError, "does not hold",
                        lambda: io.load_checkpoint(shared_tmp_path / "ck_ok.h5", grid=g,
                                                   split={"nope": (0,)}))
-    _raises_everywhere(comm, TypeError, "split must be None or a dict",
+    assert_raises_all(comm, TypeError, "split must be None or a dict",
                        lambda: io.load_checkpoint(shared_tmp_path / "ck_ok.h5", grid=g,
                                                   split=(0,)))
     g.free()

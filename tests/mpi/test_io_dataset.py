@@ -14,7 +14,7 @@ import disttensor as dt
 from disttensor import io
 from disttensor.io import _h5
 from disttensor.io import dataset as dsmod
-from conftest import assert_all_ranks, assert_allclose_all
+from conftest import assert_all_ranks, assert_allclose_all, assert_raises_all
 
 SIZE = MPI.COMM_WORLD.Get_size()
 DRIVERS = [d for d in ("mpio", "independent") if io.hdf5_driver_available(d)]
@@ -161,20 +161,6 @@ def test_break_early_and_io_inside_the_loop(comm, data_dir, shared_tmp_path):
     g.free()
 
 
-def _raises_everywhere(comm, exc, match, fn):
-    import re
-    ok, msg = True, ""
-    try:
-        fn()
-        ok, msg = False, "did not raise"
-    except exc as e:
-        if not re.search(match, str(e)):
-            ok, msg = False, f"wrong message: {e}"
-    except Exception as e:  # noqa: BLE001
-        ok, msg = False, f"raised {type(e).__name__}: {e}"
-    assert_all_ranks(comm, ok, msg)
-
-
 @pytest.mark.parametrize("driver", DRIVERS)
 def test_bad_samples_raise_on_every_rank(comm, data_dir, shared_tmp_path, driver):
     d, files, stacked = data_dir
@@ -192,22 +178,22 @@ def test_bad_samples_raise_on_every_rank(comm, data_dir, shared_tmp_path, driver
                             (files[:2] + [str(not_h5)], io.NotHDF5FileError, "not an HDF5 file")]:
         with io.SampleDataset(src, g, split=(None, None, 0), batch_size=1, shuffle=False,
                               driver=driver) as ds:
-            _raises_everywhere(comm, exc, match, lambda: consume(ds))
+            assert_raises_all(comm, exc, match, lambda: consume(ds))
             # the dataset is still usable for good samples afterwards
             x, _ = ds.read_batch([1])
             assert_allclose_all(comm, x.to_numpy()[0], _serial(files, False, [1])[0][0], rtol=0)
-    _raises_everywhere(comm, io.DatasetNotFoundError, "has no dataset 'nope'",
+    assert_raises_all(comm, io.DatasetNotFoundError, "has no dataset 'nope'",
                        lambda: io.SampleDataset(files, g, y_dataset="nope", driver=driver))
-    _raises_everywhere(comm, FileNotFoundError, "no such file",
+    assert_raises_all(comm, FileNotFoundError, "no such file",
                        lambda: io.SampleDataset(files[:1] + [str(shared_tmp_path / "x.h5")], g,
                                                 driver=driver).read_batch([1]))
-    _raises_everywhere(comm, FileNotFoundError, "no such file",
+    assert_raises_all(comm, FileNotFoundError, "no such file",
                        lambda: io.SampleDataset(str(shared_tmp_path / "x.h5"), g))
-    _raises_everywhere(comm, ValueError, "batch_size", lambda: io.SampleDataset(files, g,
+    assert_raises_all(comm, ValueError, "batch_size", lambda: io.SampleDataset(files, g,
                                                                                 batch_size=0))
-    _raises_everywhere(comm, ValueError, "grid axis",
+    assert_raises_all(comm, ValueError, "grid axis",
                        lambda: io.SampleDataset(files, g, split=(0, None, 1)))
-    _raises_everywhere(comm, ValueError, "4-d sample",
+    assert_raises_all(comm, ValueError, "4-d sample",
                        lambda: io.SampleDataset(files[0], g, x_dataset="unitPar",
                                                 y_dataset="unitPar"))
     g.free()
@@ -238,6 +224,6 @@ def test_thread_level_choice(comm, data_dir, monkeypatch):
     with io.SampleDataset(files, g, prefetch=False) as ds:
         assert_all_ranks(comm, ds.driver == ("mpio" if _h5.h5py_has_mpi() else "independent"))
     if _h5.h5py_has_mpi():
-        _raises_everywhere(comm, ValueError, "MPI_THREAD_MULTIPLE",
+        assert_raises_all(comm, ValueError, "MPI_THREAD_MULTIPLE",
                            lambda: io.SampleDataset(files, g, driver="mpio"))
     g.free()

@@ -16,7 +16,7 @@ from mpi4py import MPI
 import disttensor as dt
 from disttensor import io
 from disttensor.io import _h5
-from conftest import assert_all_ranks, assert_allclose_all
+from conftest import assert_all_ranks, assert_allclose_all, assert_raises_all
 from strategies import explicit_sizes, grid_dims, shapes, splits
 
 SIZE = MPI.COMM_WORLD.Get_size()
@@ -209,20 +209,6 @@ def test_scalars_empty_and_modes(comm, shared_tmp_path):
     g.free()
 
 
-def _raises_everywhere(comm, exc, match, fn):
-    ok, msg = True, ""
-    try:
-        fn()
-        ok, msg = False, "did not raise"
-    except exc as e:
-        import re
-        if not re.search(match, str(e)):
-            ok, msg = False, f"wrong message: {e}"
-    except Exception as e:  # noqa: BLE001
-        ok, msg = False, f"raised {type(e).__name__}: {e}"
-    assert_all_ranks(comm, ok, msg)
-
-
 @pytest.mark.parametrize("driver", DRIVERS)
 def test_errors_are_collective(comm, shared_tmp_path, driver):
     g = dt.ProcessGrid((SIZE,))
@@ -235,42 +221,42 @@ def test_errors_are_collective(comm, shared_tmp_path, driver):
         (d / "text.h5").write_text("this is not HDF5\n" * 10)
     comm.Barrier()
     rd = lambda p, n="x", **kw: io.read_hdf5(p, n, grid=g, driver=driver, **kw)  # noqa: E731
-    _raises_everywhere(comm, FileNotFoundError, "no such file", lambda: rd(d / "missing.h5"))
-    _raises_everywhere(comm, IsADirectoryError, "is a directory", lambda: rd(d))
-    _raises_everywhere(comm, io.NotHDF5FileError, "not an HDF5 file", lambda: rd(d / "text.h5"))
-    _raises_everywhere(comm, io.DatasetNotFoundError, "has no dataset 'y'",
+    assert_raises_all(comm, FileNotFoundError, "no such file", lambda: rd(d / "missing.h5"))
+    assert_raises_all(comm, IsADirectoryError, "is a directory", lambda: rd(d))
+    assert_raises_all(comm, io.NotHDF5FileError, "not an HDF5 file", lambda: rd(d / "text.h5"))
+    assert_raises_all(comm, io.DatasetNotFoundError, "has no dataset 'y'",
                        lambda: rd(good, "y"))
-    _raises_everywhere(comm, KeyError, "has no dataset", lambda: rd(good, "y"))
-    _raises_everywhere(comm, ValueError, r"has shape \(4, 6\), expected \(4, 5\)",
+    assert_raises_all(comm, KeyError, "has no dataset", lambda: rd(good, "y"))
+    assert_raises_all(comm, ValueError, r"has shape \(4, 6\), expected \(4, 5\)",
                        lambda: rd(good, shape=(4, 5)))
-    _raises_everywhere(comm, TypeError, "has dtype float64, expected float32",
+    assert_raises_all(comm, TypeError, "has dtype float64, expected float32",
                        lambda: rd(good, dtype="float32"))
-    _raises_everywhere(comm, ValueError, "step must be > 0",
+    assert_raises_all(comm, ValueError, "step must be > 0",
                        lambda: rd(good, slices=(slice(None, None, -1),)))
-    _raises_everywhere(comm, ValueError, "grid axis",
+    assert_raises_all(comm, ValueError, "grid axis",
                        lambda: rd(good, split=(3,)))
-    _raises_everywhere(comm, TypeError, "out has dtype",
+    assert_raises_all(comm, TypeError, "out has dtype",
                        lambda: io.read_hdf5(good, "x", out=dt.zeros((4, 6), dtype="float32",
                                                                    grid=g), driver=driver))
-    _raises_everywhere(comm, ValueError, "out has shape",
+    assert_raises_all(comm, ValueError, "out has shape",
                        lambda: io.read_hdf5(good, "x", out=dt.zeros((4, 5), grid=g),
                                             driver=driver))
     # writes: mismatching dataset in mode 'r+', bad arguments, non-HDF5 target, missing dir
     wr = lambda p, y=x, **kw: io.write_hdf5(y, p, "x", driver=driver, **kw)  # noqa: E731
-    _raises_everywhere(comm, ValueError, r"has shape \(4, 6\), the array has \(3, 6\)",
+    assert_raises_all(comm, ValueError, r"has shape \(4, 6\), the array has \(3, 6\)",
                        lambda: wr(good, dt.zeros((3, 6), grid=g), mode="r+"))
-    _raises_everywhere(comm, TypeError, "has dtype float64, the array has int32",
+    assert_raises_all(comm, TypeError, "has dtype float64, the array has int32",
                        lambda: wr(good, dt.zeros((4, 6), dtype="int32", grid=g), mode="r+"))
-    _raises_everywhere(comm, FileNotFoundError, "no such file",
+    assert_raises_all(comm, FileNotFoundError, "no such file",
                        lambda: wr(d / "nope.h5", mode="r+"))
-    _raises_everywhere(comm, io.NotHDF5FileError, "not an HDF5 file",
+    assert_raises_all(comm, io.NotHDF5FileError, "not an HDF5 file",
                        lambda: wr(d / "text.h5", mode="a"))
-    _raises_everywhere(comm, FileNotFoundError, "does not exist",
+    assert_raises_all(comm, FileNotFoundError, "does not exist",
                        lambda: wr(d / "no_dir" / "f.h5"))
-    _raises_everywhere(comm, ValueError, "mode must be", lambda: wr(good, mode="x"))
-    _raises_everywhere(comm, TypeError, "cannot be stored",
+    assert_raises_all(comm, ValueError, "mode must be", lambda: wr(good, mode="x"))
+    assert_raises_all(comm, TypeError, "cannot be stored",
                        lambda: wr(good, dt.from_global(np.array(["ab", "c"]), grid=g)))
-    _raises_everywhere(comm, ValueError, "driver must be",
+    assert_raises_all(comm, ValueError, "driver must be",
                        lambda: io.write_hdf5(x, good, "x", driver="posix"))
     # nothing above changed the good file, and nothing was left behind
     assert_allclose_all(comm, rd(good).to_numpy(), a)
@@ -285,14 +271,14 @@ def test_rank_dependent_bad_arguments_do_not_hang(comm, shared_tmp_path):
     g = dt.ProcessGrid((SIZE,))
     x = dt.zeros((4,), grid=g)
     if SIZE > 1:
-        _raises_everywhere(comm, ValueError, "differ between ranks",
+        assert_raises_all(comm, ValueError, "differ between ranks",
                            lambda: io.write_hdf5(x, shared_tmp_path / f"r{comm.rank}.h5", "x"))
-        _raises_everywhere(comm, ValueError, "differ between ranks",
+        assert_raises_all(comm, ValueError, "differ between ranks",
                            lambda: io.write_hdf5(x, shared_tmp_path / "r.h5",
                                                  "x" if comm.rank else "y"))
     name = "x" if comm.rank == SIZE - 1 else "ok"
     # a bad name on the last rank only
-    _raises_everywhere(comm, ValueError, "invalid dataset name",
+    assert_raises_all(comm, ValueError, "invalid dataset name",
                        lambda: io.write_hdf5(x, shared_tmp_path / "r.h5",
                                              "a//b" if name == "x" else "ok"))
     g.free()
@@ -316,7 +302,7 @@ def test_injected_enospc_keeps_the_old_file(comm, shared_tmp_path, driver, monke
             if comm.rank == SIZE - 1 or target == "fsync_path" or driver == "mpio":
                 m.setattr(_h5, target, enospc)
             for mode in ("w", "a"):
-                _raises_everywhere(comm, OSError, "No space left on device",
+                assert_raises_all(comm, OSError, "No space left on device",
                                    lambda: io.write_hdf5(new, path, "x", driver=driver, mode=mode))
         assert_allclose_all(comm, io.read_hdf5(path, "x", grid=g).to_numpy(), old)
         _no_temp_files(comm, shared_tmp_path)
@@ -351,7 +337,7 @@ def test_real_no_space_left(comm, shared_tmp_path, check, monkeypatch):
         io.write_hdf5(dt.from_global(old, grid=g), path, "x", mode="w")
         big = dt.random.default_rng(1).random((300, 1000), grid=g)
         for driver, comp in itertools.product(DRIVERS, (None, "gzip")):
-            _raises_everywhere(comm, OSError, "No space left on device",
+            assert_raises_all(comm, OSError, "No space left on device",
                                lambda: io.write_hdf5(big, path, "x", driver=driver, mode="w",
                                                      compression=comp,
                                                      chunks=(50, 100) if comp else None))

@@ -1,0 +1,33 @@
+"""Timing helpers shared by the MPI benchmarks: collective wall times of the slowest rank,
+and medians of interleaved repetitions."""
+from __future__ import annotations
+
+import time
+
+import statistics
+from mpi4py import MPI
+
+COMM = MPI.COMM_WORLD
+
+
+def timed(fn) -> float:
+    """Seconds of one collective call, the slowest rank's, after a barrier."""
+    COMM.Barrier()
+    t0 = time.perf_counter()
+    fn()
+    dt_ = time.perf_counter() - t0
+    return COMM.allreduce(dt_, op=MPI.MAX)
+
+
+def compare(fns: dict, reps: int, warmup: int) -> dict:
+    """Median seconds of each function, called interleaved (rotating who goes first) so that
+    drift of this noisy machine hits all of them alike."""
+    for _ in range(warmup):
+        for f in fns.values():
+            f()
+    times = {k: [] for k in fns}
+    keys = list(fns)
+    for i in range(reps):
+        for k in keys[i % len(keys):] + keys[:i % len(keys)]:
+            times[k].append(timed(fns[k]))
+    return {k: statistics.median(v) for k, v in times.items()}
