@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections import Counter
 
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from disttensor.distribution import Box, Distribution, rank_to_coords
+
+from .strategies import grid_dims_st, split_st
 from disttensor.plans import CommPlan, halo_axis_segments, halo_plan, redistribution_plan
 
 FAST = settings(max_examples=200, deadline=None)
@@ -32,25 +33,6 @@ def compositions(draw, n: int, p: int):
     cuts = sorted(draw(st.lists(st.integers(0, n), min_size=p - 1, max_size=p - 1)))
     bounds = [0] + cuts + [n]
     return tuple(b - a for a, b in zip(bounds[:-1], bounds[1:]))
-
-
-@st.composite
-def grid_dims_st(draw, max_axes=3, max_extent=4, max_size=24):
-    dims = draw(st.lists(st.integers(1, max_extent), min_size=1, max_size=max_axes))
-    assume(math.prod(dims) <= max_size)
-    return tuple(dims)
-
-
-@st.composite
-def split_st(draw, ndim: int, ngrid: int):
-    free = list(range(ngrid))
-    split = []
-    for _ in range(ndim):
-        g = draw(st.sampled_from([None] + free))
-        if g is not None:
-            free.remove(g)
-        split.append(g)
-    return tuple(split)
 
 
 @st.composite
