@@ -12,13 +12,13 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from mpi4py import MPI
 
 import disttensor as dt
 from conftest import assert_all_ranks, assert_allclose_all
-from strategies import explicit_sizes, grid_dims, splits
+from strategies import layouts
 
 COMM = MPI.COMM_WORLD
 SIZE = COMM.Get_size()
@@ -43,21 +43,14 @@ def halo_cases(draw, max_ndim: int = 3, max_extent: int = 9, max_width: int = 10
     """(shape, grid dims, split, sizes, halo ((lo, hi) per axis), periodic flags, dtype)."""
     ndim = draw(st.integers(1, max_ndim))
     shape = tuple(draw(st.lists(st.integers(0, max_extent), min_size=ndim, max_size=ndim)))
-    dims = draw(grid_dims(SIZE, 3))
-    split = draw(splits(ndim, len(dims)))
-    sizes = []
-    for n, g in zip(shape, split):
-        if g is not None and draw(st.booleans()):
-            sizes.append(draw(explicit_sizes(n, dims[g])))
-        else:
-            sizes.append(None)
+    dims, split, sizes = draw(layouts(shape, SIZE, 3))
     periodic = tuple(draw(st.lists(st.booleans(), min_size=ndim, max_size=ndim)))
     halo = []
     for n, per in zip(shape, periodic):
         cap = max_width if per else min(n, max_width)  # non-periodic: width <= extent
         halo.append((draw(st.integers(0, cap)), draw(st.integers(0, cap))))
     dtype = draw(st.sampled_from(DTYPES))
-    return shape, dims, split, tuple(sizes), tuple(halo), periodic, dtype
+    return shape, dims, split, sizes, tuple(halo), periodic, dtype
 
 
 def global_values(shape, dtype) -> np.ndarray:

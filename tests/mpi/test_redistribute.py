@@ -11,7 +11,7 @@ from mpi4py import MPI
 
 import disttensor as dt
 from conftest import assert_all_ranks, assert_allclose_all
-from strategies import all_grid_dims, explicit_sizes, splits
+from strategies import all_grid_dims, layouts
 
 COMM = MPI.COMM_WORLD
 SIZE = COMM.Get_size()
@@ -31,25 +31,11 @@ DTYPES = ["float64", "float32", "float16", "complex128", "complex64", "int32", "
 
 
 @st.composite
-def layouts(draw, shape):
-    """(grid dims, split, sizes) for ``shape`` on a grid of SIZE ranks."""
-    dims = draw(st.sampled_from(all_grid_dims(SIZE, 3)))
-    split = draw(splits(len(shape), len(dims)))
-    sizes = []
-    for n, g in zip(shape, split):
-        if g is not None and draw(st.booleans()):
-            sizes.append(draw(explicit_sizes(n, dims[g])))
-        else:
-            sizes.append(None)
-    return dims, split, tuple(sizes)
-
-
-@st.composite
 def redistribution_cases(draw, max_ndim: int = 3, max_extent: int = 7):
     ndim = draw(st.integers(1, max_ndim))
     shape = tuple(draw(st.lists(st.integers(0, max_extent), min_size=ndim, max_size=ndim)))
-    src = draw(layouts(shape))
-    dst = draw(layouts(shape))
+    src = draw(layouts(shape, SIZE))
+    dst = draw(layouts(shape, SIZE))
     dtype = draw(st.sampled_from(DTYPES))
     return shape, src, dst, dtype
 
@@ -163,13 +149,13 @@ def test_redistribute_transposed_view(case, data):
     gt = np.transpose(g, perm)
     check_layout(xt, gt, (src[0], tuple(src[1][p] for p in perm),
                           tuple(src[2][p] for p in perm)), "transpose")
-    dst = data.draw(layouts(gt.shape))
+    dst = data.draw(layouts(gt.shape, SIZE))
     y = redistribute_to(xt, dst)
     check_layout(y, gt, dst, f"transposed {perm} -> {dst}")
     # a strided view: every other element along the first axis
     xs = x[::2]
     gs = g[::2]
-    dst2 = data.draw(layouts(gs.shape))
+    dst2 = data.draw(layouts(gs.shape, SIZE))
     ys = redistribute_to(xs, dst2)
     check_layout(ys, gs, dst2, "strided view")
 

@@ -25,3 +25,11 @@ def split_st(draw, ndim: int, ngrid: int):
             free.remove(g)
         split.append(g)
     return tuple(split)
+
+
+@st.composite
+def compositions(draw, n: int, p: int):
+    """``p`` non-negative integers summing to ``n`` (zeros allowed, any imbalance)."""
+    cuts = sorted(draw(st.lists(st.integers(0, n), min_size=p - 1, max_size=p - 1)))
+    bounds = [0] + cuts + [n]
+    return tuple(b - a for a, b in zip(bounds[:-1], bounds[1:]))

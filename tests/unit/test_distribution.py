@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from disttensor.distribution import (Box, Distribution, balanced_sizes, coords_to_rank,
                                      intersect_ranges, offsets_from_sizes, rank_to_coords)
 
-from .strategies import grid_dims_st, split_st
+from .strategies import compositions, grid_dims_st, split_st
 
 FAST = settings(max_examples=150, deadline=None)
 MEDIUM = settings(max_examples=80, deadline=None)
@@ -21,12 +21,6 @@ MEDIUM = settings(max_examples=80, deadline=None)
 # --------------------------------------------------------------------------------------------
 # strategies
 # --------------------------------------------------------------------------------------------
-@st.composite
-def compositions(draw, n: int, p: int):
-    """``p`` non-negative integers summing to ``n`` (zeros allowed, any imbalance)."""
-    cuts = sorted(draw(st.lists(st.integers(0, n), min_size=p - 1, max_size=p - 1)))
-    bounds = [0] + cuts + [n]
-    return tuple(b - a for a, b in zip(bounds[:-1], bounds[1:]))
 
 
 @st.composite

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from disttensor.distribution import Box, Distribution, rank_to_coords
 
-from .strategies import grid_dims_st, split_st
+from .strategies import compositions, grid_dims_st, split_st
 from disttensor.plans import CommPlan, halo_axis_segments, halo_plan, redistribution_plan
 
 FAST = settings(max_examples=200, deadline=None)
@@ -27,12 +27,6 @@ REDIST = settings(max_examples=200, deadline=None)
 # --------------------------------------------------------------------------------------------
 # strategies
 # --------------------------------------------------------------------------------------------
-@st.composite
-def compositions(draw, n: int, p: int):
-    """``p`` non-negative integers summing to ``n`` (zeros allowed, any imbalance)."""
-    cuts = sorted(draw(st.lists(st.integers(0, n), min_size=p - 1, max_size=p - 1)))
-    bounds = [0] + cuts + [n]
-    return tuple(b - a for a, b in zip(bounds[:-1], bounds[1:]))
 
 
 @st.composite
