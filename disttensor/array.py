@@ -273,7 +273,8 @@ class DistArray:
     def redistribute(self, grid: ProcessGrid | None = None, split=None, sizes=None,
                      distribution: Distribution | None = None) -> "DistArray":
         """This array under another block distribution, possibly on another grid over the
-        same ranks (collective, one Alltoallw)."""
+        same ranks (collective; point-to-point messages to the ranks whose blocks meet, see
+        :mod:`disttensor.redistribute`)."""
         from .redistribute import redistribute_blocks
         grid = self._grid if grid is None else grid
         if distribution is None:

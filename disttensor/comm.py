@@ -19,7 +19,7 @@ from mpi4py import MPI
 from .backend import array_module, to_host
 
 __all__ = ["CollectiveError", "collective", "check_same", "any_true", "mpi_type",
-           "subarray_type", "allreduce", "host_staging", "cuda_aware_mpi", "private_comm",
+           "allreduce", "host_staging", "cuda_aware_mpi", "private_comm",
            "PieceExchange", "copy_into", "fill_zero"]
 
 
@@ -128,25 +128,6 @@ def mpi_type(dtype: np.dtype) -> MPI.Datatype:
         if t is None or t == MPI.DATATYPE_NULL or t.Get_size() != dtype.itemsize:
             t = MPI.BYTE.Create_contiguous(dtype.itemsize)
             t.Commit()
-        _derived[key] = t
-    return t
-
-
-def subarray_type(dtype: np.dtype, sizes: tuple[int, ...], start: tuple[int, ...],
-                  subsizes: tuple[int, ...]) -> MPI.Datatype:
-    """Committed (cached) MPI subarray type of a C-ordered buffer of shape ``sizes``.  Zero-d
-    buffers and empty boxes are not allowed (callers skip them)."""
-    base = mpi_type(np.dtype(dtype))
-    if len(sizes) == 0:
-        return base
-    key = (np.dtype(dtype).str, tuple(sizes), tuple(start), tuple(subsizes))
-    t = _derived.get(key)
-    if t is None:
-        if len(_derived) > 8192:  # bound the cache; types of finished operations only
-            _free_derived()
-            base = mpi_type(np.dtype(dtype))
-        t = base.Create_subarray(list(sizes), list(subsizes), list(start), order=MPI.ORDER_C)
-        t.Commit()
         _derived[key] = t
     return t
 

@@ -141,7 +141,7 @@ def from_global(a, grid=None, split=None, sizes=None, root=None, device="cpu", h
 
     With ``root=None`` every rank passes the same global array and keeps its block (no
     messages).  With ``root=r`` only rank ``r`` needs the array (others may pass ``None``):
-    its shape and dtype are broadcast and the blocks are scattered in one Alltoallw."""
+    its shape and dtype are broadcast and the blocks are scattered by one redistribution."""
     from .grid import get_default_grid
     from .distribution import Distribution
     from .redistribute import redistribute_blocks
