@@ -33,9 +33,10 @@ def laplacian(buf, out, region):
     out[region] = acc
 
 
-def step(u, lap, alpha):
-    """One explicit Euler step; the halo exchange overlaps the interior update."""
-    h = u.halo_exchange("periodic").begin()
+def step(u, halo, lap, alpha):
+    """One explicit Euler step; the halo exchange ``halo`` (of ``u``, reused every step)
+    overlaps the interior update."""
+    h = halo.begin()
     n = u.local_shape
     inner = tuple(slice(1, max(1, k - 1)) for k in n)
     laplacian(u.buffer, lap, inner)                      # needs no halo
@@ -82,11 +83,12 @@ def main():
     u = u0.with_halo(1)
     lap = np.empty(u.local_shape)
     heat0 = float(u0.sum())
+    halo = u.halo_exchange("periodic")  # plan, views and scratch built once
 
     comm.Barrier()
     t0 = time.perf_counter()
     for _ in range(args.steps):
-        step(u, lap, alpha)
+        step(u, halo, lap, alpha)
     comm.Barrier()
     elapsed = time.perf_counter() - t0
     heat = float(u.sum())
