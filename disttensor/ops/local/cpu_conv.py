@@ -1,0 +1,220 @@
+"""CPU convolution kernels (per rank, no MPI): im2col + BLAS GEMM in bounded tiles, Numba packs.
+
+Contract (shared with :mod:`.gpu`): exactly three spatial axes, layout ``(N, C, D, H, W)``;
+``stride``, ``dilation``, ``pad_lo``, ``pad_hi`` are 3-tuples of ints, padding may be
+asymmetric and is zero; cross-correlation as in PyTorch, ``w`` of shape
+``(Cout, Cin // groups, kD, kH, kW)``; output extent per axis
+``(n + lo + hi - dilation*(k-1) - 1) // stride + 1``.  Results have the input's dtype
+(float32 or float64).
+
+How: for each sample and group the output is computed in tiles of whole output depth planes.
+A tile's column matrix ``cols[(c, kd, kh, kw), (od, oh, ow)]`` (at most
+``DISTTENSOR_CONV_WORKSPACE_MB`` MiB, default 64, or one plane) is packed by a parallel Numba
+loop, then one GEMM does ``y_tile = w.reshape(Cout_g, K) @ cols`` (NumPy's BLAS).  Backward
+data computes ``dcols = w^T @ dy_tile`` and scatters it back (col2im, parallel over input
+channels so no two threads add into the same cell); backward filter accumulates
+``dy_tile @ cols^T``.  Compared with building the whole column matrix at once (the
+straightforward im2col), the workspace is bounded and stays in cache-sized pieces.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from numba import njit, prange
+
+__all__ = ["conv_forward", "conv_backward_data", "conv_backward_filter", "conv_out_shape"]
+
+
+def _workspace_bytes() -> int:
+    return int(float(os.environ.get("DISTTENSOR_CONV_WORKSPACE_MB", "64")) * 2**20)
+
+
+def conv_out_shape(in_spatial, kernel, stride, dilation, pad_lo, pad_hi) -> tuple[int, ...]:
+    out = []
+    for n, k, s, d, lo, hi in zip(in_spatial, kernel, stride, dilation, pad_lo, pad_hi):
+        span = d * (k - 1) + 1
+        if n + lo + hi < span:
+            raise ValueError(f"input extent {n} padded by ({lo}, {hi}) is shorter than the "
+                             f"kernel span {span}")
+        out.append((n + lo + hi - span) // s + 1)
+    return tuple(out)
+
+
+@njit(parallel=True, cache=True)
+def _im2col(x, cols, d0, d1, oh_n, ow_n, kd_n, kh_n, kw_n, sd, sh, sw, dd, dh, dw, pd, ph, pw):
+    """cols[(c, kd, kh, kw), (od - d0, oh, ow)] = x[c, od*sd - pd + kd*dd, ...] (0 outside)."""
+    c_n, d_n, h_n, w_n = x.shape
+    kk = kd_n * kh_n * kw_n
+    for r in prange(c_n * kk):
+        c = r // kk
+        rem = r - c * kk
+        kd = rem // (kh_n * kw_n)
+        rem -= kd * kh_n * kw_n
+        kh = rem // kw_n
+        kw = rem - kh * kw_n
+        p = 0
+        for od in range(d0, d1):
+            i_d = od * sd - pd + kd * dd
+            for oh in range(oh_n):
+                i_h = oh * sh - ph + kh * dh
+                if i_d < 0 or i_d >= d_n or i_h < 0 or i_h >= h_n:
+                    for ow in range(ow_n):
+                        cols[r, p + ow] = 0
+                else:
+                    for ow in range(ow_n):
+                        i_w = ow * sw - pw + kw * dw
+                        if 0 <= i_w < w_n:
+                            cols[r, p + ow] = x[c, i_d, i_h, i_w]
+                        else:
+                            cols[r, p + ow] = 0
+                p += ow_n
+
+
+@njit(parallel=True, cache=True)
+def _col2im(cols, dx, d0, d1, oh_n, ow_n, kd_n, kh_n, kw_n, sd, sh, sw, dd, dh, dw, pd, ph, pw):
+    """dx[c, od*sd - pd + kd*dd, ...] += cols[(c, kd, kh, kw), (od - d0, oh, ow)] (adjoint of
+    :func:`_im2col`); one thread per input channel."""
+    c_n, d_n, h_n, w_n = dx.shape
+    kk = kd_n * kh_n * kw_n
+    for c in prange(c_n):
+        for rem0 in range(kk):
+            r = c * kk + rem0
+            kd = rem0 // (kh_n * kw_n)
+            rem = rem0 - kd * kh_n * kw_n
+            kh = rem // kw_n
+            kw = rem - kh * kw_n
+            p = 0
+            for od in range(d0, d1):
+                i_d = od * sd - pd + kd * dd
+                for oh in range(oh_n):
+                    i_h = oh * sh - ph + kh * dh
+                    if 0 <= i_d < d_n and 0 <= i_h < h_n:
+                        for ow in range(ow_n):
+                            i_w = ow * sw - pw + kw * dw
+                            if 0 <= i_w < w_n:
+                                dx[c, i_d, i_h, i_w] += cols[r, p + ow]
+                    p += ow_n
+
+
+def _check(x, w, groups):
+    if x.ndim != 5 or w.ndim != 5:
+        raise ValueError(f"local conv kernels take (N, C, D, H, W) inputs and 5-d weights, got "
+                         f"{x.shape} and {w.shape}")
+    if groups < 1 or x.shape[1] % groups or w.shape[0] % groups:
+        raise ValueError(f"groups={groups} must divide the input channels {x.shape[1]} and the "
+                         f"output channels {w.shape[0]}")
+    if w.shape[1] * groups != x.shape[1]:
+        raise ValueError(f"weight {w.shape} expects {w.shape[1] * groups} input channels with "
+                         f"groups={groups}, input has {x.shape[1]}")
+
+
+def _tiles(out_spatial, k_rows: int, itemsize: int):
+    """Ranges of output depth planes whose column matrix fits the workspace bound."""
+    od_n, oh_n, ow_n = out_spatial
+    plane = max(1, k_rows * oh_n * ow_n * itemsize)
+    step = max(1, _workspace_bytes() // plane)
+    return [(d0, min(d0 + step, od_n)) for d0 in range(0, od_n, step)]
+
+
+def _geometry(kernel, stride, dilation, pad_lo):
+    return (*kernel, *stride, *dilation, *pad_lo)
+
+
+def conv_forward(x, w, stride, dilation, pad_lo, pad_hi, groups=1):
+    """``y[n, co] = sum_{ci in group(co), k} w[co, ci, k] * xpad[n, ci, o*stride + k*dilation]``."""
+    _check(x, w, groups)
+    dtype = np.result_type(x.dtype, w.dtype)
+    x = np.ascontiguousarray(x, dtype=dtype)
+    w = np.ascontiguousarray(w, dtype=dtype)
+    n_n, cin = x.shape[:2]
+    cout = w.shape[0]
+    kernel = w.shape[2:]
+    out_sp = conv_out_shape(x.shape[2:], kernel, stride, dilation, pad_lo, pad_hi)
+    y = np.empty((n_n, cout) + out_sp, dtype=dtype)
+    if y.size == 0:
+        return y
+    cg, cog = cin // groups, cout // groups
+    k_rows = cg * int(np.prod(kernel))
+    wmat = w.reshape(groups, cog, k_rows)
+    geo = _geometry(kernel, stride, dilation, pad_lo)
+    plane = out_sp[1] * out_sp[2]
+    ymat = y.reshape(n_n, groups, cog, out_sp[0] * plane)
+    tiles = _tiles(out_sp, k_rows, x.itemsize)
+    cols_buf = np.empty(k_rows * (tiles[0][1] - tiles[0][0]) * plane, dtype=dtype)
+    for n in range(n_n):
+        for g in range(groups):
+            xg = x[n, g * cg:(g + 1) * cg]
+            for d0, d1 in tiles:
+                cols = cols_buf[:k_rows * (d1 - d0) * plane].reshape(k_rows, (d1 - d0) * plane)
+                _im2col(xg, cols, d0, d1, out_sp[1], out_sp[2], *geo)
+                np.matmul(wmat[g], cols, out=ymat[n, g, :, d0 * plane:d1 * plane])
+    return y
+
+
+def conv_backward_data(dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, groups=1):
+    """Gradient of ``sum(conv_forward(x, w) * dy)`` with respect to ``x`` (N, Cin, *in_spatial)."""
+    dtype = np.result_type(dy.dtype, w.dtype)
+    dy = np.ascontiguousarray(dy, dtype=dtype)
+    w = np.ascontiguousarray(w, dtype=dtype)
+    in_spatial = tuple(int(v) for v in in_spatial)
+    n_n, cout = dy.shape[:2]
+    cg, cog = w.shape[1], cout // groups
+    cin = cg * groups
+    _check(np.empty((0, cin) + in_spatial, dtype), w, groups)
+    kernel = w.shape[2:]
+    out_sp = conv_out_shape(in_spatial, kernel, stride, dilation, pad_lo, pad_hi)
+    if tuple(dy.shape[2:]) != out_sp:
+        raise ValueError(f"dy has spatial shape {dy.shape[2:]}, the convolution gives {out_sp}")
+    dx = np.zeros((n_n, cin) + in_spatial, dtype=dtype)
+    if dy.size == 0 or dx.size == 0:
+        return dx
+    k_rows = cg * int(np.prod(kernel))
+    wmat_t = np.ascontiguousarray(w.reshape(groups, cog, k_rows).transpose(0, 2, 1))
+    geo = _geometry(kernel, stride, dilation, pad_lo)
+    plane = out_sp[1] * out_sp[2]
+    dymat = dy.reshape(n_n, groups, cog, out_sp[0] * plane)
+    tiles = _tiles(out_sp, k_rows, dy.itemsize)
+    cols_buf = np.empty(k_rows * (tiles[0][1] - tiles[0][0]) * plane, dtype=dtype)
+    for n in range(n_n):
+        for g in range(groups):
+            dxg = dx[n, g * cg:(g + 1) * cg]
+            for d0, d1 in tiles:
+                cols = cols_buf[:k_rows * (d1 - d0) * plane].reshape(k_rows, (d1 - d0) * plane)
+                np.matmul(wmat_t[g], dymat[n, g, :, d0 * plane:d1 * plane], out=cols)
+                _col2im(cols, dxg, d0, d1, out_sp[1], out_sp[2], *geo)
+    return dx
+
+
+def conv_backward_filter(x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups=1):
+    """Gradient of ``sum(conv_forward(x, w) * dy)`` with respect to ``w``
+    (Cout, Cin // groups, *kernel)."""
+    dtype = np.result_type(x.dtype, dy.dtype)
+    x = np.ascontiguousarray(x, dtype=dtype)
+    dy = np.ascontiguousarray(dy, dtype=dtype)
+    kernel = tuple(int(k) for k in kernel)
+    n_n, cin = x.shape[:2]
+    cout = dy.shape[1]
+    _check(x, np.empty((cout, cin // max(groups, 1)) + kernel, dtype), groups)
+    cg, cog = cin // groups, cout // groups
+    out_sp = conv_out_shape(x.shape[2:], kernel, stride, dilation, pad_lo, pad_hi)
+    if tuple(dy.shape[2:]) != out_sp or dy.shape[0] != n_n:
+        raise ValueError(f"dy has shape {dy.shape}, the convolution gives {(n_n, cout) + out_sp}")
+    k_rows = cg * int(np.prod(kernel))
+    dw = np.zeros((groups, cog, k_rows), dtype=dtype)
+    if dy.size and x.size:
+        geo = _geometry(kernel, stride, dilation, pad_lo)
+        plane = out_sp[1] * out_sp[2]
+        dymat = dy.reshape(n_n, groups, cog, out_sp[0] * plane)
+        tiles = _tiles(out_sp, k_rows, x.itemsize)
+        cols_buf = np.empty(k_rows * (tiles[0][1] - tiles[0][0]) * plane, dtype=dtype)
+        part = np.empty((cog, k_rows), dtype=dtype)
+        for n in range(n_n):
+            for g in range(groups):
+                xg = x[n, g * cg:(g + 1) * cg]
+                for d0, d1 in tiles:
+                    cols = cols_buf[:k_rows * (d1 - d0) * plane].reshape(k_rows, (d1 - d0) * plane)
+                    _im2col(xg, cols, d0, d1, out_sp[1], out_sp[2], *geo)
+                    np.matmul(dymat[n, g, :, d0 * plane:d1 * plane], cols.T, out=part)
+                    dw[g] += part
+    return dw.reshape((cout, cg) + kernel)
