@@ -96,7 +96,7 @@ class AxisWindow:
             elif o0 >= m:
                 res.append(n)
             else:
-                res.append(min(max(o0 * self.stride + self._centre_shift, 0), n))
+                res.append(min(max(o0 * self.stride + self._centre_shift, 0), n - 1))
         return tuple(res)
 
     # -- what a block reads -------------------------------------------------------------------
