@@ -1,0 +1,285 @@
+"""Distributed convolution and transposed convolution (1-D, 2-D, 3-D), forward and backward.
+
+Layout ``N, C, *spatial``; the sample axis and any subset of the spatial axes may be split, the
+channel axis not.  Weights and biases are ordinary (replicated) NumPy/CuPy arrays of the
+input's device: ``w`` of shape ``(Cout, Cin // groups, *kernel)`` for :func:`conv_forward`
+and ``(Cin, Cout // groups, *kernel)`` for :func:`conv_transpose_forward` (PyTorch's layouts).
+
+Forward (collective): each rank exchanges the halo its owned outputs need (widths from the
+window index math of :mod:`.window`), runs the local kernel on its read window with padding
+only at global boundaries, and owns the output block whose window centres it owns (strided
+outputs get explicit, possibly uneven sizes).  Every forward returns ``(y, saved)``;
+:func:`conv_backward` takes ``saved`` and ``dy`` (distributed like ``y``) and returns
+``(dx, dw, db)``: ``dx`` through the local backward-data kernel and the reverse halo exchange
+(the adjoint), ``dw``/``db`` summed over the ranks that hold different parts of ``x`` (one
+all-reduce each; replicas are not counted twice; ``reduce=False`` leaves the per-rank partial
+sums, e.g. for a bucketed all-reduce).
+
+A transposed convolution is the adjoint of a convolution: its output ``x`` gets the
+distribution whose convolution outputs are ``y``'s blocks (:meth:`AxisWindow.input_offsets`);
+when no such split exists, ``y`` is redistributed first.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..array import DistArray
+from ..comm import allreduce
+from ..distribution import Distribution
+from .local import kernels_for
+from .window import normalize_padding, normalize_tuple
+from ._spatial import (WindowPlan, check_layout, halo_gradient, halo_input, lift, lift3,
+                       param_comm, spatial_windows, unlift, window_plan)
+
+__all__ = ["conv", "conv_forward", "conv_backward", "conv_transpose", "conv_transpose_forward",
+           "conv_transpose_backward", "ConvSaved"]
+
+
+@dataclass
+class ConvSaved:
+    """What a convolution's backward needs (the halo'd input, the plan, the geometry)."""
+
+    xin: DistArray          # the input with its halo exchanged (forward conv) / dx halo plan
+    x_dist: Distribution    # distribution of the convolution's input
+    plan: WindowPlan
+    w: object
+    nd: int
+    kernel: tuple
+    stride3: tuple
+    dilation3: tuple
+    groups: int
+    has_bias: bool
+    transposed: bool = False
+    y: DistArray | None = None  # transposed conv: its input (the convolution's output side)
+
+
+def _geometry(x: DistArray, w, stride, padding, dilation, groups, what: str):
+    nd = check_layout(x, what)
+    if w.ndim != nd + 2:
+        raise ValueError(f"{what}: weight of shape {tuple(w.shape)} does not fit {nd} spatial "
+                         f"axes (expected {nd + 2} dimensions)")
+    kernel = tuple(int(k) for k in w.shape[2:])
+    stride = normalize_tuple(stride, nd, "stride")
+    dilation = normalize_tuple(dilation, nd, "dilation")
+    padding = normalize_padding(padding, nd, kernel, dilation)
+    if isinstance(groups, bool) or int(groups) < 1:
+        raise ValueError(f"groups must be a positive integer, got {groups}")
+    return nd, kernel, stride, dilation, padding, int(groups)
+
+
+def _local_kernel_args(plan: WindowPlan, nd: int, stride, dilation):
+    return (lift3(stride, nd, 1), lift3(dilation, nd, 1), lift3(plan.pad_lo, nd, 0),
+            lift3(plan.pad_hi, nd, 0))
+
+
+def _read_window(xin: DistArray, plan: WindowPlan):
+    return xin.buffer[plan.read]
+
+
+def _empty_output(x: DistArray, dist: Distribution, channels_dtype):
+    return x.xp.zeros(dist.block_shape(x.grid.coords), dtype=channels_dtype)
+
+
+def _add_bias(y_local, b, nd: int) -> None:
+    if b is not None and y_local.size:
+        y_local += b.reshape((1, -1) + (1,) * nd).astype(y_local.dtype, copy=False)
+
+
+def _reduce(arr, comm, reduce: bool):
+    return allreduce(comm, arr, "sum") if reduce else arr
+
+
+def _with_channels(d: Distribution, c: int) -> Distribution:
+    return Distribution(d.shape[:1] + (c,) + d.shape[2:], d.grid_dims, d.split,
+                        [d.sizes(t) if g is not None else None for t, g in enumerate(d.split)])
+
+
+# -- convolution ---------------------------------------------------------------------------------
+def conv_forward(x: DistArray, w, b=None, stride=1, padding=0, dilation=1, groups=1):
+    """Convolution (cross-correlation, as ``torch.nn.functional.conv{1,2,3}d``) of ``x``
+    ``(N, Cin, *S)`` with ``w`` ``(Cout, Cin // groups, *K)`` plus optional bias ``(Cout,)``.
+    ``padding``: int, ``'same'``, ``'valid'``, per-axis ints or per-axis (lo, hi) pairs.
+    Collective.  Returns ``(y, saved)``."""
+    nd, kernel, stride, dilation, padding, groups = _geometry(x, w, stride, padding, dilation,
+                                                              groups, "conv")
+    if w.shape[1] * groups != x.shape[1] or w.shape[0] % groups:
+        raise ValueError(f"conv: weight {tuple(w.shape)} with groups={groups} does not fit "
+                         f"{x.shape[1]} input channels")
+    windows = spatial_windows(nd, kernel, stride, dilation, padding)
+    plan = window_plan(x.distribution, windows, x.grid.coords)
+    xin = halo_input(x, plan)
+    dtype = x.dtype
+    out_dist = _with_channels(plan.out_dist, w.shape[0])
+    if plan.has_output:
+        k = kernels_for(x.local)
+        s3, d3, lo3, hi3 = _local_kernel_args(plan, nd, stride, dilation)
+        y_local = unlift(k.conv_forward(lift(_read_window(xin, plan), nd), lift(w, nd), s3, d3,
+                                        lo3, hi3, groups), nd)
+    else:
+        y_local = _empty_output(x, out_dist, dtype)
+    _add_bias(y_local, b, nd)
+    y = DistArray(y_local, out_dist, x.grid)
+    saved = ConvSaved(xin, x.distribution, plan, w, nd, kernel, lift3(stride, nd, 1),
+                      lift3(dilation, nd, 1), groups, b is not None)
+    return y, saved
+
+
+def conv(x: DistArray, w, b=None, stride=1, padding=0, dilation=1, groups=1) -> DistArray:
+    """:func:`conv_forward` without the saved state."""
+    return conv_forward(x, w, b, stride, padding, dilation, groups)[0]
+
+
+def _conv_dx(saved: ConvSaved, dy_local, grid) -> DistArray:
+    """Backward data of the convolution in ``saved`` (collective: reverse halo exchange)."""
+    plan, nd = saved.plan, saved.nd
+    if plan.has_output:
+        k = kernels_for(dy_local)
+        read_shape = tuple(sl.stop - sl.start for sl in plan.read[2:])
+        g = k.conv_backward_data(lift(dy_local, nd), lift(saved.w, nd),
+                                 lift3(read_shape, nd, 1), saved.stride3, saved.dilation3,
+                                 lift3(plan.pad_lo, nd, 0), lift3(plan.pad_hi, nd, 0),
+                                 saved.groups)
+        g = unlift(g, nd)
+    else:
+        g = dy_local[:0]
+    return halo_gradient(g, saved.x_dist, grid, plan)
+
+
+def _conv_dw(saved: ConvSaved, xwin_local, dy_local, dtype):
+    from ..backend import array_module
+    plan, nd = saved.plan, saved.nd
+    xp = array_module(dy_local)
+    if plan.has_output:
+        k = kernels_for(dy_local)
+        dw = k.conv_backward_filter(lift(xwin_local, nd), lift(dy_local, nd),
+                                    lift3(saved.kernel, nd, 1), saved.stride3, saved.dilation3,
+                                    lift3(plan.pad_lo, nd, 0), lift3(plan.pad_hi, nd, 0),
+                                    saved.groups)
+        return dw.reshape(saved.w.shape)
+    return xp.zeros(saved.w.shape, dtype=dtype)
+
+
+def conv_backward(saved: ConvSaved, dy: DistArray, need_dx: bool = True, need_dw: bool = True,
+                  reduce: bool = True):
+    """Gradients ``(dx, dw, db)`` of a convolution from :func:`conv_forward` for the output
+    gradient ``dy`` (distributed like the output).  Collective.  ``dx`` is a DistArray like
+    ``x``; ``dw``/``db`` are replicated arrays (summed over the ranks holding different parts
+    of ``x`` unless ``reduce=False``); entries not asked for are ``None``."""
+    if saved.transposed:
+        raise ValueError("conv_backward got the state of a transposed convolution; use "
+                         "conv_transpose_backward")
+    _check_dy(dy, _with_channels(saved.plan.out_dist, saved.w.shape[0]))
+    xin = saved.xin
+    dx = _conv_dx(saved, dy.local, dy.grid) if need_dx else None
+    dw = db = None
+    if need_dw:
+        comm = param_comm(xin)
+        dw = _reduce(_conv_dw(saved, _read_window(xin, saved.plan), dy.local, dy.dtype), comm,
+                     reduce)
+        if saved.has_bias:
+            axes = (0,) + tuple(range(2, dy.ndim))
+            db = _reduce(dy.local.sum(axis=axes), comm, reduce)
+    return dx, dw, db
+
+
+def _check_dy(dy: DistArray, dist: Distribution) -> None:
+    if dy.distribution != dist:
+        raise ValueError(f"dy must be distributed like the op's output ({dist}), got "
+                         f"{dy.distribution}; redistribute it first")
+
+
+# -- transposed convolution ----------------------------------------------------------------------
+def _transposed_layout(y: DistArray, windows, extents) -> tuple[DistArray, Distribution]:
+    """The distribution of the transposed convolution's output (the convolution's input) and
+    ``y``, redistributed if no input split produces ``y``'s blocks."""
+    d = y.distribution
+    shape = list(d.shape)
+    sizes = [d.sizes(t) if g is not None else None for t, g in enumerate(d.split)]
+    for i, (w, n) in enumerate(zip(windows, extents)):
+        t = 2 + i
+        shape[t] = n
+        if d.split[t] is not None:
+            offs = w.input_offsets(d.offsets[t], n)
+            if w.output_offsets(offs) != d.offsets[t]:
+                offs = None
+            sizes[t] = None if offs is None else [q - p for p, q in zip(offs[:-1], offs[1:])]
+    x_dist = Distribution(shape, d.grid_dims, d.split, sizes)
+    plan = window_plan(x_dist, windows, y.grid.coords)
+    if plan.out_dist != d:  # also when a non-split axis is involved: extents are checked
+        y = y.redistribute(distribution=plan.out_dist)
+    return y, x_dist
+
+
+def conv_transpose_forward(y: DistArray, w, b=None, stride=1, padding=0, output_padding=0,
+                           dilation=1, groups=1):
+    """Transposed convolution (``torch.nn.functional.conv_transpose{1,2,3}d``) of ``y``
+    ``(N, Cin, *S)`` with ``w`` ``(Cin, Cout // groups, *K)``; output extent per axis
+    ``(m-1)*stride - lo - hi + dilation*(k-1) + 1 + output_padding`` with
+    ``output_padding < stride``.  Collective.  Returns ``(x, saved)``."""
+    nd, kernel, stride, dilation, padding, groups = _geometry(y, w, stride, padding, dilation,
+                                                              groups, "conv_transpose")
+    if w.shape[0] != y.shape[1] or y.shape[1] % groups:
+        raise ValueError(f"conv_transpose: weight {tuple(w.shape)} with groups={groups} does "
+                         f"not fit {y.shape[1]} input channels")
+    output_padding = normalize_tuple(output_padding, nd, "output_padding")
+    windows = spatial_windows(nd, kernel, stride, dilation, padding)
+    extents = []
+    for win, m, op in zip(windows, y.shape[2:], output_padding):
+        if not 0 <= op < win.stride:
+            raise ValueError(f"output_padding {output_padding} must be >= 0 and smaller than "
+                             f"the stride {stride}")
+        n = (m - 1) * win.stride - win.pad_lo - win.pad_hi + win.span + op
+        if n < 1 or win.out_extent(n) != m:
+            raise ValueError(f"conv_transpose: input extent {m} gives no valid output extent "
+                             f"with kernel {kernel}, stride {stride}, padding {padding}")
+        extents.append(n)
+    y, x_dist = _transposed_layout(y, windows, extents)
+    plan = window_plan(x_dist, windows, y.grid.coords)
+    cout = w.shape[1] * groups
+    out_dist = _with_channels(x_dist, cout)
+    saved = ConvSaved(None, out_dist, plan, w, nd, kernel, lift3(stride, nd, 1),
+                      lift3(dilation, nd, 1), groups, b is not None, transposed=True, y=y)
+    x = _conv_dx(saved, y.local, y.grid)
+    _add_bias(x.local, b, nd)
+    return x, saved
+
+
+def conv_transpose(y: DistArray, w, b=None, stride=1, padding=0, output_padding=0, dilation=1,
+                   groups=1) -> DistArray:
+    """:func:`conv_transpose_forward` without the saved state."""
+    return conv_transpose_forward(y, w, b, stride, padding, output_padding, dilation, groups)[0]
+
+
+def conv_transpose_backward(saved: ConvSaved, dx: DistArray, need_dy: bool = True,
+                            need_dw: bool = True, reduce: bool = True):
+    """Gradients ``(dy, dw, db)`` of a transposed convolution for its output gradient ``dx``
+    (distributed like its output).  ``dy`` is the convolution of ``dx`` (halo exchange + local
+    forward kernel), distributed like the (possibly redistributed) input ``saved.y``; when the
+    forward redistributed its input, the caller's input had another distribution and ``dy``
+    is redistributed back to it by the caller (the autograd layer does)."""
+    if not saved.transposed:
+        raise ValueError("conv_transpose_backward got the state of a convolution; use "
+                         "conv_backward")
+    if dx.distribution != saved.x_dist:
+        raise ValueError(f"dx must be distributed like the transposed convolution's output "
+                         f"({saved.x_dist}), got {dx.distribution}")
+    plan, nd = saved.plan, saved.nd
+    dxin = halo_input(dx, plan)
+    win = _read_window(dxin, plan)
+    dy = db = dw = None
+    if need_dy:
+        if plan.has_output:
+            k = kernels_for(dx.local)
+            dy_local = unlift(k.conv_forward(lift(win, nd), lift(saved.w, nd), saved.stride3,
+                                             saved.dilation3, lift3(plan.pad_lo, nd, 0),
+                                             lift3(plan.pad_hi, nd, 0), saved.groups), nd)
+        else:
+            dy_local = _empty_output(saved.y, saved.y.distribution, dx.dtype)
+        dy = DistArray(dy_local, saved.y.distribution, dx.grid)
+    if need_dw:
+        comm = param_comm(dx)
+        dw = _reduce(_conv_dw(saved, win, saved.y.local, dx.dtype), comm, reduce)
+        if saved.has_bias:
+            axes = (0,) + tuple(range(2, dx.ndim))
+            db = _reduce(dx.local.sum(axis=axes), comm, reduce)
+    return dy, dw, db

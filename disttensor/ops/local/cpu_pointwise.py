@@ -1,0 +1,452 @@
+"""CPU local kernels for batch norm, activations and channel softmax (one rank, no MPI).
+
+Arrays have layout ``(N, C, *spatial)`` with any ``ndim >= 2``; the channel axis is 1.
+Contract shared by every function here:
+
+* data inputs are float32 or float64 (``TypeError`` otherwise); the result has the dtype of
+  the primary input (``x`` for forward functions, ``dy`` for backward functions);
+* per-channel reductions return float64 ``(C,)`` arrays and accumulate in float64; per-element
+  arithmetic is done in float64 and rounded once to the output dtype;
+* per-channel parameters (``scale``, ``mean``, ``gamma``, ...) are ``(C,)`` arrays of any
+  float dtype (converted to float64, which is tiny);
+* results are new C-contiguous arrays; no temporary as large as the input is made, except
+  that a non-C-contiguous input is first copied to C order (once);
+* empty inputs (any zero extent) are fine.
+
+The fused loops are Numba ``@njit(parallel=True, cache=True)`` kernels (``fastmath`` off, so
+NaN/inf follow IEEE rules).  Work is cut into fixed blocks -- ``(n, c, block of the flattened
+spatial axes)`` for per-channel ops, ``(n, block of spatial positions)`` for the channel
+softmax, flat blocks for activations -- so a single huge plane still uses every thread, and
+reduction results do not depend on the thread count (partial sums per block are combined in a
+fixed order).  The thread count is Numba's (``NUMBA_NUM_THREADS`` / ``numba.set_num_threads``),
+which matters when several MPI ranks share a node.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+__all__ = [
+    "channel_sums", "bn_forward_apply", "channel_sums_backward", "bn_backward_apply",
+    "ACTIVATIONS", "activation_forward", "activation_backward",
+    "softmax_channels", "softmax_channels_backward", "log_softmax_channels",
+]
+
+ACTIVATIONS = ("relu", "leaky_relu", "elu", "sigmoid", "tanh")
+_ALPHA_DEFAULT = {"leaky_relu": 0.01, "elu": 1.0}
+
+_BLOCK = 16384        # elements per task of the per-channel and flat kernels
+_SBLOCK = 512         # spatial positions per task of the channel-softmax kernels
+
+
+# --------------------------------------------------------------------------------------------
+# argument handling
+# --------------------------------------------------------------------------------------------
+
+def _data(name, a):
+    a = np.asarray(a)
+    if a.dtype != np.float32 and a.dtype != np.float64:
+        raise TypeError(f"{name} must be float32 or float64, got {a.dtype}")
+    if a.ndim < 2:
+        raise ValueError(f"{name} must have layout (N, C, *spatial), got shape {a.shape}")
+    return a
+
+
+def _same_shape(name, a, ref_name, ref):
+    if a.shape != ref.shape:
+        raise ValueError(f"{name} shape {a.shape} != {ref_name} shape {ref.shape}")
+
+
+def _as3d(a):
+    """(N, C, S) C-contiguous view of ``a`` (a copy only if ``a`` is not C-contiguous)."""
+    a = np.ascontiguousarray(a)
+    n, c = a.shape[:2]
+    return a.reshape(n, c, math.prod(a.shape[2:]))
+
+
+def _chan(name, v, c):
+    v = np.ascontiguousarray(v, dtype=np.float64)
+    if v.shape != (c,):
+        raise ValueError(f"{name} must have shape ({c},), got {v.shape}")
+    return v
+
+
+def _nblocks(size, block):
+    return (size + block - 1) // block
+
+
+# --------------------------------------------------------------------------------------------
+# batch norm
+# --------------------------------------------------------------------------------------------
+
+@njit(parallel=True, cache=True)
+def _sums_kernel(x, block):
+    N, C, S = x.shape
+    nb = (S + block - 1) // block
+    part = np.zeros((N, C, nb, 2))
+    for t in prange(N * C * nb):
+        p = t // nb
+        b = t - p * nb
+        n = p // C
+        c = p - n * C
+        s0 = b * block
+        s1 = min(S, s0 + block)
+        # four independent accumulators (fixed order: deterministic, shorter dependency chain)
+        a0 = 0.0
+        a1 = 0.0
+        a2 = 0.0
+        a3 = 0.0
+        q0 = 0.0
+        q1 = 0.0
+        q2 = 0.0
+        q3 = 0.0
+        s = s0
+        while s + 4 <= s1:
+            v0 = np.float64(x[n, c, s])
+            v1 = np.float64(x[n, c, s + 1])
+            v2 = np.float64(x[n, c, s + 2])
+            v3 = np.float64(x[n, c, s + 3])
+            a0 += v0
+            a1 += v1
+            a2 += v2
+            a3 += v3
+            q0 += v0 * v0
+            q1 += v1 * v1
+            q2 += v2 * v2
+            q3 += v3 * v3
+            s += 4
+        while s < s1:
+            v0 = np.float64(x[n, c, s])
+            a0 += v0
+            q0 += v0 * v0
+            s += 1
+        part[n, c, b, 0] = (a0 + a1) + (a2 + a3)
+        part[n, c, b, 1] = (q0 + q1) + (q2 + q3)
+    return part
+
+
+@njit(parallel=True, cache=True)
+def _sums_bwd_kernel(dy, x, mean, block):
+    N, C, S = x.shape
+    nb = (S + block - 1) // block
+    part = np.zeros((N, C, nb, 2))
+    for t in prange(N * C * nb):
+        p = t // nb
+        b = t - p * nb
+        n = p // C
+        c = p - n * C
+        m = mean[c]
+        s0 = b * block
+        s1 = min(S, s0 + block)
+        a0 = 0.0
+        a1 = 0.0
+        q0 = 0.0
+        q1 = 0.0
+        s = s0
+        while s + 2 <= s1:
+            g0 = np.float64(dy[n, c, s])
+            g1 = np.float64(dy[n, c, s + 1])
+            a0 += g0
+            a1 += g1
+            q0 += g0 * (np.float64(x[n, c, s]) - m)
+            q1 += g1 * (np.float64(x[n, c, s + 1]) - m)
+            s += 2
+        if s < s1:
+            g0 = np.float64(dy[n, c, s])
+            a0 += g0
+            q0 += g0 * (np.float64(x[n, c, s]) - m)
+        part[n, c, b, 0] = a0 + a1
+        part[n, c, b, 1] = q0 + q1
+    return part
+
+
+@njit(parallel=True, cache=True)
+def _affine_kernel(x, scale, shift, y, block):
+    N, C, S = x.shape
+    nb = (S + block - 1) // block
+    for t in prange(N * C * nb):
+        p = t // nb
+        b = t - p * nb
+        n = p // C
+        c = p - n * C
+        a = scale[c]
+        d = shift[c]
+        for s in range(b * block, min(S, (b + 1) * block)):
+            y[n, c, s] = np.float64(x[n, c, s]) * a + d
+
+
+@njit(parallel=True, cache=True)
+def _bn_bwd_kernel(dy, x, mean, invstd, coef, mdy, mdx, dx, block):
+    # dx = coef[c] * (dy - mdy[c] - (x - mean[c]) * invstd[c] * mdx[c]),  coef = gamma*invstd
+    N, C, S = x.shape
+    nb = (S + block - 1) // block
+    for t in prange(N * C * nb):
+        p = t // nb
+        b = t - p * nb
+        n = p // C
+        c = p - n * C
+        k = coef[c]
+        m = mean[c]
+        u = mdy[c]
+        v = invstd[c] * mdx[c]
+        for s in range(b * block, min(S, (b + 1) * block)):
+            dx[n, c, s] = k * (np.float64(dy[n, c, s]) - u - (np.float64(x[n, c, s]) - m) * v)
+
+
+def channel_sums(x):
+    """Per-channel ``(sum(x), sum(x*x))`` over every axis but 1: two float64 ``(C,)`` arrays."""
+    x = _as3d(_data("x", x))
+    part = _sums_kernel(x, _BLOCK)
+    return part[..., 0].sum(axis=(0, 2)), part[..., 1].sum(axis=(0, 2))
+
+
+def bn_forward_apply(x, scale, shift):
+    """``y = x * scale[c] + shift[c]`` (computed in float64, returned in ``x.dtype``).
+
+    With ``scale = gamma*invstd`` and ``shift = beta - mean*scale`` this is the batch-norm
+    forward; ``scale``/``shift`` are ``(C,)`` arrays of any float dtype."""
+    x = _data("x", x)
+    x3 = _as3d(x)
+    c = x3.shape[1]
+    y = np.empty(x.shape, dtype=x.dtype)
+    _affine_kernel(x3, _chan("scale", scale, c), _chan("shift", shift, c),
+                   y.reshape(x3.shape), _BLOCK)
+    return y
+
+
+def channel_sums_backward(dy, x, mean, invstd):
+    """Per-channel ``(sum(dy), sum(dy * xhat))``, ``xhat = (x - mean[c]) * invstd[c]``, float64
+    ``(C,)`` each (the second is accumulated as ``invstd[c] * sum(dy * (x - mean[c]))``)."""
+    dy = _data("dy", dy)
+    x = _data("x", x)
+    _same_shape("dy", dy, "x", x)
+    x3 = _as3d(x)
+    c = x3.shape[1]
+    mean = _chan("mean", mean, c)
+    invstd = _chan("invstd", invstd, c)
+    part = _sums_bwd_kernel(_as3d(dy), x3, mean, _BLOCK)
+    return part[..., 0].sum(axis=(0, 2)), invstd * part[..., 1].sum(axis=(0, 2))
+
+
+def bn_backward_apply(dy, x, mean, invstd, gamma, mean_dy, mean_dy_xhat):
+    """``dx = gamma[c] * invstd[c] * (dy - mean_dy[c] - xhat * mean_dy_xhat[c])`` with
+    ``xhat = (x - mean[c]) * invstd[c]``; ``dy.dtype`` result.  ``mean_dy`` and
+    ``mean_dy_xhat`` are the (globally reduced) per-channel means of ``dy`` and ``dy*xhat``."""
+    dy = _data("dy", dy)
+    x = _data("x", x)
+    _same_shape("dy", dy, "x", x)
+    x3 = _as3d(x)
+    c = x3.shape[1]
+    mean = _chan("mean", mean, c)
+    invstd = _chan("invstd", invstd, c)
+    coef = _chan("gamma", gamma, c) * invstd
+    dx = np.empty(dy.shape, dtype=dy.dtype)
+    _bn_bwd_kernel(_as3d(dy), x3, mean, invstd, coef, _chan("mean_dy", mean_dy, c),
+                   _chan("mean_dy_xhat", mean_dy_xhat, c), dx.reshape(x3.shape), _BLOCK)
+    return dx
+
+
+# --------------------------------------------------------------------------------------------
+# activations
+# --------------------------------------------------------------------------------------------
+
+_CODES = {name: i for i, name in enumerate(ACTIVATIONS)}
+
+
+@njit(cache=True)
+def _sigmoid64(v):
+    if v >= 0.0:
+        return 1.0 / (1.0 + math.exp(-v))
+    e = math.exp(v)                      # v < 0 or NaN: no overflow
+    return e / (1.0 + e)
+
+
+@njit(parallel=True, cache=True)
+def _act_fwd_kernel(x, y, op, alpha, block):
+    n = x.shape[0]
+    nb = (n + block - 1) // block
+    for b in prange(nb):
+        i0 = b * block
+        i1 = min(n, i0 + block)
+        if op == 0:        # relu (NaN propagates, as torch)
+            for i in range(i0, i1):
+                v = np.float64(x[i])
+                y[i] = 0.0 if v <= 0.0 else v
+        elif op == 1:      # leaky_relu
+            for i in range(i0, i1):
+                v = np.float64(x[i])
+                y[i] = v if v > 0.0 else alpha * v
+        elif op == 2:      # elu
+            for i in range(i0, i1):
+                v = np.float64(x[i])
+                y[i] = v if v > 0.0 else alpha * math.expm1(v)
+        elif op == 3:      # sigmoid
+            for i in range(i0, i1):
+                y[i] = _sigmoid64(np.float64(x[i]))
+        else:              # tanh
+            for i in range(i0, i1):
+                y[i] = math.tanh(np.float64(x[i]))
+
+
+@njit(parallel=True, cache=True)
+def _act_bwd_kernel(dy, x, y, dx, op, alpha, block):
+    n = dy.shape[0]
+    nb = (n + block - 1) // block
+    for b in prange(nb):
+        i0 = b * block
+        i1 = min(n, i0 + block)
+        if op == 0:        # relu: dy * (x > 0)
+            for i in range(i0, i1):
+                dx[i] = dy[i] if x[i] > 0 else 0.0
+        elif op == 1:      # leaky_relu: dy * (1 if x > 0 else alpha)
+            for i in range(i0, i1):
+                g = np.float64(dy[i])
+                dx[i] = g if x[i] > 0 else alpha * g
+        elif op == 2:      # elu: dy * (1 if x > 0 else y + alpha)
+            for i in range(i0, i1):
+                g = np.float64(dy[i])
+                dx[i] = g if x[i] > 0 else g * (np.float64(y[i]) + alpha)
+        elif op == 3:      # sigmoid: dy * y * (1 - y)
+            for i in range(i0, i1):
+                s = np.float64(y[i])
+                dx[i] = np.float64(dy[i]) * (s * (1.0 - s))
+        else:              # tanh: dy * (1 - y^2)
+            for i in range(i0, i1):
+                s = np.float64(y[i])
+                dx[i] = np.float64(dy[i]) * (1.0 - s * s)
+
+
+def _act_args(name, alpha):
+    if name not in _CODES:
+        raise ValueError(f"unknown activation {name!r}; valid names: {', '.join(ACTIVATIONS)}")
+    if alpha is None:
+        alpha = _ALPHA_DEFAULT.get(name, 0.0)
+    return _CODES[name], float(alpha)
+
+
+def _flat(a):
+    return np.ascontiguousarray(a).reshape(-1)
+
+
+def activation_forward(name, x, alpha=None):
+    """Elementwise activation ``name`` of ``x`` (``x.dtype`` result, float64 arithmetic).
+
+    ``relu`` (NaN propagates), ``leaky_relu`` (``x if x > 0 else alpha*x``, alpha 0.01),
+    ``elu`` (``x if x > 0 else alpha*expm1(x)``, alpha 1.0), ``sigmoid`` (overflow-free),
+    ``tanh``.  ``alpha`` is ignored by the others.  Unknown names raise ``ValueError``."""
+    op, alpha = _act_args(name, alpha)
+    x = _data("x", x)
+    y = np.empty(x.shape, dtype=x.dtype)
+    _act_fwd_kernel(_flat(x), y.reshape(-1), op, alpha, _BLOCK)
+    return y
+
+
+def activation_backward(name, dy, x, y, alpha=None):
+    """``dx = dy * activation'(x)`` (``dy.dtype`` result), PyTorch conventions at 0: relu
+    ``x > 0``; leaky_relu ``1 if x > 0 else alpha``; elu ``1 if x > 0 else y + alpha``; sigmoid
+    ``y*(1-y)``; tanh ``1 - y*y``.  Where the derivative is 0 (relu, ``x <= 0``) ``dx`` is 0 even
+    for a non-finite ``dy``.  Both ``x`` and the forward output ``y`` must be given (same
+    shape as ``dy``)."""
+    op, alpha = _act_args(name, alpha)
+    dy = _data("dy", dy)
+    x = _data("x", x)
+    y = _data("y", y)
+    _same_shape("x", x, "dy", dy)
+    _same_shape("y", y, "dy", dy)
+    dx = np.empty(dy.shape, dtype=dy.dtype)
+    _act_bwd_kernel(_flat(dy), _flat(x), _flat(y), dx.reshape(-1), op, alpha, _BLOCK)
+    return dx
+
+
+# --------------------------------------------------------------------------------------------
+# softmax over the channel axis
+# --------------------------------------------------------------------------------------------
+
+@njit(parallel=True, cache=True)
+def _softmax_kernel(x, y, block, log):
+    N, C, S = x.shape
+    nb = (S + block - 1) // block
+    for t in prange(N * nb):
+        n = t // nb
+        b = t - n * nb
+        s0 = b * block
+        s1 = min(S, s0 + block)
+        L = s1 - s0
+        m = np.full(L, -np.inf)
+        tot = np.zeros(L)
+        for c in range(C):                    # channel max (a NaN wins, so it propagates)
+            for j in range(L):
+                v = np.float64(x[n, c, s0 + j])
+                if v > m[j] or v != v:
+                    m[j] = v
+        if log:
+            for c in range(C):
+                for j in range(L):
+                    tot[j] += math.exp(np.float64(x[n, c, s0 + j]) - m[j])
+            for j in range(L):
+                tot[j] = math.log(tot[j])
+            for c in range(C):
+                for j in range(L):
+                    y[n, c, s0 + j] = (np.float64(x[n, c, s0 + j]) - m[j]) - tot[j]
+        else:
+            for c in range(C):
+                for j in range(L):
+                    e = math.exp(np.float64(x[n, c, s0 + j]) - m[j])
+                    tot[j] += e
+                    y[n, c, s0 + j] = e
+            for c in range(C):
+                for j in range(L):
+                    y[n, c, s0 + j] = np.float64(y[n, c, s0 + j]) / tot[j]
+
+
+@njit(parallel=True, cache=True)
+def _softmax_bwd_kernel(dy, y, dx, block):
+    N, C, S = y.shape
+    nb = (S + block - 1) // block
+    for t in prange(N * nb):
+        n = t // nb
+        b = t - n * nb
+        s0 = b * block
+        s1 = min(S, s0 + block)
+        L = s1 - s0
+        dot = np.zeros(L)
+        for c in range(C):
+            for j in range(L):
+                dot[j] += np.float64(dy[n, c, s0 + j]) * np.float64(y[n, c, s0 + j])
+        for c in range(C):
+            for j in range(L):
+                v = np.float64(y[n, c, s0 + j])
+                dx[n, c, s0 + j] = v * (np.float64(dy[n, c, s0 + j]) - dot[j])
+
+
+def softmax_channels(x):
+    """Softmax over axis 1, ``exp(x - max_c x) / sum_c exp(x - max_c x)`` (``x.dtype``).
+
+    A NaN in any channel makes every channel of that position NaN."""
+    x = _data("x", x)
+    x3 = _as3d(x)
+    y = np.empty(x.shape, dtype=x.dtype)
+    _softmax_kernel(x3, y.reshape(x3.shape), _SBLOCK, False)
+    return y
+
+
+def log_softmax_channels(x):
+    """Log-softmax over axis 1, ``x - max_c x - log(sum_c exp(x - max_c x))`` (``x.dtype``)."""
+    x = _data("x", x)
+    x3 = _as3d(x)
+    y = np.empty(x.shape, dtype=x.dtype)
+    _softmax_kernel(x3, y.reshape(x3.shape), _SBLOCK, True)
+    return y
+
+
+def softmax_channels_backward(dy, y):
+    """``dx = y * (dy - sum_c(dy * y))`` given the softmax output ``y`` (``dy.dtype``)."""
+    dy = _data("dy", dy)
+    y = _data("y", y)
+    _same_shape("dy", dy, "y", y)
+    y3 = _as3d(y)
+    dx = np.empty(dy.shape, dtype=dy.dtype)
+    _softmax_bwd_kernel(_as3d(dy), y3, dx.reshape(y3.shape), _SBLOCK)
+    return dx

@@ -1,0 +1,303 @@
+"""CPU local kernels for 3-D max/average pooling and their adjoints (one rank, no MPI).
+
+Layout ``(N, C, D, H, W)``; ``kernel``, ``stride``, ``pad_lo`` and ``pad_hi`` are tuples of 3
+ints (``kernel >= 1``, ``stride >= 1``, pads ``>= 0``, padding may be asymmetric and may even
+be wider than the kernel).  There is no ``ceil_mode``: the output extent along each axis is
+
+    ``out = max(0, (n + lo + hi - k) // s + 1)``
+
+and window ``o`` covers input cells ``o*s - lo .. o*s - lo + k - 1`` (indices outside
+``0 .. n-1`` are padding).  Every window therefore lies inside the padded extent.
+
+``mode='max'``
+    Padding acts as ``-inf`` but never wins a tie against a real cell.  ``y`` is the
+    maximum over the real cells of the window and ``argmax`` (int32, shape of ``y``) the flat
+    window position ``kd*kH*kW + kh*kW + kw`` of the *first* maximal real cell in row-major
+    window order.  A NaN counts as maximal: the first NaN of the window wins (PyTorch rule).
+    A window with no real cell at all (possible only when a pad is ``>= k``) gives
+    ``y = -inf`` and ``argmax = 0``, which names a padding cell, so it receives no gradient.
+``mode='avg'``
+    Sum over the window (padding counts as 0) divided by ``kD*kH*kW`` if
+    ``count_include_pad`` else by the number of real cells in the window; a window with no
+    real cell gives 0 in both cases.  ``argmax`` is ``None``.
+
+:func:`pool_backward` is the exact adjoint of the forward map (for max: of the linear map
+"pick the argmax cell", with the recorded ``argmax``).  It is computed as a *gather*: every
+input cell sums, in float64, the contributions of the (at most ``prod(ceil(k/s))``) windows
+that contain it, so each output cell is written by exactly one thread and there are no
+atomics and no scratch buffers.
+
+Inputs must be float32 or float64 and keep their dtype; average sums accumulate in float64.
+Forward kernels parallelise over ``N*C*OD`` output slabs, backward kernels over ``N*C*D``
+input slabs (Numba ``prange``; the thread count is Numba's, see ``NUMBA_NUM_THREADS`` /
+``numba.set_num_threads``, which matters when several MPI ranks share a node).  Arrays of
+any strides are read in place; outputs are new C-contiguous arrays.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+__all__ = ["pool_forward", "pool_backward", "pool_output_shape"]
+
+_MODES = ("max", "avg")
+
+
+# --------------------------------------------------------------------------------------------
+# argument handling
+# --------------------------------------------------------------------------------------------
+
+def _triple(name, v, minimum):
+    try:
+        t = tuple(int(a) for a in v)
+    except TypeError:
+        raise TypeError(f"{name} must be a tuple of 3 ints, got {v!r}") from None
+    if len(t) != 3:
+        raise ValueError(f"{name} must have 3 entries (D, H, W), got {v!r}")
+    if any(a < minimum for a in t):
+        raise ValueError(f"{name} entries must be >= {minimum}, got {v!r}")
+    return t
+
+
+def _check_mode(mode):
+    if mode not in _MODES:
+        raise ValueError(f"pooling mode must be one of {_MODES}, got {mode!r}")
+
+
+def _check_float(name, a):
+    if a.dtype != np.float32 and a.dtype != np.float64:
+        raise TypeError(f"{name} must be float32 or float64, got {a.dtype}")
+
+
+def pool_output_shape(in_spatial, kernel, stride, pad_lo, pad_hi):
+    """Spatial output extent ``max(0, (n + lo + hi - k) // s + 1)`` per axis (a tuple)."""
+    return tuple(max(0, (n + lo + hi - k) // s + 1)
+                 for n, k, s, lo, hi in zip(in_spatial, kernel, stride, pad_lo, pad_hi))
+
+
+def _args(kernel, stride, pad_lo, pad_hi):
+    return (_triple("kernel", kernel, 1), _triple("stride", stride, 1),
+            _triple("pad_lo", pad_lo, 0), _triple("pad_hi", pad_hi, 0))
+
+
+def _gather_ranges(n, out, k, s, lo):
+    """For input index i along one axis: the windows o_lo[i] .. o_hi[i] (inclusive) that
+    contain it (empty when o_lo > o_hi)."""
+    i = np.arange(n, dtype=np.int64)
+    o_lo = np.maximum(0, -((k - 1 - i - lo) // s))       # ceil((i + lo - k + 1) / s)
+    o_hi = np.minimum(out - 1, (i + lo) // s)
+    return o_lo, o_hi
+
+
+def _real_counts(n, out, k, s, lo):
+    """Number of real (non-padding) cells of each window along one axis."""
+    o = np.arange(out, dtype=np.int64)
+    start = o * s - lo
+    return np.maximum(0, np.minimum(start + k, n) - np.maximum(start, 0)).astype(np.float64)
+
+
+# --------------------------------------------------------------------------------------------
+# kernels
+# --------------------------------------------------------------------------------------------
+
+@njit(parallel=True, cache=True)
+def _max_fwd(x, y, am, kD, kH, kW, sD, sH, sW, lD, lH, lW):
+    N, C, D, H, W = x.shape
+    OD, OH, OW = y.shape[2], y.shape[3], y.shape[4]
+    ninf = -np.inf
+    for t in prange(N * C * OD):
+        p = t // OD
+        od = t - p * OD
+        n = p // C
+        c = p - n * C
+        d0 = od * sD - lD
+        kd_lo = max(0, -d0)
+        kd_hi = min(kD, D - d0)
+        for oh in range(OH):
+            h0 = oh * sH - lH
+            kh_lo = max(0, -h0)
+            kh_hi = min(kH, H - h0)
+            for ow in range(OW):
+                w0 = ow * sW - lW
+                kw_lo = max(0, -w0)
+                kw_hi = min(kW, W - w0)
+                best = ninf
+                bi = -1
+                for kd in range(kd_lo, kd_hi):
+                    for kh in range(kh_lo, kh_hi):
+                        base = (kd * kH + kh) * kW
+                        for kw in range(kw_lo, kw_hi):
+                            v = x[n, c, d0 + kd, h0 + kh, w0 + kw]
+                            # first real cell, a strictly larger one, or the first NaN
+                            if bi < 0 or v > best or (v != v and best == best):
+                                best = v
+                                bi = base + kw
+                if bi < 0:
+                    bi = 0
+                y[n, c, od, oh, ow] = best
+                am[n, c, od, oh, ow] = bi
+
+
+@njit(parallel=True, cache=True)
+def _avg_fwd(x, y, kD, kH, kW, sD, sH, sW, lD, lH, lW, include_pad):
+    N, C, D, H, W = x.shape
+    OD, OH, OW = y.shape[2], y.shape[3], y.shape[4]
+    ksize = kD * kH * kW
+    for t in prange(N * C * OD):
+        p = t // OD
+        od = t - p * OD
+        n = p // C
+        c = p - n * C
+        d0 = od * sD - lD
+        kd_lo = max(0, -d0)
+        kd_hi = min(kD, D - d0)
+        for oh in range(OH):
+            h0 = oh * sH - lH
+            kh_lo = max(0, -h0)
+            kh_hi = min(kH, H - h0)
+            for ow in range(OW):
+                w0 = ow * sW - lW
+                kw_lo = max(0, -w0)
+                kw_hi = min(kW, W - w0)
+                acc = 0.0
+                for kd in range(kd_lo, kd_hi):
+                    for kh in range(kh_lo, kh_hi):
+                        for kw in range(kw_lo, kw_hi):
+                            acc += x[n, c, d0 + kd, h0 + kh, w0 + kw]
+                cnt = (max(0, kd_hi - kd_lo) * max(0, kh_hi - kh_lo)
+                       * max(0, kw_hi - kw_lo))
+                if cnt == 0:
+                    y[n, c, od, oh, ow] = 0.0
+                elif include_pad:
+                    y[n, c, od, oh, ow] = acc / ksize
+                else:
+                    y[n, c, od, oh, ow] = acc / cnt
+
+
+@njit(parallel=True, cache=True)
+def _max_bwd(dy, am, dx, kH, kW, sD, sH, sW, lD, lH, lW,
+             dlo, dhi, hlo, hhi, wlo, whi):
+    N, C, D, H, W = dx.shape
+    for t in prange(N * C * D):
+        p = t // D
+        d = t - p * D
+        n = p // C
+        c = p - n * C
+        for h in range(H):
+            for w in range(W):
+                acc = 0.0
+                for od in range(dlo[d], dhi[d] + 1):
+                    pd = d - (od * sD - lD)
+                    for oh in range(hlo[h], hhi[h] + 1):
+                        pdh = (pd * kH + h - (oh * sH - lH)) * kW
+                        for ow in range(wlo[w], whi[w] + 1):
+                            if am[n, c, od, oh, ow] == pdh + w - (ow * sW - lW):
+                                acc += dy[n, c, od, oh, ow]
+                dx[n, c, d, h, w] = acc
+
+
+@njit(parallel=True, cache=True)
+def _avg_bwd(dy, dx, inv_d, inv_h, inv_w, dlo, dhi, hlo, hhi, wlo, whi):
+    N, C, D, H, W = dx.shape
+    for t in prange(N * C * D):
+        p = t // D
+        d = t - p * D
+        n = p // C
+        c = p - n * C
+        for h in range(H):
+            for w in range(W):
+                acc = 0.0
+                for od in range(dlo[d], dhi[d] + 1):
+                    for oh in range(hlo[h], hhi[h] + 1):
+                        f = inv_d[od] * inv_h[oh]
+                        for ow in range(wlo[w], whi[w] + 1):
+                            acc += dy[n, c, od, oh, ow] * (f * inv_w[ow])
+                dx[n, c, d, h, w] = acc
+
+
+# --------------------------------------------------------------------------------------------
+# public API
+# --------------------------------------------------------------------------------------------
+
+def pool_forward(x, mode, kernel, stride, pad_lo, pad_hi, count_include_pad=True):
+    """3-D pooling of ``x`` (N, C, D, H, W), float32/float64 -> ``(y, argmax)``.
+
+    ``y`` has ``x``'s dtype and shape ``(N, C, *pool_output_shape(...))``.  ``mode='max'``:
+    padding acts as ``-inf`` (a real cell wins ties with it); ``argmax`` is int32 of ``y``'s
+    shape with the flat window position ``kd*kH*kW + kh*kW + kw`` of the first maximal cell
+    in row-major window order, NaN counting as maximal (first NaN wins); an all-padding
+    window gives ``-inf`` and position 0.  ``mode='avg'``: window sum (float64 accumulation,
+    padding = 0) over ``kD*kH*kW`` (``count_include_pad``) or over the number of real cells
+    (otherwise), 0 for a window without real cells; ``argmax`` is ``None``.
+    """
+    _check_mode(mode)
+    x = np.asarray(x)
+    if x.ndim != 5:
+        raise ValueError(f"pool_forward expects x of shape (N, C, D, H, W), got {x.shape}")
+    _check_float("x", x)
+    (kD, kH, kW), (sD, sH, sW), (lD, lH, lW), hi = _args(kernel, stride, pad_lo, pad_hi)
+    out = pool_output_shape(x.shape[2:], (kD, kH, kW), (sD, sH, sW), (lD, lH, lW), hi)
+    y = np.empty(x.shape[:2] + out, dtype=x.dtype)
+    if mode == "max":
+        am = np.empty(y.shape, dtype=np.int32)
+        if y.size:
+            _max_fwd(x, y, am, kD, kH, kW, sD, sH, sW, lD, lH, lW)
+        return y, am
+    if y.size:
+        _avg_fwd(x, y, kD, kH, kW, sD, sH, sW, lD, lH, lW, bool(count_include_pad))
+    return y, None
+
+
+def pool_backward(dy, argmax, mode, in_spatial, kernel, stride, pad_lo, pad_hi,
+                  count_include_pad=True):
+    """Adjoint of :func:`pool_forward`: ``dx`` of shape ``(N, C, *in_spatial)``, ``dy``'s dtype.
+
+    ``dy`` (N, C, OD, OH, OW) must have the forward output shape for ``in_spatial``.  max:
+    ``dy`` goes to the cell named by ``argmax`` (as returned by the forward; dropped when
+    that cell is padding); avg: each window's ``dy / divisor`` goes to every real cell of
+    the window (same divisor rule as the forward; ``argmax`` is ignored and may be None).
+    Overlapping windows add (float64 accumulation per input cell).
+    """
+    _check_mode(mode)
+    dy = np.asarray(dy)
+    if dy.ndim != 5:
+        raise ValueError(f"pool_backward expects dy of shape (N, C, OD, OH, OW), got {dy.shape}")
+    _check_float("dy", dy)
+    in_spatial = tuple(int(n) for n in in_spatial)
+    if len(in_spatial) != 3 or any(n < 0 for n in in_spatial):
+        raise ValueError(f"in_spatial must be 3 non-negative ints, got {in_spatial!r}")
+    k, s, lo, hi = _args(kernel, stride, pad_lo, pad_hi)
+    out = pool_output_shape(in_spatial, k, s, lo, hi)
+    if tuple(dy.shape[2:]) != out:
+        raise ValueError(f"dy spatial shape {tuple(dy.shape[2:])} does not match the pooling "
+                         f"output shape {out} for input {in_spatial}")
+    dx = np.empty(dy.shape[:2] + in_spatial, dtype=dy.dtype)
+    if dx.size == 0:
+        return dx
+    if dy.size == 0:                      # no windows at all
+        dx[...] = 0
+        return dx
+    rng = [_gather_ranges(n, o, kk, ss, ll)
+           for n, o, kk, ss, ll in zip(in_spatial, out, k, s, lo)]
+    (dlo, dhi), (hlo, hhi), (wlo, whi) = rng
+    if mode == "max":
+        if argmax is None:
+            raise ValueError("max pooling backward needs the argmax returned by pool_forward")
+        argmax = np.asarray(argmax)
+        if argmax.shape != dy.shape:
+            raise ValueError(f"argmax shape {argmax.shape} != dy shape {dy.shape}")
+        if not np.issubdtype(argmax.dtype, np.integer):
+            raise TypeError(f"argmax must be an integer array, got {argmax.dtype}")
+        _max_bwd(dy, argmax, dx, k[1], k[2], s[0], s[1], s[2], lo[0], lo[1], lo[2],
+                 dlo, dhi, hlo, hhi, wlo, whi)
+        return dx
+    if count_include_pad:
+        inv = [np.full(o, 1.0 / kk, dtype=np.float64) if a == 0 else np.ones(o)
+               for a, (o, kk) in enumerate(zip(out, (k[0] * k[1] * k[2], 1, 1)))]
+    else:
+        inv = []
+        for n, o, kk, ss, ll in zip(in_spatial, out, k, s, lo):
+            cnt = _real_counts(n, o, kk, ss, ll)
+            inv.append(np.divide(1.0, cnt, out=np.zeros_like(cnt), where=cnt > 0))
+    _avg_bwd(dy, dx, inv[0], inv[1], inv[2], dlo, dhi, hlo, hhi, wlo, whi)
+    return dx
