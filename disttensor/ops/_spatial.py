@@ -134,14 +134,14 @@ def halo_gradient(local_grad, x_dist: Distribution, grid, plan: WindowPlan) -> D
     from ..backend import array_module
     xp = array_module(local_grad)
     block = x_dist.block_shape(grid.coords)
-    if not plan.needs_exchange:
-        if not plan.has_output:
-            return DistArray(xp.zeros(block, dtype=local_grad.dtype), x_dist, grid)
-        return DistArray(local_grad, x_dist, grid)
     buf_shape = tuple(lo + n + hi for (lo, hi), n in zip(plan.halo, block))
+    if not plan.needs_exchange and plan.has_output and tuple(local_grad.shape) == buf_shape:
+        return DistArray(local_grad, x_dist, grid)  # the read window is the whole block
     buf = xp.zeros(buf_shape, dtype=local_grad.dtype)
     if plan.has_output:
         buf[plan.read] = local_grad
+    if not plan.needs_exchange:
+        return DistArray(buf, x_dist, grid)
     g = DistArray(buf, x_dist, grid, plan.halo)
     g.halo_exchange("zero").reverse()
     return DistArray(xp.ascontiguousarray(g.local), x_dist, grid)
