@@ -1,0 +1,105 @@
+"""Losses on DistArrays: mean squared error and cross-entropy with channel softmax
+(segmentation), forward and backward.
+
+The loss is a Python float, the same on every rank: local sums are added over the ranks holding
+different parts of the array (one all-reduce; replicas count once).  The backward returns the
+gradient with respect to the prediction, distributed like it, scaled by ``dloss`` (the
+gradient flowing into the loss, 1 for a final loss).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..array import DistArray
+from ..backend import array_module
+from ..comm import allreduce
+from .local import kernels_for
+from ._spatial import check_layout, param_comm
+
+__all__ = ["mse_forward", "mse_backward", "MSESaved", "cross_entropy_forward",
+           "cross_entropy_backward", "CrossEntropySaved"]
+
+
+def _aligned(target: DistArray, like_dist, what: str) -> DistArray:
+    if target.distribution == like_dist:
+        return target
+    if target.shape != like_dist.shape:
+        raise ValueError(f"{what}: target shape {target.shape} != prediction shape "
+                         f"{like_dist.shape}")
+    return target.redistribute(distribution=like_dist)
+
+
+@dataclass
+class MSESaved:
+    x: DistArray
+    t: DistArray
+    count: int
+
+
+def mse_forward(x: DistArray, target: DistArray):
+    """``mean((x - target)**2)`` over all elements (collective).  Returns ``(loss, saved)``."""
+    t = _aligned(target, x.distribution, "mse")
+    diff = x.local - t.local.astype(x.dtype, copy=False)
+    xp = array_module(diff)
+    part = xp.asarray([(diff.astype(xp.float64) ** 2).sum()], dtype=xp.float64)
+    total = allreduce(param_comm(x), part, "sum")
+    n = x.size
+    return float(total[0]) / max(n, 1), MSESaved(x, t, n)
+
+
+def mse_backward(saved: MSESaved, dloss: float = 1.0) -> DistArray:
+    x = saved.x
+    g = (x.local - saved.t.local.astype(x.dtype, copy=False)) * (2.0 * dloss / max(saved.count, 1))
+    return DistArray(g.astype(x.dtype, copy=False), x.distribution, x.grid)
+
+
+@dataclass
+class CrossEntropySaved:
+    logits: DistArray
+    probs: object        # local softmax
+    labels: object       # local labels (int)
+    count: int
+
+
+def _label_dist(d):
+    from ..distribution import Distribution
+    keep = [0] + list(range(2, d.ndim))
+    return Distribution([d.shape[t] for t in keep], d.grid_dims, [d.split[t] for t in keep],
+                        [d.sizes(t) if d.split[t] is not None else None for t in keep])
+
+
+def cross_entropy_forward(logits: DistArray, labels: DistArray):
+    """Mean over all ``N * prod(S)`` voxels of ``-log softmax(logits, axis=1)[label]`` for
+    ``logits`` ``(N, C, *S)`` and integer ``labels`` ``(N, *S)`` in ``[0, C)`` (collective;
+    out-of-range labels raise on every rank).  Returns ``(loss, saved)``."""
+    check_layout(logits, "cross_entropy", min_spatial=0)
+    lab = _aligned(labels, _label_dist(logits.distribution), "cross_entropy")
+    k = kernels_for(logits.local)
+    xp = logits.xp
+    c = logits.shape[1]
+    lab_local = lab.local.astype(xp.int64, copy=False)
+    comm = param_comm(logits)
+    logp = k.log_softmax_channels(logits.local)
+    bad = int(((lab_local < 0) | (lab_local >= c)).sum()) if lab_local.size else 0
+    picked = xp.take_along_axis(logp, xp.clip(lab_local, 0, c - 1)[:, None], axis=1)
+    part = xp.asarray([-(picked.astype(xp.float64)).sum(), float(bad)], dtype=xp.float64)
+    total = allreduce(comm, part, "sum")
+    if float(total[1]) > 0:
+        raise ValueError(f"cross_entropy: {int(total[1])} labels outside [0, {c})")
+    n = lab.size
+    probs = xp.exp(logp)
+    return float(total[0]) / max(n, 1), CrossEntropySaved(logits, probs, lab_local, n)
+
+
+def cross_entropy_backward(saved: CrossEntropySaved, dloss: float = 1.0) -> DistArray:
+    """``(softmax(logits) - onehot(labels)) * dloss / count``."""
+    lg = saved.logits
+    xp = array_module(saved.probs)
+    g = saved.probs.copy()
+    if g.size:
+        classes = xp.arange(g.shape[1]).reshape((1, -1) + (1,) * (g.ndim - 2))
+        g -= (saved.labels[:, None] == classes).astype(g.dtype)
+    g *= np.asarray(dloss / max(saved.count, 1), dtype=g.dtype)
+    return DistArray(g, lg.distribution, lg.grid)

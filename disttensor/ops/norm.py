@@ -1,0 +1,136 @@
+"""Distributed batch normalization (training and inference), forward and backward.
+
+Per-channel statistics over the sample and spatial axes of ``x`` ``(N, C, *S)`` (channel axis
+not split).  ``stats='global'`` (default) sums ``[sum x, sum x^2, count]`` per channel over the
+ranks holding different parts of ``x`` with one all-reduce (float64 sums of float32 data, so
+the one-pass variance is safe for activations), exactly PyTorch's ``BatchNorm`` on the whole
+array: biased variance to normalize, unbiased variance for the running statistics, running
+``= (1 - momentum) * running + momentum * batch``.  ``stats='local'`` normalizes each rank's
+block with its own statistics (LBANN's local statistics: no all-reduce in forward or for
+``dx``); its running statistics are then per rank too.  The backward sums ``[sum dy,
+sum dy*xhat]`` with one all-reduce (``'global'``) and always sums ``dgamma``/``dbeta`` over the
+ranks, since the parameters are shared.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..array import DistArray
+from ..backend import array_module
+from ..comm import allreduce
+from .local import kernels_for
+from ._spatial import check_layout, param_comm
+
+__all__ = ["batch_norm_forward", "batch_norm_backward", "batch_norm", "BatchNormSaved"]
+
+
+@dataclass
+class BatchNormSaved:
+    x: DistArray
+    mean: object      # float64 (C,) on the block's device
+    invstd: object    # float64 (C,)
+    gamma: object
+    training: bool
+    stats: str
+    count: float
+
+
+def _count(x: DistArray) -> int:
+    shape = x.local.shape
+    return int(np.prod(shape)) // shape[1] if shape[1] else 0
+
+
+def batch_norm_forward(x: DistArray, gamma, beta, running_mean=None, running_var=None,
+                       training: bool = True, momentum: float = 0.1, eps: float = 1e-5,
+                       stats: str = "global"):
+    """Normalize ``x`` per channel and apply ``gamma``/``beta`` ((C,) arrays on ``x``'s device).
+    ``running_mean``/``running_var`` (float arrays, (C,)) are updated in place when training
+    and used when not.  Collective when training with ``stats='global'``.  Returns
+    ``(y, saved)``."""
+    check_layout(x, "batch_norm")
+    if stats not in ("global", "local"):
+        raise ValueError(f"stats must be 'global' or 'local', got {stats!r}")
+    c = x.shape[1]
+    for name, v in (("gamma", gamma), ("beta", beta), ("running_mean", running_mean),
+                    ("running_var", running_var)):
+        if v is not None and tuple(v.shape) != (c,):
+            raise ValueError(f"batch_norm: {name} must have shape ({c},), got {tuple(v.shape)}")
+    if not training and (running_mean is None or running_var is None):
+        raise ValueError("batch_norm in inference mode needs running_mean and running_var")
+    xp = x.xp
+    k = kernels_for(x.local)
+    if training:
+        s, ss = k.channel_sums(x.local)
+        packed = xp.concatenate([xp.asarray(s, dtype=xp.float64), xp.asarray(ss, dtype=xp.float64),
+                                 xp.asarray([_count(x)], dtype=xp.float64)])
+        if stats == "global":
+            packed = allreduce(param_comm(x), packed, "sum")
+        cnt = float(packed[-1])
+        mean = packed[:c] / max(cnt, 1.0)
+        var = xp.maximum(packed[c:2 * c] / max(cnt, 1.0) - mean * mean, 0.0)
+        if running_mean is not None and cnt > 0:
+            running_mean *= 1 - momentum
+            running_mean += momentum * mean.astype(running_mean.dtype)
+        if running_var is not None and cnt > 0:
+            unbiased = var * (cnt / (cnt - 1)) if cnt > 1 else xp.full_like(var, np.nan)
+            running_var *= 1 - momentum
+            running_var += momentum * unbiased.astype(running_var.dtype)
+    else:
+        mean = xp.asarray(running_mean, dtype=xp.float64)
+        var = xp.asarray(running_var, dtype=xp.float64)
+        cnt = float(_count(x))
+    invstd = 1.0 / xp.sqrt(var + eps)
+    g64 = xp.asarray(gamma, dtype=xp.float64)
+    scale = g64 * invstd
+    shift = xp.asarray(beta, dtype=xp.float64) - mean * scale
+    y_local = k.bn_forward_apply(x.local, scale, shift)
+    saved = BatchNormSaved(x, mean, invstd, gamma, training, stats, cnt)
+    return DistArray(y_local, x.distribution, x.grid), saved
+
+
+def batch_norm_backward(saved: BatchNormSaved, dy: DistArray, reduce: bool = True):
+    """Gradients ``(dx, dgamma, dbeta)`` (collective: one all-reduce of the per-channel sums;
+    ``reduce=False`` leaves ``dgamma``/``dbeta`` as per-rank partial sums in ``'local'`` mode
+    and inference mode, where ``dx`` does not need them)."""
+    x = saved.x
+    if dy.distribution != x.distribution:
+        raise ValueError(f"dy must be distributed like the batch-norm output "
+                         f"({x.distribution}), got {dy.distribution}")
+    xp = array_module(dy.local)
+    k = kernels_for(dy.local)
+    c = x.shape[1]
+    s_dy, s_dyx = k.channel_sums_backward(dy.local, x.local, saved.mean, saved.invstd)
+    sums = xp.concatenate([xp.asarray(s_dy, dtype=xp.float64), xp.asarray(s_dyx, dtype=xp.float64)])
+    comm = param_comm(x)
+    if saved.training and saved.stats == "global":
+        sums = allreduce(comm, sums, "sum")
+        local_sums = sums
+    else:
+        local_sums = sums
+        if reduce:
+            sums = allreduce(comm, sums, "sum")
+    dbeta, dgamma = sums[:c], sums[c:]
+    g64 = xp.asarray(saved.gamma, dtype=xp.float64)
+    if saved.training:
+        cnt = max(saved.count, 1.0)
+        mean_dy = local_sums[:c] / cnt
+        mean_dyx = local_sums[c:] / cnt
+        dx_local = k.bn_backward_apply(dy.local, x.local, saved.mean, saved.invstd, g64,
+                                       mean_dy, mean_dyx)
+    else:
+        zeros = xp.zeros(c, dtype=xp.float64)
+        dx_local = k.bn_backward_apply(dy.local, x.local, saved.mean, saved.invstd, g64, zeros,
+                                       zeros)
+    dtype = saved.gamma.dtype
+    return (DistArray(dx_local, x.distribution, x.grid), dgamma.astype(dtype),
+            dbeta.astype(dtype))
+
+
+def batch_norm(x: DistArray, gamma, beta, running_mean=None, running_var=None,
+               training: bool = True, momentum: float = 0.1, eps: float = 1e-5,
+               stats: str = "global") -> DistArray:
+    """:func:`batch_norm_forward` without the saved state."""
+    return batch_norm_forward(x, gamma, beta, running_mean, running_var, training, momentum,
+                              eps, stats)[0]

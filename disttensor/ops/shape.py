@@ -1,0 +1,145 @@
+"""Channel concatenation, flatten and dense (fully connected) layers, forward and backward.
+
+* :func:`concat_channels`: U-Net skip connections.  The operands are brought to the first
+  one's distribution of the non-channel axes (redistributing where they differ) and
+  concatenated locally; the backward slices the gradient and sends each piece back to its
+  operand's distribution.
+* :func:`flatten_forward`: ``(N, C, *S) -> (N, C*prod(S))`` with the sample axis split as in
+  the input and every other axis whole: the spatial blocks are gathered (redistributed) over
+  the spatial grid axes, whose ranks then hold replicas.  The backward is the redistribution
+  back (the global array is unchanged by a redistribution, so its gradient is too).
+* :func:`dense_forward`: ``y = x @ w.T + b`` on ``(N, F)`` blocks with the features whole;
+  ``dw``/``db`` are summed over the ranks holding different samples (replicas count once).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..array import DistArray
+from ..backend import array_module
+from ..comm import allreduce
+from ..distribution import Distribution
+from ._spatial import param_comm
+
+__all__ = ["concat_channels", "concat_channels_backward", "flatten_forward",
+           "flatten_backward", "FlattenSaved", "dense_forward", "dense_backward", "DenseSaved"]
+
+
+def _sizes(d: Distribution):
+    return [d.sizes(t) if g is not None else None for t, g in enumerate(d.split)]
+
+
+def _with_channels(d: Distribution, c: int) -> Distribution:
+    return Distribution(d.shape[:1] + (c,) + d.shape[2:], d.grid_dims, d.split, _sizes(d))
+
+
+def concat_channels(xs) -> tuple[DistArray, list[Distribution]]:
+    """Concatenate ``(N, C_i, *S)`` arrays along the channel axis (collective when operands
+    are distributed differently).  Returns ``(y, dists)``; ``dists`` (the operands'
+    distributions) is what :func:`concat_channels_backward` needs."""
+    xs = list(xs)
+    if not xs:
+        raise ValueError("concat_channels needs at least one array")
+    first = xs[0]
+    if first.ndim < 2 or first.split[1] is not None:
+        raise ValueError(f"concat_channels needs (N, C, ...) arrays with an unsplit channel "
+                         f"axis, got split {first.split}")
+    for x in xs[1:]:
+        if x.ndim != first.ndim or x.shape[:1] + x.shape[2:] != first.shape[:1] + first.shape[2:]:
+            raise ValueError(f"concat_channels: shapes {first.shape} and {x.shape} differ "
+                             "outside the channel axis")
+    dists = [x.distribution for x in xs]
+    parts = []
+    for x in xs:
+        want = _with_channels(first.distribution, x.shape[1])
+        parts.append(x.local if x.distribution == want else x.redistribute(distribution=want).local)
+    xp = first.xp
+    y = xp.concatenate(parts, axis=1)
+    ctot = sum(x.shape[1] for x in xs)
+    return DistArray(y, _with_channels(first.distribution, ctot), first.grid), dists
+
+
+def concat_channels_backward(dists, dy: DistArray) -> list[DistArray]:
+    """Split ``dy`` along the channels into gradients distributed like the operands."""
+    out = []
+    c0 = 0
+    for d in dists:
+        c = d.shape[1]
+        piece = dy.local[:, c0:c0 + c]
+        g = DistArray(array_module(piece).ascontiguousarray(piece),
+                      _with_channels(dy.distribution, c), dy.grid)
+        out.append(g if g.distribution == d else g.redistribute(distribution=d))
+        c0 += c
+    return out
+
+
+@dataclass
+class FlattenSaved:
+    x_dist: Distribution
+    gathered: Distribution
+
+
+def flatten_forward(x: DistArray):
+    """``(N, ...) -> (N, prod(...))``; the sample axis keeps its split, all others are whole
+    (collective: a redistribution when the input is split beyond the sample axis).
+    Returns ``(y, saved)``."""
+    d = x.distribution
+    if x.ndim < 2:
+        raise ValueError(f"flatten needs at least 2 axes, got shape {x.shape}")
+    gathered = Distribution(d.shape, d.grid_dims, (d.split[0],) + (None,) * (x.ndim - 1),
+                            [d.sizes(0) if d.split[0] is not None else None] + [None] * (x.ndim - 1))
+    xg = x if d == gathered else x.redistribute(distribution=gathered)
+    loc = xg.local
+    feat = 1
+    for n in d.shape[1:]:
+        feat *= n
+    flat = loc.reshape(loc.shape[0], feat)
+    fd = Distribution((d.shape[0], feat), d.grid_dims, (d.split[0], None),
+                      [gathered.sizes(0) if d.split[0] is not None else None, None])
+    return DistArray(flat, fd, x.grid), FlattenSaved(d, gathered)
+
+
+def flatten_backward(saved: FlattenSaved, dy: DistArray) -> DistArray:
+    g = saved.gathered
+    loc = dy.local.reshape((dy.local.shape[0],) + g.shape[1:])
+    out = DistArray(loc, g, dy.grid)
+    return out if g == saved.x_dist else out.redistribute(distribution=saved.x_dist)
+
+
+@dataclass
+class DenseSaved:
+    x: DistArray
+    w: object
+    has_bias: bool
+
+
+def dense_forward(x: DistArray, w, b=None):
+    """``y = x @ w.T + b`` for ``x`` ``(N, F)`` with the feature axis whole, ``w``
+    ``(Fout, F)``, ``b`` ``(Fout,)``.  Local.  Returns ``(y, saved)``."""
+    if x.ndim != 2 or x.split[1] is not None:
+        raise ValueError(f"dense needs (N, F) input with the feature axis not split, got shape "
+                         f"{x.shape} split {x.split}; flatten first")
+    if w.ndim != 2 or w.shape[1] != x.shape[1]:
+        raise ValueError(f"dense: weight {tuple(w.shape)} does not fit {x.shape[1]} features")
+    y = x.local @ w.T.astype(x.dtype, copy=False)
+    if b is not None:
+        y = y + b.astype(x.dtype, copy=False)
+    d = x.distribution
+    yd = Distribution((d.shape[0], w.shape[0]), d.grid_dims, d.split, _sizes(d)[:1] + [None])
+    return DistArray(y, yd, x.grid), DenseSaved(x, w, b is not None)
+
+
+def dense_backward(saved: DenseSaved, dy: DistArray, need_dx: bool = True, reduce: bool = True):
+    """``(dx, dw, db)``; ``dw``/``db`` summed over the ranks holding different samples unless
+    ``reduce=False`` (collective then)."""
+    x = saved.x
+    dx = DistArray(dy.local @ saved.w.astype(dy.dtype, copy=False), x.distribution, x.grid) \
+        if need_dx else None
+    comm = param_comm(x)
+    dw = dy.local.T @ x.local
+    db = dy.local.sum(axis=0) if saved.has_bias else None
+    if reduce:
+        dw = allreduce(comm, dw, "sum")
+        if db is not None:
+            db = allreduce(comm, db, "sum")
+    return dx, dw, db
