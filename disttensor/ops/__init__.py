@@ -6,3 +6,28 @@ owns from its input block plus a halo whose width follows from the window index 
 :mod:`disttensor.ops.window`; backward passes send halo gradients back to their owners with the
 reverse (adjoint) halo exchange.  Per-rank kernels live in :mod:`disttensor.ops.local`.
 """
+
+from .activation import (ACTIVATIONS, activation, activation_backward, activation_forward,
+                         dropout_backward, dropout_forward, elu, leaky_relu, log_softmax, relu,
+                         sigmoid, softmax, softmax_backward, softmax_forward, tanh)
+from .conv import (conv, conv_backward, conv_forward, conv_transpose, conv_transpose_backward,
+                   conv_transpose_forward)
+from .loss import cross_entropy_backward, cross_entropy_forward, mse_backward, mse_forward
+from .norm import batch_norm, batch_norm_backward, batch_norm_forward
+from .pool import avg_pool, max_pool, pool, pool_backward, pool_forward
+from .shape import (concat_channels, concat_channels_backward, dense_backward, dense_forward,
+                    flatten_backward, flatten_forward)
+from .upsample import upsample, upsample_backward, upsample_forward
+from .window import AxisWindow
+
+__all__ = [
+    "ACTIVATIONS", "AxisWindow", "activation", "activation_backward", "activation_forward",
+    "avg_pool", "batch_norm", "batch_norm_backward", "batch_norm_forward", "concat_channels",
+    "concat_channels_backward", "conv", "conv_backward", "conv_forward", "conv_transpose",
+    "conv_transpose_backward", "conv_transpose_forward", "cross_entropy_backward",
+    "cross_entropy_forward", "dense_backward", "dense_forward", "dropout_backward",
+    "dropout_forward", "elu", "flatten_backward", "flatten_forward", "leaky_relu",
+    "log_softmax", "max_pool", "mse_backward", "mse_forward", "pool", "pool_backward",
+    "pool_forward", "relu", "sigmoid", "softmax", "softmax_backward", "softmax_forward", "tanh",
+    "upsample", "upsample_backward", "upsample_forward",
+]
