@@ -5,8 +5,11 @@ Contract shared by every function here:
 
 * data inputs are float32 or float64 (``TypeError`` otherwise); the result has the dtype of
   the primary input (``x`` for forward functions, ``dy`` for backward functions);
-* per-channel reductions return float64 ``(C,)`` arrays and accumulate in float64; per-element
-  arithmetic is done in float64 and rounded once to the output dtype;
+* per-channel reductions return float64 ``(C,)`` arrays and accumulate in float64 (so do
+  the per-position channel sums of the softmax); per-element arithmetic is done in float64
+  and rounded once to the output dtype, except the transcendental functions of sigmoid, tanh
+  and softmax, which run in the input's precision (float32 ``exp`` is twice as fast as
+  float64 and costs a few float32 ulp at most);
 * per-channel parameters (``scale``, ``mean``, ``gamma``, ...) are ``(C,)`` arrays of any
   float dtype (converted to float64, which is tiny);
 * results are new C-contiguous arrays; no temporary as large as the input is made, except
@@ -73,10 +76,6 @@ def _chan(name, v, c):
     return v
 
 
-def _nblocks(size, block):
-    return (size + block - 1) // block
-
-
 # --------------------------------------------------------------------------------------------
 # batch norm
 # --------------------------------------------------------------------------------------------
@@ -92,7 +91,8 @@ def _sums_kernel(x, block):
         n = p // C
         c = p - n * C
         s0 = b * block
-        s1 = min(S, s0 + block)
+        xs = x[n, c, s0:min(S, s0 + block)]
+        L = xs.shape[0]
         # four independent accumulators (fixed order: deterministic, shorter dependency chain)
         a0 = 0.0
         a1 = 0.0
@@ -102,12 +102,12 @@ def _sums_kernel(x, block):
         q1 = 0.0
         q2 = 0.0
         q3 = 0.0
-        s = s0
-        while s + 4 <= s1:
-            v0 = np.float64(x[n, c, s])
-            v1 = np.float64(x[n, c, s + 1])
-            v2 = np.float64(x[n, c, s + 2])
-            v3 = np.float64(x[n, c, s + 3])
+        L4 = L - L % 4
+        for j in range(0, L4, 4):
+            v0 = np.float64(xs[j])
+            v1 = np.float64(xs[j + 1])
+            v2 = np.float64(xs[j + 2])
+            v3 = np.float64(xs[j + 3])
             a0 += v0
             a1 += v1
             a2 += v2
@@ -116,12 +116,10 @@ def _sums_kernel(x, block):
             q1 += v1 * v1
             q2 += v2 * v2
             q3 += v3 * v3
-            s += 4
-        while s < s1:
-            v0 = np.float64(x[n, c, s])
+        for j in range(L4, L):
+            v0 = np.float64(xs[j])
             a0 += v0
             q0 += v0 * v0
-            s += 1
         part[n, c, b, 0] = (a0 + a1) + (a2 + a3)
         part[n, c, b, 1] = (q0 + q1) + (q2 + q3)
     return part
@@ -140,25 +138,37 @@ def _sums_bwd_kernel(dy, x, mean, block):
         m = mean[c]
         s0 = b * block
         s1 = min(S, s0 + block)
+        gs = dy[n, c, s0:s1]
+        xs = x[n, c, s0:s1]
+        L = s1 - s0
         a0 = 0.0
         a1 = 0.0
+        a2 = 0.0
+        a3 = 0.0
         q0 = 0.0
         q1 = 0.0
-        s = s0
-        while s + 2 <= s1:
-            g0 = np.float64(dy[n, c, s])
-            g1 = np.float64(dy[n, c, s + 1])
+        q2 = 0.0
+        q3 = 0.0
+        L4 = L - L % 4
+        for j in range(0, L4, 4):
+            g0 = np.float64(gs[j])
+            g1 = np.float64(gs[j + 1])
+            g2 = np.float64(gs[j + 2])
+            g3 = np.float64(gs[j + 3])
             a0 += g0
             a1 += g1
-            q0 += g0 * (np.float64(x[n, c, s]) - m)
-            q1 += g1 * (np.float64(x[n, c, s + 1]) - m)
-            s += 2
-        if s < s1:
-            g0 = np.float64(dy[n, c, s])
+            a2 += g2
+            a3 += g3
+            q0 += g0 * (np.float64(xs[j]) - m)
+            q1 += g1 * (np.float64(xs[j + 1]) - m)
+            q2 += g2 * (np.float64(xs[j + 2]) - m)
+            q3 += g3 * (np.float64(xs[j + 3]) - m)
+        for j in range(L4, L):
+            g0 = np.float64(gs[j])
             a0 += g0
-            q0 += g0 * (np.float64(x[n, c, s]) - m)
-        part[n, c, b, 0] = a0 + a1
-        part[n, c, b, 1] = q0 + q1
+            q0 += g0 * (np.float64(xs[j]) - m)
+        part[n, c, b, 0] = (a0 + a1) + (a2 + a3)
+        part[n, c, b, 1] = (q0 + q1) + (q2 + q3)
     return part
 
 
@@ -173,8 +183,12 @@ def _affine_kernel(x, scale, shift, y, block):
         c = p - n * C
         a = scale[c]
         d = shift[c]
-        for s in range(b * block, min(S, (b + 1) * block)):
-            y[n, c, s] = np.float64(x[n, c, s]) * a + d
+        s0 = b * block
+        s1 = min(S, s0 + block)
+        xs = x[n, c, s0:s1]
+        ys = y[n, c, s0:s1]
+        for j in range(s1 - s0):
+            ys[j] = np.float64(xs[j]) * a + d
 
 
 @njit(parallel=True, cache=True)
@@ -191,8 +205,13 @@ def _bn_bwd_kernel(dy, x, mean, invstd, coef, mdy, mdx, dx, block):
         m = mean[c]
         u = mdy[c]
         v = invstd[c] * mdx[c]
-        for s in range(b * block, min(S, (b + 1) * block)):
-            dx[n, c, s] = k * (np.float64(dy[n, c, s]) - u - (np.float64(x[n, c, s]) - m) * v)
+        s0 = b * block
+        s1 = min(S, s0 + block)
+        gs = dy[n, c, s0:s1]
+        xs = x[n, c, s0:s1]
+        ds = dx[n, c, s0:s1]
+        for j in range(s1 - s0):
+            ds[j] = k * (np.float64(gs[j]) - u - (np.float64(xs[j]) - m) * v)
 
 
 def channel_sums(x):
@@ -255,39 +274,34 @@ def bn_backward_apply(dy, x, mean, invstd, gamma, mean_dy, mean_dy_xhat):
 _CODES = {name: i for i, name in enumerate(ACTIVATIONS)}
 
 
-@njit(cache=True)
-def _sigmoid64(v):
-    if v >= 0.0:
-        return 1.0 / (1.0 + math.exp(-v))
-    e = math.exp(v)                      # v < 0 or NaN: no overflow
-    return e / (1.0 + e)
-
-
 @njit(parallel=True, cache=True)
 def _act_fwd_kernel(x, y, op, alpha, block):
     n = x.shape[0]
     nb = (n + block - 1) // block
+    one = x.dtype.type(1.0)
     for b in prange(nb):
         i0 = b * block
         i1 = min(n, i0 + block)
+        xs = x[i0:i1]
+        ys = y[i0:i1]
         if op == 0:        # relu (NaN propagates, as torch)
-            for i in range(i0, i1):
-                v = np.float64(x[i])
-                y[i] = 0.0 if v <= 0.0 else v
+            for j in range(i1 - i0):
+                v = xs[j]
+                ys[j] = 0.0 if v <= 0.0 else v
         elif op == 1:      # leaky_relu
-            for i in range(i0, i1):
-                v = np.float64(x[i])
-                y[i] = v if v > 0.0 else alpha * v
+            for j in range(i1 - i0):
+                v = np.float64(xs[j])
+                ys[j] = v if v > 0.0 else alpha * v
         elif op == 2:      # elu
-            for i in range(i0, i1):
-                v = np.float64(x[i])
-                y[i] = v if v > 0.0 else alpha * math.expm1(v)
-        elif op == 3:      # sigmoid
-            for i in range(i0, i1):
-                y[i] = _sigmoid64(np.float64(x[i]))
-        else:              # tanh
-            for i in range(i0, i1):
-                y[i] = math.tanh(np.float64(x[i]))
+            for j in range(i1 - i0):
+                v = np.float64(xs[j])
+                ys[j] = v if v > 0.0 else alpha * math.expm1(v)
+        else:              # sigmoid, in x's precision: exp of a non-positive number only
+            for j in range(i1 - i0):
+                v = xs[j]
+                e = math.exp(-abs(v))
+                r = one / (one + e)
+                ys[j] = r if v >= 0 else e * r
 
 
 @njit(parallel=True, cache=True)
@@ -297,25 +311,29 @@ def _act_bwd_kernel(dy, x, y, dx, op, alpha, block):
     for b in prange(nb):
         i0 = b * block
         i1 = min(n, i0 + block)
+        gs = dy[i0:i1]
+        xs = x[i0:i1]
+        ys = y[i0:i1]
+        ds = dx[i0:i1]
         if op == 0:        # relu: dy * (x > 0)
-            for i in range(i0, i1):
-                dx[i] = dy[i] if x[i] > 0 else 0.0
+            for j in range(i1 - i0):
+                ds[j] = gs[j] if xs[j] > 0 else 0.0
         elif op == 1:      # leaky_relu: dy * (1 if x > 0 else alpha)
-            for i in range(i0, i1):
-                g = np.float64(dy[i])
-                dx[i] = g if x[i] > 0 else alpha * g
+            for j in range(i1 - i0):
+                g = np.float64(gs[j])
+                ds[j] = g if xs[j] > 0 else alpha * g
         elif op == 2:      # elu: dy * (1 if x > 0 else y + alpha)
-            for i in range(i0, i1):
-                g = np.float64(dy[i])
-                dx[i] = g if x[i] > 0 else g * (np.float64(y[i]) + alpha)
+            for j in range(i1 - i0):
+                g = np.float64(gs[j])
+                ds[j] = g if xs[j] > 0 else g * (np.float64(ys[j]) + alpha)
         elif op == 3:      # sigmoid: dy * y * (1 - y)
-            for i in range(i0, i1):
-                s = np.float64(y[i])
-                dx[i] = np.float64(dy[i]) * (s * (1.0 - s))
+            for j in range(i1 - i0):
+                v = np.float64(ys[j])
+                ds[j] = np.float64(gs[j]) * (v * (1.0 - v))
         else:              # tanh: dy * (1 - y^2)
-            for i in range(i0, i1):
-                s = np.float64(y[i])
-                dx[i] = np.float64(dy[i]) * (1.0 - s * s)
+            for j in range(i1 - i0):
+                v = np.float64(ys[j])
+                ds[j] = np.float64(gs[j]) * (1.0 - v * v)
 
 
 def _act_args(name, alpha):
@@ -331,14 +349,19 @@ def _flat(a):
 
 
 def activation_forward(name, x, alpha=None):
-    """Elementwise activation ``name`` of ``x`` (``x.dtype`` result, float64 arithmetic).
+    """Elementwise activation ``name`` of ``x`` (``x.dtype`` result).
 
     ``relu`` (NaN propagates), ``leaky_relu`` (``x if x > 0 else alpha*x``, alpha 0.01),
-    ``elu`` (``x if x > 0 else alpha*expm1(x)``, alpha 1.0), ``sigmoid`` (overflow-free),
-    ``tanh``.  ``alpha`` is ignored by the others.  Unknown names raise ``ValueError``."""
+    ``elu`` (``x if x > 0 else alpha*expm1(x)``, alpha 1.0), ``sigmoid`` (overflow-free
+    ``1/(1+e)`` or ``e/(1+e)`` with ``e = exp(-|x|)``, evaluated in ``x``'s precision, within a
+    few ulp), ``tanh`` (NumPy's ``np.tanh``).  ``alpha`` is ignored by the others.  Unknown
+    names raise ``ValueError``."""
     op, alpha = _act_args(name, alpha)
     x = _data("x", x)
     y = np.empty(x.shape, dtype=x.dtype)
+    if name == "tanh":                   # NumPy's SIMD tanh beats a scalar libm loop
+        np.tanh(x, out=y)
+        return y
     _act_fwd_kernel(_flat(x), y.reshape(-1), op, alpha, _BLOCK)
     return y
 
@@ -366,6 +389,7 @@ def activation_backward(name, dy, x, y, alpha=None):
 
 @njit(parallel=True, cache=True)
 def _softmax_kernel(x, y, block, log):
+    # exp is evaluated in x's precision (float32 exp for float32 data), sums in float64
     N, C, S = x.shape
     nb = (S + block - 1) // block
     for t in prange(N * nb):
@@ -374,31 +398,38 @@ def _softmax_kernel(x, y, block, log):
         s0 = b * block
         s1 = min(S, s0 + block)
         L = s1 - s0
-        m = np.full(L, -np.inf)
+        m = np.full(L, -np.inf, dtype=x.dtype)
         tot = np.zeros(L)
         for c in range(C):                    # channel max (a NaN wins, so it propagates)
+            xs = x[n, c, s0:s1]
             for j in range(L):
-                v = np.float64(x[n, c, s0 + j])
+                v = xs[j]
                 if v > m[j] or v != v:
                     m[j] = v
         if log:
             for c in range(C):
+                xs = x[n, c, s0:s1]
                 for j in range(L):
-                    tot[j] += math.exp(np.float64(x[n, c, s0 + j]) - m[j])
+                    tot[j] += math.exp(xs[j] - m[j])
             for j in range(L):
                 tot[j] = math.log(tot[j])
             for c in range(C):
+                xs = x[n, c, s0:s1]
+                ys = y[n, c, s0:s1]
                 for j in range(L):
-                    y[n, c, s0 + j] = (np.float64(x[n, c, s0 + j]) - m[j]) - tot[j]
+                    ys[j] = (np.float64(xs[j]) - m[j]) - tot[j]
         else:
             for c in range(C):
+                xs = x[n, c, s0:s1]
+                ys = y[n, c, s0:s1]
                 for j in range(L):
-                    e = math.exp(np.float64(x[n, c, s0 + j]) - m[j])
+                    e = math.exp(xs[j] - m[j])
                     tot[j] += e
-                    y[n, c, s0 + j] = e
+                    ys[j] = e
             for c in range(C):
+                ys = y[n, c, s0:s1]
                 for j in range(L):
-                    y[n, c, s0 + j] = np.float64(y[n, c, s0 + j]) / tot[j]
+                    ys[j] = np.float64(ys[j]) / tot[j]
 
 
 @njit(parallel=True, cache=True)
@@ -413,12 +444,16 @@ def _softmax_bwd_kernel(dy, y, dx, block):
         L = s1 - s0
         dot = np.zeros(L)
         for c in range(C):
+            gs = dy[n, c, s0:s1]
+            ys = y[n, c, s0:s1]
             for j in range(L):
-                dot[j] += np.float64(dy[n, c, s0 + j]) * np.float64(y[n, c, s0 + j])
+                dot[j] += np.float64(gs[j]) * np.float64(ys[j])
         for c in range(C):
+            gs = dy[n, c, s0:s1]
+            ys = y[n, c, s0:s1]
+            ds = dx[n, c, s0:s1]
             for j in range(L):
-                v = np.float64(y[n, c, s0 + j])
-                dx[n, c, s0 + j] = v * (np.float64(dy[n, c, s0 + j]) - dot[j])
+                ds[j] = np.float64(ys[j]) * (np.float64(gs[j]) - dot[j])
 
 
 def softmax_channels(x):

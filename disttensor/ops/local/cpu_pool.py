@@ -22,16 +22,20 @@ and window ``o`` covers input cells ``o*s - lo .. o*s - lo + k - 1`` (indices ou
     real cell gives 0 in both cases.  ``argmax`` is ``None``.
 
 :func:`pool_backward` is the exact adjoint of the forward map (for max: of the linear map
-"pick the argmax cell", with the recorded ``argmax``).  It is computed as a *gather*: every
-input cell sums, in float64, the contributions of the (at most ``prod(ceil(k/s))``) windows
-that contain it, so each output cell is written by exactly one thread and there are no
-atomics and no scratch buffers.
+"pick the argmax cell", with the recorded ``argmax``).  With non-overlapping windows
+(``stride >= kernel`` on every axis) it scatters each output's gradient into a zeroed ``dx``
+(every input cell is in at most one window, so tasks write disjoint cells).  With
+overlapping windows it is a *gather*: every input cell sums, in float64, the contributions
+of the (at most ``prod(ceil(k/s))``) windows that contain it, so each ``dx`` cell is written
+by exactly one thread; no atomics and no scratch buffers either way.
 
 Inputs must be float32 or float64 and keep their dtype; average sums accumulate in float64.
-Forward kernels parallelise over ``N*C*OD`` output slabs, backward kernels over ``N*C*D``
-input slabs (Numba ``prange``; the thread count is Numba's, see ``NUMBA_NUM_THREADS`` /
-``numba.set_num_threads``, which matters when several MPI ranks share a node).  Arrays of
-any strides are read in place; outputs are new C-contiguous arrays.
+Forward kernels and the scatter parallelise over ``N*C*OD`` output slabs, the gather over
+``N*C*D`` input slabs (Numba ``prange``; the thread count is Numba's, see
+``NUMBA_NUM_THREADS`` / ``numba.set_num_threads``, which matters when several MPI ranks
+share a node).  ``x`` of
+any strides (a halo buffer's interior view, say) is read in place; ``dy``/``argmax`` that are
+not C-contiguous are copied (they are output-sized); outputs are new C-contiguous arrays.
 """
 from __future__ import annotations
 
@@ -100,46 +104,75 @@ def _real_counts(n, out, k, s, lo):
 # kernels
 # --------------------------------------------------------------------------------------------
 
+@njit(cache=True)
+def _ow_range(kw, lW, sW, W, OW):
+    """Outputs ow whose window cell kw is real: 0 <= ow*sW + kw - lW < W."""
+    off = kw - lW
+    o0 = (sW - 1 - off) // sW if off < 0 else 0
+    o1 = min(OW, (W - 1 - off) // sW + 1) if W - 1 - off >= 0 else 0
+    return off, o0, o1
+
+
+# The forward kernels sweep each window row-major: for every (kd, kh, kw) offset, the
+# outputs ow of one (od, oh) row are updated together (a contiguous or strided row of x),
+# which keeps the row-major visiting order of every window and lets the inner loop
+# vectorise.  One task = one (n, c, od) slab of outputs.
+
 @njit(parallel=True, cache=True)
 def _max_fwd(x, y, am, kD, kH, kW, sD, sH, sW, lD, lH, lW):
     N, C, D, H, W = x.shape
     OD, OH, OW = y.shape[2], y.shape[3], y.shape[4]
-    ninf = -np.inf
     for t in prange(N * C * OD):
         p = t // OD
         od = t - p * OD
         n = p // C
         c = p - n * C
+        xp = x[n, c]
         d0 = od * sD - lD
         kd_lo = max(0, -d0)
         kd_hi = min(kD, D - d0)
+        best = np.empty(OW, dtype=x.dtype)
+        bi = np.empty(OW, dtype=np.int32)
         for oh in range(OH):
             h0 = oh * sH - lH
             kh_lo = max(0, -h0)
             kh_hi = min(kH, H - h0)
+            best[:] = -np.inf
+            bi[:] = -1
+            first = True
+            for kd in range(kd_lo, kd_hi):
+                for kh in range(kh_lo, kh_hi):
+                    row = xp[d0 + kd, h0 + kh]
+                    base = (kd * kH + kh) * kW
+                    for kw in range(kW):
+                        off, o0, o1 = _ow_range(kw, lW, sW, W, OW)
+                        idx = base + kw
+                        if first:
+                            # first window row: take each window's first real cell
+                            for ow in range(o0, o1):
+                                v = row[ow * sW + off]
+                                b = best[ow]
+                                take = (bi[ow] < 0) | ((b == b) & (not (v <= b)))
+                                best[ow] = v if take else b
+                                bi[ow] = idx if take else bi[ow]
+                        else:
+                            # strictly larger, or the first NaN (nothing replaces a NaN)
+                            for ow in range(o0, o1):
+                                v = row[ow * sW + off]
+                                b = best[ow]
+                                take = (b == b) & (not (v <= b))
+                                best[ow] = v if take else b
+                                bi[ow] = idx if take else bi[ow]
+                    first = False
+            yr = y[n, c, od, oh]
+            ar = am[n, c, od, oh]
             for ow in range(OW):
-                w0 = ow * sW - lW
-                kw_lo = max(0, -w0)
-                kw_hi = min(kW, W - w0)
-                best = ninf
-                bi = -1
-                for kd in range(kd_lo, kd_hi):
-                    for kh in range(kh_lo, kh_hi):
-                        base = (kd * kH + kh) * kW
-                        for kw in range(kw_lo, kw_hi):
-                            v = x[n, c, d0 + kd, h0 + kh, w0 + kw]
-                            # first real cell, a strictly larger one, or the first NaN
-                            if bi < 0 or v > best or (v != v and best == best):
-                                best = v
-                                bi = base + kw
-                if bi < 0:
-                    bi = 0
-                y[n, c, od, oh, ow] = best
-                am[n, c, od, oh, ow] = bi
+                yr[ow] = best[ow]
+                ar[ow] = max(bi[ow], 0)          # all-padding window: -inf at position 0
 
 
 @njit(parallel=True, cache=True)
-def _avg_fwd(x, y, kD, kH, kW, sD, sH, sW, lD, lH, lW, include_pad):
+def _avg_fwd(x, y, kD, kH, kW, sD, sH, sW, lD, lH, lW, cnt_w, include_pad):
     N, C, D, H, W = x.shape
     OD, OH, OW = y.shape[2], y.shape[3], y.shape[4]
     ksize = kD * kH * kW
@@ -148,31 +181,94 @@ def _avg_fwd(x, y, kD, kH, kW, sD, sH, sW, lD, lH, lW, include_pad):
         od = t - p * OD
         n = p // C
         c = p - n * C
+        xp = x[n, c]
         d0 = od * sD - lD
         kd_lo = max(0, -d0)
         kd_hi = min(kD, D - d0)
+        acc = np.empty(OW)
         for oh in range(OH):
             h0 = oh * sH - lH
             kh_lo = max(0, -h0)
             kh_hi = min(kH, H - h0)
+            acc[:] = 0.0
+            for kd in range(kd_lo, kd_hi):
+                for kh in range(kh_lo, kh_hi):
+                    row = xp[d0 + kd, h0 + kh]
+                    for kw in range(kW):
+                        off, o0, o1 = _ow_range(kw, lW, sW, W, OW)
+                        for ow in range(o0, o1):
+                            acc[ow] += row[ow * sW + off]
+            cdh = max(0, kd_hi - kd_lo) * max(0, kh_hi - kh_lo)
+            yr = y[n, c, od, oh]
             for ow in range(OW):
-                w0 = ow * sW - lW
-                kw_lo = max(0, -w0)
-                kw_hi = min(kW, W - w0)
-                acc = 0.0
-                for kd in range(kd_lo, kd_hi):
-                    for kh in range(kh_lo, kh_hi):
-                        for kw in range(kw_lo, kw_hi):
-                            acc += x[n, c, d0 + kd, h0 + kh, w0 + kw]
-                cnt = (max(0, kd_hi - kd_lo) * max(0, kh_hi - kh_lo)
-                       * max(0, kw_hi - kw_lo))
+                cnt = cdh * cnt_w[ow]
                 if cnt == 0:
-                    y[n, c, od, oh, ow] = 0.0
+                    yr[ow] = 0.0
                 elif include_pad:
-                    y[n, c, od, oh, ow] = acc / ksize
+                    yr[ow] = acc[ow] / ksize
                 else:
-                    y[n, c, od, oh, ow] = acc / cnt
+                    yr[ow] = acc[ow] / cnt
 
+
+# Backward, non-overlapping windows (stride >= kernel on every axis): every input cell is in
+# at most one window, so a scatter over (n, c, od) output slabs writes disjoint cells.
+
+@njit(parallel=True, cache=True)
+def _max_bwd_scatter(dy, am, dx, kD, kH, kW, sD, sH, sW, lD, lH, lW):
+    N, C, D, H, W = dx.shape
+    OD, OH, OW = dy.shape[2], dy.shape[3], dy.shape[4]
+    khw = kH * kW
+    kvol = kD * khw
+    for t in prange(N * C * OD):
+        p = t // OD
+        od = t - p * OD
+        n = p // C
+        c = p - n * C
+        d0 = od * sD - lD
+        for oh in range(OH):
+            h0 = oh * sH - lH
+            gr = dy[n, c, od, oh]
+            ar = am[n, c, od, oh]
+            for ow in range(OW):
+                a = ar[ow]
+                if a < 0 or a >= kvol:
+                    continue
+                kd = a // khw
+                r = a - kd * khw
+                kh = r // kW
+                kw = r - kh * kW
+                d = d0 + kd
+                h = h0 + kh
+                w = ow * sW - lW + kw
+                if d >= 0 and d < D and h >= 0 and h < H and w >= 0 and w < W:
+                    dx[n, c, d, h, w] += gr[ow]
+
+
+@njit(parallel=True, cache=True)
+def _avg_bwd_scatter(dy, dx, kD, kH, kW, sD, sH, sW, lD, lH, lW, inv_d, inv_h, inv_w):
+    N, C, D, H, W = dx.shape
+    OD, OH, OW = dy.shape[2], dy.shape[3], dy.shape[4]
+    for t in prange(N * C * OD):
+        p = t // OD
+        od = t - p * OD
+        n = p // C
+        c = p - n * C
+        d0 = od * sD - lD
+        for kd in range(max(0, -d0), min(kD, D - d0)):
+            for oh in range(OH):
+                h0 = oh * sH - lH
+                f = inv_d[od] * inv_h[oh]
+                gr = dy[n, c, od, oh]
+                for kh in range(max(0, -h0), min(kH, H - h0)):
+                    row = dx[n, c, d0 + kd, h0 + kh]
+                    for kw in range(kW):
+                        off, o0, o1 = _ow_range(kw, lW, sW, W, OW)
+                        for ow in range(o0, o1):
+                            row[ow * sW + off] = gr[ow] * (f * inv_w[ow])
+
+
+# Backward, overlapping windows: a gather.  Input cell i along an axis is in windows
+# o_lo[i] .. o_hi[i]; every task owns an (n, c, d) slab of dx, sums in float64, no races.
 
 @njit(parallel=True, cache=True)
 def _max_bwd(dy, am, dx, kH, kW, sD, sH, sW, lD, lH, lW,
@@ -244,7 +340,8 @@ def pool_forward(x, mode, kernel, stride, pad_lo, pad_hi, count_include_pad=True
             _max_fwd(x, y, am, kD, kH, kW, sD, sH, sW, lD, lH, lW)
         return y, am
     if y.size:
-        _avg_fwd(x, y, kD, kH, kW, sD, sH, sW, lD, lH, lW, bool(count_include_pad))
+        cnt_w = _real_counts(x.shape[4], out[2], kW, sW, lW).astype(np.int64)
+        _avg_fwd(x, y, kD, kH, kW, sD, sH, sW, lD, lH, lW, cnt_w, bool(count_include_pad))
     return y, None
 
 
@@ -259,7 +356,7 @@ def pool_backward(dy, argmax, mode, in_spatial, kernel, stride, pad_lo, pad_hi,
     Overlapping windows add (float64 accumulation per input cell).
     """
     _check_mode(mode)
-    dy = np.asarray(dy)
+    dy = np.ascontiguousarray(dy)          # output-sized; C order keeps one compiled variant
     if dy.ndim != 5:
         raise ValueError(f"pool_backward expects dy of shape (N, C, OD, OH, OW), got {dy.shape}")
     _check_float("dy", dy)
@@ -271,33 +368,45 @@ def pool_backward(dy, argmax, mode, in_spatial, kernel, stride, pad_lo, pad_hi,
     if tuple(dy.shape[2:]) != out:
         raise ValueError(f"dy spatial shape {tuple(dy.shape[2:])} does not match the pooling "
                          f"output shape {out} for input {in_spatial}")
-    dx = np.empty(dy.shape[:2] + in_spatial, dtype=dy.dtype)
-    if dx.size == 0:
-        return dx
-    if dy.size == 0:                      # no windows at all
-        dx[...] = 0
-        return dx
-    rng = [_gather_ranges(n, o, kk, ss, ll)
-           for n, o, kk, ss, ll in zip(in_spatial, out, k, s, lo)]
-    (dlo, dhi), (hlo, hhi), (wlo, whi) = rng
     if mode == "max":
         if argmax is None:
             raise ValueError("max pooling backward needs the argmax returned by pool_forward")
-        argmax = np.asarray(argmax)
+        argmax = np.ascontiguousarray(argmax)
         if argmax.shape != dy.shape:
             raise ValueError(f"argmax shape {argmax.shape} != dy shape {dy.shape}")
         if not np.issubdtype(argmax.dtype, np.integer):
             raise TypeError(f"argmax must be an integer array, got {argmax.dtype}")
-        _max_bwd(dy, argmax, dx, k[1], k[2], s[0], s[1], s[2], lo[0], lo[1], lo[2],
-                 dlo, dhi, hlo, hhi, wlo, whi)
-        return dx
+    shape = dy.shape[:2] + in_spatial
+    overlapping = any(ss < kk for ss, kk in zip(s, k))
+    if dy.size == 0 or not overlapping:
+        dx = np.zeros(shape, dtype=dy.dtype)
+        if dy.size == 0 or dx.size == 0:          # no windows, or nothing to write
+            return dx
+    else:
+        dx = np.empty(shape, dtype=dy.dtype)
+        if dx.size == 0:
+            return dx
     if count_include_pad:
-        inv = [np.full(o, 1.0 / kk, dtype=np.float64) if a == 0 else np.ones(o)
-               for a, (o, kk) in enumerate(zip(out, (k[0] * k[1] * k[2], 1, 1)))]
+        inv = [np.full(out[0], 1.0 / (k[0] * k[1] * k[2])), np.ones(out[1]), np.ones(out[2])]
     else:
         inv = []
         for n, o, kk, ss, ll in zip(in_spatial, out, k, s, lo):
             cnt = _real_counts(n, o, kk, ss, ll)
             inv.append(np.divide(1.0, cnt, out=np.zeros_like(cnt), where=cnt > 0))
-    _avg_bwd(dy, dx, inv[0], inv[1], inv[2], dlo, dhi, hlo, hhi, wlo, whi)
+    if not overlapping:
+        # scatter into zeros: every input cell is in at most one window
+        if mode == "max":
+            _max_bwd_scatter(dy, argmax, dx, k[0], k[1], k[2], s[0], s[1], s[2],
+                             lo[0], lo[1], lo[2])
+        else:
+            _avg_bwd_scatter(dy, dx, k[0], k[1], k[2], s[0], s[1], s[2], lo[0], lo[1], lo[2],
+                             inv[0], inv[1], inv[2])
+        return dx
+    (dlo, dhi), (hlo, hhi), (wlo, whi) = [_gather_ranges(n, o, kk, ss, ll)
+                                          for n, o, kk, ss, ll in zip(in_spatial, out, k, s, lo)]
+    if mode == "max":
+        _max_bwd(dy, argmax, dx, k[1], k[2], s[0], s[1], s[2], lo[0], lo[1], lo[2],
+                 dlo, dhi, hlo, hhi, wlo, whi)
+    else:
+        _avg_bwd(dy, dx, inv[0], inv[1], inv[2], dlo, dhi, hlo, hhi, wlo, whi)
     return dx
