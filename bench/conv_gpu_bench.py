@@ -1,0 +1,131 @@
+"""Local GPU conv3d kernels: cuDNN (through the cuDNN frontend) vs the im2col + cuBLAS fallback.
+
+CosmoFlow-like layers (N=4, k=3, 'same' padding, stride 1): 4->32 channels on 128^3,
+32->64 on 64^3, 64->128 on 32^3; forward, backward-data and backward-filter; float32, and
+float16 where cuDNN takes it.  Both backends run in the same process on the same data,
+interleaved rep by rep (who goes first rotates), after warm-up calls (graph building, NVRTC
+compilation, memory pool); each figure is the median over the reps of CUDA-event time on the
+current stream.  One line per figure:
+
+    conv3d fwd float32 N=4 4->32 128^3: cudnn=… ms  im2col=… ms  im2col/cudnn=…x
+
+(``im2col/cudnn`` > 1: cuDNN is that many times faster.)  Without a GPU it says so and exits 0;
+without the cuDNN frontend it times im2col alone.  Per-rank, no MPI:
+
+    .venv/bin/python bench/conv_gpu_bench.py [--reps 10] [--warmup 2] [--layers 0,1,2]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import numpy as np
+
+LAYERS = [  # (N, Cin, Cout, spatial)
+    (4, 4, 32, 128),
+    (4, 32, 64, 64),
+    (4, 64, 128, 32),
+]
+K, PAD, STRIDE, DIL = 3, 1, 1, 1
+
+
+def _gpu():
+    try:
+        import cupy
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            return cupy
+    except Exception:  # noqa: BLE001
+        pass
+    return None
+
+
+def _ops(gpu, x, w, dy, sp):
+    s3, d3, p3 = (STRIDE,) * 3, (DIL,) * 3, (PAD,) * 3
+    return {
+        "fwd": lambda be: gpu.conv_forward(x, w, s3, d3, p3, p3, 1, backend=be),
+        "bwd_data": lambda be: gpu.conv_backward_data(dy, w, sp, s3, d3, p3, p3, 1, backend=be),
+        "bwd_filter": lambda be: gpu.conv_backward_filter(x, dy, (K,) * 3, s3, d3, p3, p3, 1,
+                                                          backend=be),
+    }
+
+
+def _time(cp, fn):
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return cp.cuda.get_elapsed_time(start, end)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--layers", default="0,1,2", help="comma-separated indices into LAYERS")
+    args = ap.parse_args(argv)
+
+    cp = _gpu()
+    if cp is None:
+        print("conv_gpu_bench: no CUDA GPU (or no CuPy) here; nothing to measure")
+        return 0
+    from disttensor.ops.local import gpu
+
+    have_cudnn = gpu.cudnn_available()
+    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+    print(f"# device: {name}; cuDNN frontend: "
+          f"{'yes' if have_cudnn else 'no (im2col only)'}; reps={args.reps} warmup={args.warmup}")
+    if have_cudnn:
+        import cudnn
+        print(f"# cudnn frontend {getattr(cudnn, '__version__', '?')}, "
+              f"backend {cudnn.backend_version()}")
+
+    rng = np.random.default_rng(0)
+    for li in (int(i) for i in args.layers.split(",")):
+        N, Cin, Cout, n = LAYERS[li]
+        sp = (n, n, n)
+        for dtype in (np.float32, np.float16):
+            x = cp.asarray(rng.standard_normal((N, Cin) + sp, dtype=np.float32), dtype=dtype)
+            w = cp.asarray(rng.standard_normal((Cout, Cin, K, K, K), dtype=np.float32) * 0.1,
+                           dtype=dtype)
+            dy = cp.asarray(rng.standard_normal((N, Cout) + sp, dtype=np.float32), dtype=dtype)
+            ops = _ops(gpu, x, w, dy, sp)
+            for opname, op in ops.items():
+                label = f"conv3d {opname} {np.dtype(dtype).name} N={N} {Cin}->{Cout} {n}^3"
+                backends, notes = [], []
+                for be in (["cudnn", "im2col"] if have_cudnn else ["im2col"]):
+                    try:
+                        for _ in range(args.warmup):
+                            op(be)
+                    except TypeError as e:  # e.g. no __half kernels for im2col
+                        notes.append(f"{be} unavailable: {e}")
+                        continue
+                    if be == "cudnn" and gpu.last_conv_backend() != "cudnn":
+                        notes.append("cuDNN has no engine for it")  # it fell back to im2col
+                        continue
+                    backends.append(be)
+                cp.cuda.get_current_stream().synchronize()
+                if not backends or (dtype == np.float16 and "cudnn" not in backends):
+                    print(f"{label}: skipped ({'; '.join(notes)})", flush=True)
+                    continue
+                times = {be: [] for be in backends}
+                for rep in range(args.reps):
+                    order = backends[rep % len(backends):] + backends[:rep % len(backends)]
+                    for be in order:
+                        times[be].append(_time(cp, lambda: op(be)))
+                med = {be: statistics.median(t) for be, t in times.items()}
+                if len(med) == 2:
+                    print(f"{label}: cudnn={med['cudnn']:.3f} ms  im2col={med['im2col']:.3f} ms"
+                          f"  im2col/cudnn={med['im2col'] / med['cudnn']:.2f}x", flush=True)
+                else:
+                    (be, t), = med.items()
+                    print(f"{label}: {be}={t:.3f} ms  (no ratio: {'; '.join(notes)})", flush=True)
+            del ops, x, w, dy
+            cp.get_default_memory_pool().free_all_blocks()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

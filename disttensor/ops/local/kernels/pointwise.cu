@@ -1,0 +1,301 @@
+// Per-channel reductions, batch-norm apply, activations and channel softmax for disttensor's GPU
+// local kernels (disttensor/ops/local/gpu.py loads this file with cupy.RawModule and looks the
+// kernels up by name expression, e.g. "bn_forward_apply<float>").
+//
+// Layout: any (N, C, *spatial) C-contiguous array viewed as (N, C, S), S = prod(spatial)
+// (S = 1 for 2-D input); element i has channel (i / S) % C.  Every index is 64-bit.
+// Arithmetic in the accumulation type (float for __half/float, double for double); the
+// per-channel sums are accumulated in double, in a fixed order (two stages: per-block partial
+// sums, then one thread per channel adds its partials in block order), so they are
+// deterministic run to run.  Per-channel parameters arrive as float64 arrays.
+//
+// Standalone: includes only CUDA headers; compiles with `nvcc -std=c++17 -c`.  Define
+// DISTTENSOR_NO_HALF to leave out the __half instantiations.
+
+#ifndef DISTTENSOR_NO_HALF
+#include <cuda_fp16.h>
+#endif
+
+namespace dtk_pw {
+
+template <typename T> struct Num;
+template <> struct Num<float> {
+    typedef float acc;
+    __device__ static __forceinline__ float load(float v) { return v; }
+    __device__ static __forceinline__ float store(float v) { return v; }
+};
+template <> struct Num<double> {
+    typedef double acc;
+    __device__ static __forceinline__ double load(double v) { return v; }
+    __device__ static __forceinline__ double store(double v) { return v; }
+};
+#ifndef DISTTENSOR_NO_HALF
+template <> struct Num<__half> {
+    typedef float acc;
+    __device__ static __forceinline__ float load(__half v) { return __half2float(v); }
+    __device__ static __forceinline__ __half store(float v) { return __float2half(v); }
+};
+#endif
+
+__device__ __forceinline__ float ex(float v) { return expf(v); }
+__device__ __forceinline__ double ex(double v) { return exp(v); }
+__device__ __forceinline__ float exm1(float v) { return expm1f(v); }
+__device__ __forceinline__ double exm1(double v) { return expm1(v); }
+__device__ __forceinline__ float lg(float v) { return logf(v); }
+__device__ __forceinline__ double lg(double v) { return log(v); }
+__device__ __forceinline__ float th(float v) { return tanhf(v); }
+__device__ __forceinline__ double th(double v) { return tanh(v); }
+
+// activation codes (gpu.py _ACTIVATIONS)
+enum { RELU = 0, LEAKY_RELU = 1, ELU = 2, SIGMOID = 3, TANH = 4 };
+
+const int REDUCE_BLOCK = 256;  // blockDim.x of channel_partial (gpu.py launches exactly this)
+
+}  // namespace dtk_pw
+
+#define DTK_GRID_STRIDE(i, n)                                                        \
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n);   \
+         i += (long long)gridDim.x * blockDim.x)
+
+// Stage 1 of the per-channel sums.  Grid (B, min(C, 65535)), block REDUCE_BLOCK threads.
+// Block (b, c) sums its grid-stride share of channel c's M = N*S elements and writes
+// p1[c*B + b], p2[c*B + b]:
+//   MODE 0: a = x             -> (sum x, sum x*x)
+//   MODE 1: a = dy, b = x     -> (sum dy, sum dy*xhat), xhat = (x - mean[c]) * invstd[c]
+template <typename T, int MODE>
+__global__ void channel_partial(const T* __restrict__ a, const T* __restrict__ b,
+                                const double* __restrict__ mean,
+                                const double* __restrict__ invstd,
+                                long long C, long long S, long long M,
+                                double* __restrict__ p1, double* __restrict__ p2) {
+    __shared__ double sh1[dtk_pw::REDUCE_BLOCK];
+    __shared__ double sh2[dtk_pw::REDUCE_BLOCK];
+    const long long B = gridDim.x;
+    for (long long c = blockIdx.y; c < C; c += gridDim.y) {
+        double s1 = 0.0, s2 = 0.0;
+        double mu = 0.0, is = 0.0;
+        if (MODE == 1) {
+            mu = mean[c];
+            is = invstd[c];
+        }
+        for (long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x; j < M;
+             j += B * blockDim.x) {
+            const long long n = j / S;
+            const long long idx = (n * C + c) * S + (j - n * S);
+            const double va = (double)dtk_pw::Num<T>::load(a[idx]);
+            if (MODE == 0) {
+                s1 += va;
+                s2 += va * va;
+            } else {
+                const double xh = ((double)dtk_pw::Num<T>::load(b[idx]) - mu) * is;
+                s1 += va;
+                s2 += va * xh;
+            }
+        }
+        sh1[threadIdx.x] = s1;
+        sh2[threadIdx.x] = s2;
+        __syncthreads();
+        for (int w = dtk_pw::REDUCE_BLOCK / 2; w > 0; w >>= 1) {
+            if ((int)threadIdx.x < w) {
+                sh1[threadIdx.x] += sh1[threadIdx.x + w];
+                sh2[threadIdx.x] += sh2[threadIdx.x + w];
+            }
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) {
+            p1[c * B + blockIdx.x] = sh1[0];
+            p2[c * B + blockIdx.x] = sh2[0];
+        }
+        __syncthreads();  // sh1/sh2 are reused by the next channel of this block
+    }
+}
+
+// Stage 2: out[c] = sum_b p[c*B + b], in block order.
+__global__ void channel_finalize(const double* __restrict__ p1, const double* __restrict__ p2,
+                                 long long C, long long B,
+                                 double* __restrict__ out1, double* __restrict__ out2) {
+    DTK_GRID_STRIDE(c, C) {
+        double s1 = 0.0, s2 = 0.0;
+        for (long long b = 0; b < B; ++b) {
+            s1 += p1[c * B + b];
+            s2 += p2[c * B + b];
+        }
+        out1[c] = s1;
+        out2[c] = s2;
+    }
+}
+
+// y = x*scale[c] + shift[c]
+template <typename T>
+__global__ void bn_forward_apply(const T* __restrict__ x, T* __restrict__ y,
+                                 const double* __restrict__ scale,
+                                 const double* __restrict__ shift,
+                                 long long C, long long S, long long total) {
+    typedef typename dtk_pw::Num<T>::acc acc;
+    DTK_GRID_STRIDE(i, total) {
+        const long long c = (i / S) % C;
+        y[i] = dtk_pw::Num<T>::store(dtk_pw::Num<T>::load(x[i]) * (acc)scale[c] + (acc)shift[c]);
+    }
+}
+
+// dx = gamma[c]*invstd[c]*(dy - mean_dy[c] - xhat*mean_dy_xhat[c]), xhat = (x - mean[c])*invstd[c]
+template <typename T>
+__global__ void bn_backward_apply(const T* __restrict__ dy, const T* __restrict__ x,
+                                  T* __restrict__ dx,
+                                  const double* __restrict__ mean,
+                                  const double* __restrict__ invstd,
+                                  const double* __restrict__ gamma,
+                                  const double* __restrict__ mean_dy,
+                                  const double* __restrict__ mean_dy_xhat,
+                                  long long C, long long S, long long total) {
+    typedef typename dtk_pw::Num<T>::acc acc;
+    DTK_GRID_STRIDE(i, total) {
+        const long long c = (i / S) % C;
+        const acc is = (acc)invstd[c];
+        const acc xh = (dtk_pw::Num<T>::load(x[i]) - (acc)mean[c]) * is;
+        const acc g = dtk_pw::Num<T>::load(dy[i]) - (acc)mean_dy[c] - xh * (acc)mean_dy_xhat[c];
+        dx[i] = dtk_pw::Num<T>::store((acc)gamma[c] * is * g);
+    }
+}
+
+template <typename T>
+__global__ void activation_forward(const T* __restrict__ x, T* __restrict__ y, long long n,
+                                   int mode, double alpha_) {
+    typedef typename dtk_pw::Num<T>::acc acc;
+    const acc alpha = (acc)alpha_;
+    const acc one = acc(1), zero = acc(0);
+    DTK_GRID_STRIDE(i, n) {
+        const acc v = dtk_pw::Num<T>::load(x[i]);
+        acc r;
+        switch (mode) {
+            case dtk_pw::RELU: r = (v > zero || v != v) ? v : zero; break;  // NaN propagates
+            case dtk_pw::LEAKY_RELU: r = v > zero ? v : alpha * v; break;
+            case dtk_pw::ELU: r = v > zero ? v : alpha * dtk_pw::exm1(v); break;
+            case dtk_pw::SIGMOID: {  // exp of a non-positive number only (no overflow)
+                const acc e = dtk_pw::ex(v > zero ? -v : v);
+                const acc q = one / (one + e);
+                r = v >= zero ? q : e * q;
+                break;
+            }
+            default: r = dtk_pw::th(v); break;  // TANH
+        }
+        y[i] = dtk_pw::Num<T>::store(r);
+    }
+}
+
+// PyTorch gradient conventions: relu (x > 0), leaky_relu 1 if x > 0 else alpha, elu 1 if x > 0
+// else y + alpha, sigmoid y*(1 - y), tanh 1 - y^2.  x / y are read only by the modes that use them.
+template <typename T>
+__global__ void activation_backward(const T* __restrict__ dy, const T* __restrict__ x,
+                                    const T* __restrict__ y, T* __restrict__ dx, long long n,
+                                    int mode, double alpha_) {
+    typedef typename dtk_pw::Num<T>::acc acc;
+    const acc alpha = (acc)alpha_;
+    const acc one = acc(1), zero = acc(0);
+    DTK_GRID_STRIDE(i, n) {
+        const acc g = dtk_pw::Num<T>::load(dy[i]);
+        acc r;
+        switch (mode) {
+            case dtk_pw::RELU:
+                r = dtk_pw::Num<T>::load(x[i]) > zero ? g : zero;
+                break;
+            case dtk_pw::LEAKY_RELU:
+                r = dtk_pw::Num<T>::load(x[i]) > zero ? g : alpha * g;
+                break;
+            case dtk_pw::ELU:
+                r = dtk_pw::Num<T>::load(x[i]) > zero ? g
+                                                      : g * (dtk_pw::Num<T>::load(y[i]) + alpha);
+                break;
+            case dtk_pw::SIGMOID: {
+                const acc s = dtk_pw::Num<T>::load(y[i]);
+                r = g * s * (one - s);
+                break;
+            }
+            default: {  // TANH
+                const acc t = dtk_pw::Num<T>::load(y[i]);
+                r = g * (one - t * t);
+                break;
+            }
+        }
+        dx[i] = dtk_pw::Num<T>::store(r);
+    }
+}
+
+// Softmax (or log-softmax) over the channel axis: one thread per (n, s) position, P = N*S.
+template <typename T>
+__global__ void softmax_channels(const T* __restrict__ x, T* __restrict__ y,
+                                 long long C, long long S, long long P, int log_softmax) {
+    typedef typename dtk_pw::Num<T>::acc acc;
+    DTK_GRID_STRIDE(p, P) {
+        const long long n = p / S;
+        const long long base = n * C * S + (p - n * S);
+        acc m = dtk_pw::Num<T>::load(x[base]);
+        for (long long c = 1; c < C; ++c) {
+            const acc v = dtk_pw::Num<T>::load(x[base + c * S]);
+            if (v > m) m = v;
+        }
+        acc s = acc(0);
+        for (long long c = 0; c < C; ++c) s += dtk_pw::ex(dtk_pw::Num<T>::load(x[base + c * S]) - m);
+        if (log_softmax) {
+            const acc lse = m + dtk_pw::lg(s);
+            for (long long c = 0; c < C; ++c)
+                y[base + c * S] = dtk_pw::Num<T>::store(dtk_pw::Num<T>::load(x[base + c * S]) - lse);
+        } else {
+            const acc inv = acc(1) / s;
+            for (long long c = 0; c < C; ++c)
+                y[base + c * S] =
+                    dtk_pw::Num<T>::store(dtk_pw::ex(dtk_pw::Num<T>::load(x[base + c * S]) - m) * inv);
+        }
+    }
+}
+
+// dx = y * (dy - sum_c dy*y)
+template <typename T>
+__global__ void softmax_channels_backward(const T* __restrict__ dy, const T* __restrict__ y,
+                                          T* __restrict__ dx, long long C, long long S,
+                                          long long P) {
+    typedef typename dtk_pw::Num<T>::acc acc;
+    DTK_GRID_STRIDE(p, P) {
+        const long long n = p / S;
+        const long long base = n * C * S + (p - n * S);
+        acc s = acc(0);
+        for (long long c = 0; c < C; ++c)
+            s += dtk_pw::Num<T>::load(dy[base + c * S]) * dtk_pw::Num<T>::load(y[base + c * S]);
+        for (long long c = 0; c < C; ++c) {
+            const long long k = base + c * S;
+            dx[k] = dtk_pw::Num<T>::store(dtk_pw::Num<T>::load(y[k]) *
+                                          (dtk_pw::Num<T>::load(dy[k]) - s));
+        }
+    }
+}
+
+#undef DTK_GRID_STRIDE
+
+// Explicit instantiations: `nvcc -c` then checks every kernel body, and NVRTC finds the same
+// instances through RawModule's name_expressions.
+#define DTK_PW_INSTANTIATE(T)                                                                 \
+    template __global__ void channel_partial<T, 0>(const T*, const T*, const double*,         \
+                                                   const double*, long long, long long,       \
+                                                   long long, double*, double*);              \
+    template __global__ void channel_partial<T, 1>(const T*, const T*, const double*,         \
+                                                   const double*, long long, long long,       \
+                                                   long long, double*, double*);              \
+    template __global__ void bn_forward_apply<T>(const T*, T*, const double*, const double*,  \
+                                                 long long, long long, long long);            \
+    template __global__ void bn_backward_apply<T>(                                            \
+        const T*, const T*, T*, const double*, const double*, const double*, const double*,   \
+        const double*, long long, long long, long long);                                      \
+    template __global__ void activation_forward<T>(const T*, T*, long long, int, double);     \
+    template __global__ void activation_backward<T>(const T*, const T*, const T*, T*,         \
+                                                    long long, int, double);                  \
+    template __global__ void softmax_channels<T>(const T*, T*, long long, long long,          \
+                                                 long long, int);                             \
+    template __global__ void softmax_channels_backward<T>(const T*, const T*, T*, long long,  \
+                                                          long long, long long);
+
+DTK_PW_INSTANTIATE(float)
+DTK_PW_INSTANTIATE(double)
+#ifndef DISTTENSOR_NO_HALF
+DTK_PW_INSTANTIATE(__half)
+#endif
+#undef DTK_PW_INSTANTIATE
