@@ -41,9 +41,24 @@ def conv_out_shape(in_spatial, kernel, stride, dilation, pad_lo, pad_hi) -> tupl
     return tuple(out)
 
 
+@njit(cache=True, inline="always")
+def _valid_range(o_n, k_off, stride, pad, n):
+    """Outputs ``o`` in ``[0, o_n)`` with ``0 <= o*stride - pad + k_off < n``, as a range."""
+    base = k_off - pad
+    lo = 0 if base >= 0 else (-base + stride - 1) // stride
+    top = n - 1 - base
+    hi = -1 if top < 0 else min(o_n - 1, top // stride)
+    if hi < lo:
+        return 0, 0
+    return lo, hi + 1
+
+
 @njit(parallel=True, cache=True)
 def _im2col(x, cols, d0, d1, oh_n, ow_n, kd_n, kh_n, kw_n, sd, sh, sw, dd, dh, dw, pd, ph, pw):
-    """cols[(c, kd, kh, kw), (od - d0, oh, ow)] = x[c, od*sd - pd + kd*dd, ...] (0 outside)."""
+    """cols[(c, kd, kh, kw), (od - d0, oh, ow)] = x[c, od*sd - pd + kd*dd, ...] (0 outside).
+
+    One thread per row; a row is runs of ``ow``, each a (strided) copy of an input row between
+    its two zero-padded ends, whose bounds are computed once per kernel offset."""
     c_n, d_n, h_n, w_n = x.shape
     kk = kd_n * kh_n * kw_n
     for r in prange(c_n * kk):
@@ -53,28 +68,28 @@ def _im2col(x, cols, d0, d1, oh_n, ow_n, kd_n, kh_n, kw_n, sd, sh, sw, dd, dh, d
         rem -= kd * kh_n * kw_n
         kh = rem // kw_n
         kw = rem - kh * kw_n
+        w_lo, w_hi = _valid_range(ow_n, kw * dw, sw, pw, w_n)
+        i_w0 = w_lo * sw - pw + kw * dw
         p = 0
         for od in range(d0, d1):
             i_d = od * sd - pd + kd * dd
             for oh in range(oh_n):
                 i_h = oh * sh - ph + kh * dh
                 if i_d < 0 or i_d >= d_n or i_h < 0 or i_h >= h_n:
-                    for ow in range(ow_n):
-                        cols[r, p + ow] = 0
+                    cols[r, p:p + ow_n] = 0
                 else:
-                    for ow in range(ow_n):
-                        i_w = ow * sw - pw + kw * dw
-                        if 0 <= i_w < w_n:
-                            cols[r, p + ow] = x[c, i_d, i_h, i_w]
-                        else:
-                            cols[r, p + ow] = 0
+                    cols[r, p:p + w_lo] = 0
+                    src = x[c, i_d, i_h]
+                    for j in range(w_hi - w_lo):
+                        cols[r, p + w_lo + j] = src[i_w0 + j * sw]
+                    cols[r, p + w_hi:p + ow_n] = 0
                 p += ow_n
 
 
 @njit(parallel=True, cache=True)
 def _col2im(cols, dx, d0, d1, oh_n, ow_n, kd_n, kh_n, kw_n, sd, sh, sw, dd, dh, dw, pd, ph, pw):
     """dx[c, od*sd - pd + kd*dd, ...] += cols[(c, kd, kh, kw), (od - d0, oh, ow)] (adjoint of
-    :func:`_im2col`); one thread per input channel."""
+    :func:`_im2col`); one thread per input channel, so no two threads add into one cell."""
     c_n, d_n, h_n, w_n = dx.shape
     kk = kd_n * kh_n * kw_n
     for c in prange(c_n):
@@ -84,16 +99,17 @@ def _col2im(cols, dx, d0, d1, oh_n, ow_n, kd_n, kh_n, kw_n, sd, sh, sw, dd, dh, 
             rem = rem0 - kd * kh_n * kw_n
             kh = rem // kw_n
             kw = rem - kh * kw_n
+            w_lo, w_hi = _valid_range(ow_n, kw * dw, sw, pw, w_n)
+            i_w0 = w_lo * sw - pw + kw * dw
             p = 0
             for od in range(d0, d1):
                 i_d = od * sd - pd + kd * dd
                 for oh in range(oh_n):
                     i_h = oh * sh - ph + kh * dh
                     if 0 <= i_d < d_n and 0 <= i_h < h_n:
-                        for ow in range(ow_n):
-                            i_w = ow * sw - pw + kw * dw
-                            if 0 <= i_w < w_n:
-                                dx[c, i_d, i_h, i_w] += cols[r, p + ow]
+                        dst = dx[c, i_d, i_h]
+                        for j in range(w_hi - w_lo):
+                            dst[i_w0 + j * sw] += cols[r, p + w_lo + j]
                     p += ow_n
 
 
