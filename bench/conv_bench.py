@@ -144,7 +144,7 @@ def distributed_bench(args) -> None:
     from mpi4py import MPI
 
     import disttensor as dt
-    from disttensor.ops import conv as C
+    from disttensor.ops import convolution as C
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from _timing import timed
 

@@ -5,19 +5,24 @@ sample axis and any subset of the spatial axes may be.  A rank computes the outp
 owns from its input block plus a halo whose width follows from the window index math in
 :mod:`disttensor.ops.window`; backward passes send halo gradients back to their owners with the
 reverse (adjoint) halo exchange.  Per-rank kernels live in :mod:`disttensor.ops.local`.
+
+Modules: :mod:`.convolution` (conv, transposed conv), :mod:`.pooling`, :mod:`.upsampling`,
+:mod:`.norm` (batch norm), :mod:`.activations` (activations, softmax, dropout), :mod:`.shape`
+(channel concat, flatten, dense), :mod:`.loss`, :mod:`.window` (pure index math); their
+public functions are re-exported here (``from disttensor import ops; ops.conv_forward(...)``).
 """
 
-from .activation import (ACTIVATIONS, activation, activation_backward, activation_forward,
+from .activations import (ACTIVATIONS, activation, activation_backward, activation_forward,
                          dropout_backward, dropout_forward, elu, leaky_relu, log_softmax, relu,
                          sigmoid, softmax, softmax_backward, softmax_forward, tanh)
-from .conv import (conv, conv_backward, conv_forward, conv_transpose, conv_transpose_backward,
+from .convolution import (conv, conv_backward, conv_forward, conv_transpose, conv_transpose_backward,
                    conv_transpose_forward)
 from .loss import cross_entropy_backward, cross_entropy_forward, mse_backward, mse_forward
 from .norm import batch_norm, batch_norm_backward, batch_norm_forward
-from .pool import avg_pool, max_pool, pool, pool_backward, pool_forward
+from .pooling import avg_pool, max_pool, pool, pool_backward, pool_forward
 from .shape import (concat_channels, concat_channels_backward, dense_backward, dense_forward,
                     flatten_backward, flatten_forward)
-from .upsample import upsample, upsample_backward, upsample_forward
+from .upsampling import upsample, upsample_backward, upsample_forward
 from .window import AxisWindow
 
 __all__ = [

@@ -42,6 +42,7 @@ class WindowPlan:
     pad_lo: tuple[int, ...]
     pad_hi: tuple[int, ...]
     has_output: bool
+    periodic: tuple[bool, ...] = ()   # per tensor axis: halo boundary (circular padding)
 
     @property
     def needs_exchange(self) -> bool:
@@ -84,18 +85,20 @@ def window_plan(dist: Distribution, windows: tuple[AxisWindow, ...], coords: tup
             pad_lo.append(0)
             pad_hi.append(0)
             continue
-        lo, hi = w.input_range(o0, o1)
-        read.append(slice(max(lo, 0) - a + hl, min(hi, n) - a + hl))
+        lo, hi = w.read_range(o0, o1, n)
+        read.append(slice(lo - a + hl, hi - a + hl))
         pl, ph = w.local_pads(o0, o1, n)
         pad_lo.append(pl)
         pad_hi.append(ph)
+    periodic = (False, False) + tuple(w.periodic for w in windows)
     return WindowPlan(out_dist, tuple(halo), tuple(read), tuple(pad_lo), tuple(pad_hi),
-                      has_output)
+                      has_output, periodic)
 
 
-def spatial_windows(nd: int, kernel, stride, dilation, padding) -> tuple[AxisWindow, ...]:
+def spatial_windows(nd: int, kernel, stride, dilation, padding, periodic: bool = False
+                    ) -> tuple[AxisWindow, ...]:
     """One :class:`AxisWindow` per spatial axis from normalized per-axis tuples."""
-    return tuple(AxisWindow(k, s, d, lo, hi)
+    return tuple(AxisWindow(k, s, d, lo, hi, periodic)
                  for k, s, d, (lo, hi) in zip(kernel, stride, dilation, padding))
 
 
@@ -122,8 +125,13 @@ def halo_input(x: DistArray, plan: WindowPlan) -> DistArray:
         xh = x
     else:
         xh = x.with_halo(plan.halo)
-    xh.halo_exchange("zero").exchange()
+    xh.halo_exchange(_boundary(plan)).exchange()
     return xh
+
+
+def _boundary(plan: WindowPlan):
+    return tuple("periodic" if p else "zero" for p in plan.periodic) if any(plan.periodic) \
+        else "zero"
 
 
 def halo_gradient(local_grad, x_dist: Distribution, grid, plan: WindowPlan) -> DistArray:
@@ -143,7 +151,7 @@ def halo_gradient(local_grad, x_dist: Distribution, grid, plan: WindowPlan) -> D
     if not plan.needs_exchange:
         return DistArray(buf, x_dist, grid)
     g = DistArray(buf, x_dist, grid, plan.halo)
-    g.halo_exchange("zero").reverse()
+    g.halo_exchange(_boundary(plan)).reverse()
     return DistArray(xp.ascontiguousarray(g.local), x_dist, grid)
 
 

@@ -16,7 +16,8 @@ blocks.  This is the explicit ownership the distributed ops give their outputs.
 ``[o0*stride - pad_lo, (o1-1)*stride - pad_lo + dilation*(kernel-1) + 1)``.  The part inside
 ``[0, n)`` but outside the block is its halo; the part outside ``[0, n)`` is padding, which the
 local kernel applies itself (``local_pads``), so halos never carry padding values and
-max-pooling can pad with ``-inf``.  One halo width per side serves all blocks (the maximum
+max-pooling can pad with ``-inf``.  A ``periodic`` window (circular padding) instead reads the
+padding cells as wrapped-around input through a periodic halo and the kernel pads nothing.  One halo width per side serves all blocks (the maximum
 need; :class:`disttensor.halo.HaloExchange` takes one width per side); it can reach past the
 direct neighbour and can be larger on one side than the other.  Blocks that need less read a
 sub-window of their buffer.
@@ -38,6 +39,7 @@ class AxisWindow:
     dilation: int = 1
     pad_lo: int = 0
     pad_hi: int = 0
+    periodic: bool = False  # padding wraps around (circular), read through a periodic halo
 
     def __post_init__(self):
         for name in ("kernel", "stride", "dilation"):
@@ -100,6 +102,13 @@ class AxisWindow:
         return tuple(res)
 
     # -- what a block reads -------------------------------------------------------------------
+    def read_range(self, o0: int, o1: int, n: int) -> tuple[int, int]:
+        """The global input range this block reads from its buffer: :meth:`input_range`
+        clipped to ``[0, n)``, or unclipped when periodic (indices outside ``[0, n)`` are
+        the halo's wrapped-around copies)."""
+        lo, hi = self.input_range(o0, o1)
+        return (lo, hi) if self.periodic else (max(lo, 0), min(hi, n))
+
     def input_range(self, o0: int, o1: int) -> tuple[int, int]:
         """Global input range (unclipped; may leave ``[0, n)``) read by outputs ``[o0, o1)``,
         ``o0 < o1``."""
@@ -112,10 +121,15 @@ class AxisWindow:
         if o1 <= o0:
             return 0, 0
         lo, hi = self.input_range(o0, o1)
+        if self.periodic:
+            return a - lo, hi - b
         return a - max(lo, 0), min(hi, n) - b
 
     def local_pads(self, o0: int, o1: int, n: int) -> tuple[int, int]:
-        """Padding the local kernel adds below/above the clipped input range of ``[o0, o1)``."""
+        """Padding the local kernel adds below/above the clipped input range of ``[o0, o1)``
+        (none when periodic: the halo carries the wrapped-around cells)."""
+        if self.periodic:
+            return 0, 0
         lo, hi = self.input_range(o0, o1)
         return max(0, -lo), max(0, hi - n)
 

@@ -95,17 +95,26 @@ def _with_channels(d: Distribution, c: int) -> Distribution:
 
 
 # -- convolution ---------------------------------------------------------------------------------
-def conv_forward(x: DistArray, w, b=None, stride=1, padding=0, dilation=1, groups=1):
+def conv_forward(x: DistArray, w, b=None, stride=1, padding=0, dilation=1, groups=1,
+                 padding_mode: str = "zeros"):
     """Convolution (cross-correlation, as ``torch.nn.functional.conv{1,2,3}d``) of ``x``
     ``(N, Cin, *S)`` with ``w`` ``(Cout, Cin // groups, *K)`` plus optional bias ``(Cout,)``.
-    ``padding``: int, ``'same'``, ``'valid'``, per-axis ints or per-axis (lo, hi) pairs.
+    ``padding``: int, ``'same'``, ``'valid'``, per-axis ints or per-axis (lo, hi) pairs;
+    ``padding_mode``: ``'zeros'`` or ``'circular'`` (periodic domains: the padding cells are
+    the wrapped-around input, read through a periodic halo; each pad at most the extent).
     Collective.  Returns ``(y, saved)``."""
     nd, kernel, stride, dilation, padding, groups = _geometry(x, w, stride, padding, dilation,
                                                               groups, "conv")
     if w.shape[1] * groups != x.shape[1] or w.shape[0] % groups:
         raise ValueError(f"conv: weight {tuple(w.shape)} with groups={groups} does not fit "
                          f"{x.shape[1]} input channels")
-    windows = spatial_windows(nd, kernel, stride, dilation, padding)
+    if padding_mode not in ("zeros", "circular"):
+        raise ValueError(f"padding_mode must be 'zeros' or 'circular', got {padding_mode!r}")
+    circular = padding_mode == "circular"
+    if circular and any(max(p) > n for p, n in zip(padding, x.shape[2:])):
+        raise ValueError(f"circular padding {padding} must not exceed the spatial extents "
+                         f"{x.shape[2:]}")
+    windows = spatial_windows(nd, kernel, stride, dilation, padding, circular)
     plan = window_plan(x.distribution, windows, x.grid.coords)
     xin = halo_input(x, plan)
     dtype = x.dtype
@@ -124,9 +133,10 @@ def conv_forward(x: DistArray, w, b=None, stride=1, padding=0, dilation=1, group
     return y, saved
 
 
-def conv(x: DistArray, w, b=None, stride=1, padding=0, dilation=1, groups=1) -> DistArray:
+def conv(x: DistArray, w, b=None, stride=1, padding=0, dilation=1, groups=1,
+         padding_mode: str = "zeros") -> DistArray:
     """:func:`conv_forward` without the saved state."""
-    return conv_forward(x, w, b, stride, padding, dilation, groups)[0]
+    return conv_forward(x, w, b, stride, padding, dilation, groups, padding_mode)[0]
 
 
 def _conv_dx(saved: ConvSaved, dy_local, grid) -> DistArray:
