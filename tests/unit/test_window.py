@@ -95,3 +95,19 @@ def test_normalize_padding_forms():
     assert normalize_padding("valid", 2) == ((0, 0), (0, 0))
     assert normalize_padding((1, (0, 2)), 2) == ((1, 1), (0, 2))
     assert normalize_padding("same", 2, kernel=(3, 4), dilation=(1, 1)) == ((1, 1), (1, 2))
+
+
+@given(window_and_split())
+def test_periodic_halo_covers_wrapped_reads_without_local_pads(ws):
+    w, offs = ws
+    w = AxisWindow(w.kernel, w.stride, w.dilation, w.pad_lo, w.pad_hi, periodic=True)
+    n = offs[-1]
+    out = w.output_offsets(offs)
+    hl, hh = w.halo(offs)
+    for a, b, o0, o1 in zip(offs[:-1], offs[1:], out[:-1], out[1:]):
+        if o1 <= o0:
+            continue
+        assert w.local_pads(o0, o1, n) == (0, 0)
+        lo, hi = w.read_range(o0, o1, n)
+        assert a - hl <= lo and hi <= b + hh
+        assert (hi - lo - w.span) // w.stride + 1 == o1 - o0
