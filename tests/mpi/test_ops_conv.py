@@ -524,6 +524,40 @@ def test_cosmoflow_first_layer_float32():
 
 
 # -- 6. errors on every rank -----------------------------------------------------------------------
+def _wrapped_gradient(dxp, pads, spatial):
+    """Fold the gradient of a wrap-padded array back onto the unpadded one."""
+    dx = np.zeros(dxp.shape[:2] + tuple(spatial))
+    idx = np.ix_(*[(np.arange(m) - lo) % n for m, (lo, _), n in zip(dxp.shape[2:], pads, spatial)])
+    for pos in np.ndindex(*dxp.shape[2:]):
+        dst = tuple(ix.ravel()[p] for ix, p in zip(idx, pos))
+        dx[(slice(None), slice(None)) + dst] += dxp[(slice(None), slice(None)) + pos]
+    return dx
+
+
+@pytest.mark.parametrize("pad,stride", [("same", 1), ((((2, 1), (0, 3))), 2), (1, 1)])
+@pytest.mark.parametrize("sizes_kind", ["balanced", "uneven"])
+@collective_checks
+def test_circular_padding_matches_wrapped_reference(pad, stride, sizes_kind):
+    """padding_mode='circular' (periodic domains): equal to the reference conv of the input
+    wrap-padded with numpy.pad(mode='wrap'); dx folds the padding's gradient back."""
+    from disttensor.ops.window import normalize_padding
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((2, 3, 7, 6))
+    w = rng.standard_normal((4, 3, 3, 4))
+    sizes = (None, None, uneven(7, SIZE), None) if sizes_kind == "uneven" else None
+    xd = dt.from_global(x, grid=grid((SIZE,)), split=(None, None, 0, None), sizes=sizes)
+    y, saved = conv_forward(xd, w, None, stride, pad, padding_mode="circular")
+    pads = normalize_padding(pad, 2, (3, 4), (1, 1))
+    xp = np.pad(x, ((0, 0), (0, 0)) + pads, mode="wrap")
+    yr = ref.conv(xp, w, None, stride, 0)
+    close("circular y", y.to_numpy(), yr)
+    dy = rng.standard_normal(yr.shape)
+    dx, dw, _ = conv_backward(saved, like(dy, y))
+    dxp, dwr, _ = ref.conv_backward(xp, w, dy, stride, 0)
+    close("circular dx", dx.to_numpy(), _wrapped_gradient(dxp, pads, x.shape[2:]))
+    close("circular dw", dw, dwr)
+
+
 def test_errors_raised_on_every_rank():
     g1 = grid((SIZE,))
     rng = np.random.default_rng(3)
@@ -550,6 +584,10 @@ def test_errors_raised_on_every_rank():
                                                      groups=2))
     assert_raises_all(COMM, ValueError, "groups",
                       lambda: conv_forward(xd, w, groups=0))
+    assert_raises_all(COMM, ValueError, "padding_mode",
+                      lambda: conv_forward(xd, w, padding_mode="reflect"))
+    assert_raises_all(COMM, ValueError, "circular padding",
+                      lambda: conv_forward(xd, w, padding=10, padding_mode="circular"))
     # weight of the wrong rank
     assert_raises_all(COMM, ValueError, "spatial",
                       lambda: conv_forward(xd, rng.standard_normal((4, 4, 3, 3))))
