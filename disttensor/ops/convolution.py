@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..array import DistArray
-from ..comm import allreduce
+from ..comm import allreduce, collective
 from ..distribution import Distribution
 from .local import kernels_for
 from .window import normalize_padding, normalize_tuple
@@ -119,14 +119,15 @@ def conv_forward(x: DistArray, w, b=None, stride=1, padding=0, dilation=1, group
     xin = halo_input(x, plan)
     dtype = x.dtype
     out_dist = _with_channels(plan.out_dist, w.shape[0])
-    if plan.has_output:
-        k = kernels_for(x.local)
-        s3, d3, lo3, hi3 = _local_kernel_args(plan, nd, stride, dilation)
-        y_local = unlift(k.conv_forward(lift(_read_window(xin, plan), nd), lift(w, nd), s3, d3,
-                                        lo3, hi3, groups), nd)
-    else:
-        y_local = _empty_output(x, out_dist, dtype)
-    _add_bias(y_local, b, nd)
+    with collective(x.grid.cart):  # a kernel failure on one rank raises on all
+        if plan.has_output:
+            k = kernels_for(x.local)
+            s3, d3, lo3, hi3 = _local_kernel_args(plan, nd, stride, dilation)
+            y_local = unlift(k.conv_forward(lift(_read_window(xin, plan), nd), lift(w, nd), s3,
+                                            d3, lo3, hi3, groups), nd)
+        else:
+            y_local = _empty_output(x, out_dist, dtype)
+        _add_bias(y_local, b, nd)
     y = DistArray(y_local, out_dist, x.grid)
     saved = ConvSaved(xin, x.distribution, plan, w, nd, kernel, lift3(stride, nd, 1),
                       lift3(dilation, nd, 1), groups, b is not None)
@@ -142,31 +143,34 @@ def conv(x: DistArray, w, b=None, stride=1, padding=0, dilation=1, groups=1,
 def _conv_dx(saved: ConvSaved, dy_local, grid) -> DistArray:
     """Backward data of the convolution in ``saved`` (collective: reverse halo exchange)."""
     plan, nd = saved.plan, saved.nd
-    if plan.has_output:
-        k = kernels_for(dy_local)
-        read_shape = tuple(sl.stop - sl.start for sl in plan.read[2:])
-        g = k.conv_backward_data(lift(dy_local, nd), lift(saved.w, nd),
-                                 lift3(read_shape, nd, 1), saved.stride3, saved.dilation3,
-                                 lift3(plan.pad_lo, nd, 0), lift3(plan.pad_hi, nd, 0),
-                                 saved.groups)
-        g = unlift(g, nd)
-    else:
-        g = dy_local[:0]
+    with collective(grid.cart):
+        if plan.has_output:
+            k = kernels_for(dy_local)
+            read_shape = tuple(sl.stop - sl.start for sl in plan.read[2:])
+            g = k.conv_backward_data(lift(dy_local, nd), lift(saved.w, nd),
+                                     lift3(read_shape, nd, 1), saved.stride3, saved.dilation3,
+                                     lift3(plan.pad_lo, nd, 0), lift3(plan.pad_hi, nd, 0),
+                                     saved.groups)
+            g = unlift(g, nd)
+        else:
+            g = dy_local[:0]
     return halo_gradient(g, saved.x_dist, grid, plan)
 
 
-def _conv_dw(saved: ConvSaved, xwin_local, dy_local, dtype):
+def _conv_dw(saved: ConvSaved, xwin_local, dy_local, dtype, grid):
+    """This rank's part of the filter gradient (collective only to agree on failure)."""
     from ..backend import array_module
     plan, nd = saved.plan, saved.nd
     xp = array_module(dy_local)
-    if plan.has_output:
-        k = kernels_for(dy_local)
-        dw = k.conv_backward_filter(lift(xwin_local, nd), lift(dy_local, nd),
-                                    lift3(saved.kernel, nd, 1), saved.stride3, saved.dilation3,
-                                    lift3(plan.pad_lo, nd, 0), lift3(plan.pad_hi, nd, 0),
-                                    saved.groups)
-        return dw.reshape(saved.w.shape)
-    return xp.zeros(saved.w.shape, dtype=dtype)
+    with collective(grid.cart):
+        if plan.has_output:
+            k = kernels_for(dy_local)
+            dw = k.conv_backward_filter(lift(xwin_local, nd), lift(dy_local, nd),
+                                        lift3(saved.kernel, nd, 1), saved.stride3,
+                                        saved.dilation3, lift3(plan.pad_lo, nd, 0),
+                                        lift3(plan.pad_hi, nd, 0), saved.groups)
+            return dw.reshape(saved.w.shape)
+        return xp.zeros(saved.w.shape, dtype=dtype)
 
 
 def conv_backward(saved: ConvSaved, dy: DistArray, need_dx: bool = True, need_dw: bool = True,
@@ -184,7 +188,8 @@ def conv_backward(saved: ConvSaved, dy: DistArray, need_dx: bool = True, need_dw
     dw = db = None
     if need_dw:
         comm = param_comm(xin)
-        dw = _reduce(_conv_dw(saved, _read_window(xin, saved.plan), dy.local, dy.dtype), comm,
+        dw = _reduce(_conv_dw(saved, _read_window(xin, saved.plan), dy.local, dy.dtype,
+                               dy.grid), comm,
                      reduce)
         if saved.has_bias:
             axes = (0,) + tuple(range(2, dy.ndim))
@@ -278,17 +283,19 @@ def conv_transpose_backward(saved: ConvSaved, dx: DistArray, need_dy: bool = Tru
     win = _read_window(dxin, plan)
     dy = db = dw = None
     if need_dy:
-        if plan.has_output:
-            k = kernels_for(dx.local)
-            dy_local = unlift(k.conv_forward(lift(win, nd), lift(saved.w, nd), saved.stride3,
-                                             saved.dilation3, lift3(plan.pad_lo, nd, 0),
-                                             lift3(plan.pad_hi, nd, 0), saved.groups), nd)
-        else:
-            dy_local = _empty_output(saved.y, saved.y.distribution, dx.dtype)
+        with collective(dx.grid.cart):
+            if plan.has_output:
+                k = kernels_for(dx.local)
+                dy_local = unlift(k.conv_forward(lift(win, nd), lift(saved.w, nd),
+                                                 saved.stride3, saved.dilation3,
+                                                 lift3(plan.pad_lo, nd, 0),
+                                                 lift3(plan.pad_hi, nd, 0), saved.groups), nd)
+            else:
+                dy_local = _empty_output(saved.y, saved.y.distribution, dx.dtype)
         dy = DistArray(dy_local, saved.y.distribution, dx.grid)
     if need_dw:
         comm = param_comm(dx)
-        dw = _reduce(_conv_dw(saved, win, saved.y.local, dx.dtype), comm, reduce)
+        dw = _reduce(_conv_dw(saved, win, saved.y.local, dx.dtype, dx.grid), comm, reduce)
         if saved.has_bias:
             axes = (0,) + tuple(range(2, dx.ndim))
             db = _reduce(dx.local.sum(axis=axes), comm, reduce)

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..array import DistArray
 from ..backend import array_module
-from ..comm import allreduce
+from ..comm import allreduce, collective
 from .local import kernels_for
 from ._spatial import check_layout, param_comm
 
@@ -81,7 +81,8 @@ def cross_entropy_forward(logits: DistArray, labels: DistArray):
     c = logits.shape[1]
     lab_local = lab.local.astype(xp.int64, copy=False)
     comm = param_comm(logits)
-    logp = k.log_softmax_channels(logits.local)
+    with collective(logits.grid.cart):  # a kernel failure on one rank raises on all
+        logp = k.log_softmax_channels(logits.local)
     bad = int(((lab_local < 0) | (lab_local >= c)).sum()) if lab_local.size else 0
     picked = xp.take_along_axis(logp, xp.clip(lab_local, 0, c - 1)[:, None], axis=1)
     part = xp.asarray([-(picked.astype(xp.float64)).sum(), float(bad)], dtype=xp.float64)

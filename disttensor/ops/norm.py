@@ -19,7 +19,7 @@ import numpy as np
 
 from ..array import DistArray
 from ..backend import array_module
-from ..comm import allreduce
+from ..comm import allreduce, collective
 from .local import kernels_for
 from ._spatial import check_layout, param_comm
 
@@ -62,7 +62,8 @@ def batch_norm_forward(x: DistArray, gamma, beta, running_mean=None, running_var
     xp = x.xp
     k = kernels_for(x.local)
     if training:
-        s, ss = k.channel_sums(x.local)
+        with collective(x.grid.cart):  # a kernel failure on one rank raises on all
+            s, ss = k.channel_sums(x.local)
         packed = xp.concatenate([xp.asarray(s, dtype=xp.float64), xp.asarray(ss, dtype=xp.float64),
                                  xp.asarray([_count(x)], dtype=xp.float64)])
         if stats == "global":
@@ -101,7 +102,8 @@ def batch_norm_backward(saved: BatchNormSaved, dy: DistArray, reduce: bool = Tru
     xp = array_module(dy.local)
     k = kernels_for(dy.local)
     c = x.shape[1]
-    s_dy, s_dyx = k.channel_sums_backward(dy.local, x.local, saved.mean, saved.invstd)
+    with collective(dy.grid.cart):
+        s_dy, s_dyx = k.channel_sums_backward(dy.local, x.local, saved.mean, saved.invstd)
     sums = xp.concatenate([xp.asarray(s_dy, dtype=xp.float64), xp.asarray(s_dyx, dtype=xp.float64)])
     comm = param_comm(x)
     if saved.training and saved.stats == "global":

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..array import DistArray
+from ..comm import collective
 from ..distribution import Distribution
 from .local import kernels_for
 from .window import normalize_padding, normalize_tuple
@@ -53,15 +54,18 @@ def pool_forward(x: DistArray, mode: str, kernel, stride=None, padding=0,
     xin = halo_input(x, plan)
     argmax = None
     read_shape = ()
-    if plan.has_output:
-        win = xin.buffer[plan.read]
-        read_shape = tuple(win.shape[2:])
-        y_local, argmax = kernels_for(win).pool_forward(
-            lift(win, nd), mode, lift3(kernel, nd, 1), lift3(stride, nd, 1),
-            lift3(plan.pad_lo, nd, 0), lift3(plan.pad_hi, nd, 0), count_include_pad)
-        y_local = unlift(y_local, nd)
-    else:
-        y_local = x.xp.zeros(plan.out_dist.block_shape(x.grid.coords), dtype=x.dtype)
+    with collective(x.grid.cart):  # a kernel failure on one rank raises on all
+        if plan.has_output:
+            win = xin.buffer[plan.read]
+            read_shape = tuple(win.shape[2:])
+            y_local, argmax = kernels_for(win).pool_forward(
+                lift(win, nd), mode, lift3(kernel, nd, 1), lift3(stride, nd, 1),
+                lift3(plan.pad_lo, nd, 0), lift3(plan.pad_hi, nd, 0), count_include_pad)
+            y_local = unlift(y_local, nd)
+            if argmax is not None:
+                argmax = unlift(argmax, nd)
+        else:
+            y_local = x.xp.zeros(plan.out_dist.block_shape(x.grid.coords), dtype=x.dtype)
     y = DistArray(y_local, plan.out_dist, x.grid)
     saved = PoolSaved(x.distribution, plan, mode, nd, lift3(kernel, nd, 1), lift3(stride, nd, 1),
                       count_include_pad, argmax, read_shape)
@@ -75,14 +79,15 @@ def pool_backward(saved: PoolSaved, dy: DistArray) -> DistArray:
     if dy.distribution != plan.out_dist:
         raise ValueError(f"dy must be distributed like the pooling output ({plan.out_dist}), "
                          f"got {dy.distribution}")
-    if plan.has_output:
-        g = kernels_for(dy.local).pool_backward(
-            lift(dy.local, nd), saved.argmax if saved.argmax is None else lift(saved.argmax, nd),
-            saved.mode, lift3(saved.read_shape, nd, 1), saved.kernel3, saved.stride3,
-            lift3(plan.pad_lo, nd, 0), lift3(plan.pad_hi, nd, 0), saved.count_include_pad)
-        g = unlift(g, nd)
-    else:
-        g = dy.local[:0]
+    with collective(dy.grid.cart):
+        if plan.has_output:
+            g = kernels_for(dy.local).pool_backward(
+                lift(dy.local, nd), None if saved.argmax is None else lift(saved.argmax, nd),
+                saved.mode, lift3(saved.read_shape, nd, 1), saved.kernel3, saved.stride3,
+                lift3(plan.pad_lo, nd, 0), lift3(plan.pad_hi, nd, 0), saved.count_include_pad)
+            g = unlift(g, nd)
+        else:
+            g = dy.local[:0]
     return halo_gradient(g, saved.x_dist, dy.grid, plan)
 
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..array import DistArray
 from ..backend import array_module
+from ..comm import collective
 from ..distribution import Distribution
 from .window import normalize_tuple
 from ._spatial import check_layout
@@ -126,8 +127,9 @@ def upsample_forward(x: DistArray, scale, mode: str = "nearest"):
     else:
         buf = x.local
     y = buf
-    for i, (i0, i1, lam) in enumerate(taps):
-        y = _apply_axis(y, 2 + i, i0, i1, lam, xp)
+    with collective(x.grid.cart):  # a failure on one rank raises on all
+        for i, (i0, i1, lam) in enumerate(taps):
+            y = _apply_axis(y, 2 + i, i0, i1, lam, xp)
     # the non-interpolated axes 0, 1 carry no halo; spatial halos were consumed by the taps
     saved = UpsampleSaved(d, out_dist, mode, scale, halo, tuple(taps), tuple(buf.shape))
     return DistArray(xp.ascontiguousarray(y), out_dist, x.grid), saved
@@ -148,15 +150,16 @@ def upsample_backward(saved: UpsampleSaved, dy: DistArray) -> DistArray:
                 shape = g.shape[:t] + (g.shape[t] // f, f) + g.shape[t + 1:]
                 g = g.reshape(shape).sum(axis=t + 1)
         return DistArray(xp.ascontiguousarray(g), saved.x_dist, dy.grid)
-    for i in reversed(range(len(saved.taps))):
-        t = 2 + i
-        i0, i1, lam = saved.taps[i]
-        shape = [1] * g.ndim
-        shape[t] = -1
-        lam_a = xp.asarray(lam, dtype=g.dtype).reshape(shape)
-        length = saved.buf_shape[t]
-        g = _segment_add(g * (1 - lam_a), t, i0, length, xp) + _segment_add(g * lam_a, t, i1,
-                                                                           length, xp)
+    with collective(dy.grid.cart):
+        for i in reversed(range(len(saved.taps))):
+            t = 2 + i
+            i0, i1, lam = saved.taps[i]
+            shape = [1] * g.ndim
+            shape[t] = -1
+            lam_a = xp.asarray(lam, dtype=g.dtype).reshape(shape)
+            length = saved.buf_shape[t]
+            g = _segment_add(g * (1 - lam_a), t, i0, length, xp) + _segment_add(g * lam_a, t, i1,
+                                                                               length, xp)
     gd = DistArray(g, saved.x_dist, dy.grid, saved.halo)
     if any(h != (0, 0) for h in saved.halo):
         gd.halo_exchange("zero").reverse()
