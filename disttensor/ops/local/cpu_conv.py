@@ -19,6 +19,7 @@ straightforward im2col), the workspace is bounded and stays in cache-sized piece
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 from numba import njit, prange
@@ -28,6 +29,22 @@ __all__ = ["conv_forward", "conv_backward_data", "conv_backward_filter", "conv_o
 
 def _workspace_bytes() -> int:
     return int(float(os.environ.get("DISTTENSOR_CONV_WORKSPACE_MB", "64")) * 2**20)
+
+
+_scratch = threading.local()
+
+
+def _workspace(nelems: int, dtype) -> np.ndarray:
+    """A reusable 1-d scratch buffer of at least ``nelems`` (per thread and dtype): a fresh
+    64 MiB buffer per call costs its page faults every time (~25 ms here)."""
+    key = np.dtype(dtype).str
+    bufs = getattr(_scratch, "bufs", None)
+    if bufs is None:
+        bufs = _scratch.bufs = {}
+    buf = bufs.get(key)
+    if buf is None or buf.size < nelems:
+        buf = bufs[key] = np.empty(nelems, dtype=dtype)
+    return buf[:nelems]
 
 
 def conv_out_shape(in_spatial, kernel, stride, dilation, pad_lo, pad_hi) -> tuple[int, ...]:
@@ -76,13 +93,15 @@ def _im2col(x, cols, d0, d1, oh_n, ow_n, kd_n, kh_n, kw_n, sd, sh, sw, dd, dh, d
             for oh in range(oh_n):
                 i_h = oh * sh - ph + kh * dh
                 if i_d < 0 or i_d >= d_n or i_h < 0 or i_h >= h_n:
-                    cols[r, p:p + ow_n] = 0
+                    for j in range(ow_n):
+                        cols[r, p + j] = 0
                 else:
-                    cols[r, p:p + w_lo] = 0
-                    src = x[c, i_d, i_h]
+                    for j in range(w_lo):
+                        cols[r, p + j] = 0
                     for j in range(w_hi - w_lo):
-                        cols[r, p + w_lo + j] = src[i_w0 + j * sw]
-                    cols[r, p + w_hi:p + ow_n] = 0
+                        cols[r, p + w_lo + j] = x[c, i_d, i_h, i_w0 + j * sw]
+                    for j in range(w_hi, ow_n):
+                        cols[r, p + j] = 0
                 p += ow_n
 
 
@@ -107,9 +126,8 @@ def _col2im(cols, dx, d0, d1, oh_n, ow_n, kd_n, kh_n, kw_n, sd, sh, sw, dd, dh, 
                 for oh in range(oh_n):
                     i_h = oh * sh - ph + kh * dh
                     if 0 <= i_d < d_n and 0 <= i_h < h_n:
-                        dst = dx[c, i_d, i_h]
                         for j in range(w_hi - w_lo):
-                            dst[i_w0 + j * sw] += cols[r, p + w_lo + j]
+                            dx[c, i_d, i_h, i_w0 + j * sw] += cols[r, p + w_lo + j]
                     p += ow_n
 
 
@@ -157,7 +175,7 @@ def conv_forward(x, w, stride, dilation, pad_lo, pad_hi, groups=1):
     plane = out_sp[1] * out_sp[2]
     ymat = y.reshape(n_n, groups, cog, out_sp[0] * plane)
     tiles = _tiles(out_sp, k_rows, x.itemsize)
-    cols_buf = np.empty(k_rows * (tiles[0][1] - tiles[0][0]) * plane, dtype=dtype)
+    cols_buf = _workspace(k_rows * (tiles[0][1] - tiles[0][0]) * plane, dtype)
     for n in range(n_n):
         for g in range(groups):
             xg = x[n, g * cg:(g + 1) * cg]
@@ -191,7 +209,7 @@ def conv_backward_data(dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, grou
     plane = out_sp[1] * out_sp[2]
     dymat = dy.reshape(n_n, groups, cog, out_sp[0] * plane)
     tiles = _tiles(out_sp, k_rows, dy.itemsize)
-    cols_buf = np.empty(k_rows * (tiles[0][1] - tiles[0][0]) * plane, dtype=dtype)
+    cols_buf = _workspace(k_rows * (tiles[0][1] - tiles[0][0]) * plane, dtype)
     for n in range(n_n):
         for g in range(groups):
             dxg = dx[n, g * cg:(g + 1) * cg]
@@ -223,7 +241,7 @@ def conv_backward_filter(x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups
         plane = out_sp[1] * out_sp[2]
         dymat = dy.reshape(n_n, groups, cog, out_sp[0] * plane)
         tiles = _tiles(out_sp, k_rows, x.itemsize)
-        cols_buf = np.empty(k_rows * (tiles[0][1] - tiles[0][0]) * plane, dtype=dtype)
+        cols_buf = _workspace(k_rows * (tiles[0][1] - tiles[0][0]) * plane, dtype)
         part = np.empty((cog, k_rows), dtype=dtype)
         for n in range(n_n):
             for g in range(groups):
