@@ -7,6 +7,15 @@ pooling kernels take exactly three spatial axes (callers lift 1-D/2-D inputs).""
 from __future__ import annotations
 
 import importlib
+import os
+
+# Numba's default threading layer here is GNU OpenMP, whose idle threads spin; so do
+# OpenBLAS's after each GEMM.  The CPU conv kernels alternate Numba packs with BLAS GEMMs, and
+# spinning threads of one slow the other down ~1.5x on 2 cores (bench/README.md).  A passive
+# wait policy (read by libgomp when Numba first loads it, i.e. after this import) fixes the
+# Numba side unless the user chose a policy; OPENBLAS_THREAD_TIMEOUT=4 (set before NumPy is
+# imported, as scripts/main.sh and bench/README.md do) fixes the BLAS side.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from ...backend import array_module
 

@@ -78,6 +78,7 @@ def _im2col(x, cols, d0, d1, oh_n, ow_n, kd_n, kh_n, kw_n, sd, sh, sw, dd, dh, d
     its two zero-padded ends, whose bounds are computed once per kernel offset."""
     c_n, d_n, h_n, w_n = x.shape
     kk = kd_n * kh_n * kw_n
+    xf = x.reshape(-1)  # x is C-contiguous: flat indexing lets LLVM vectorize unit strides
     for r in prange(c_n * kk):
         c = r // kk
         rem = r - c * kk
@@ -85,7 +86,9 @@ def _im2col(x, cols, d0, d1, oh_n, ow_n, kd_n, kh_n, kw_n, sd, sh, sw, dd, dh, d
         rem -= kd * kh_n * kw_n
         kh = rem // kw_n
         kw = rem - kh * kw_n
+        row = cols[r]
         w_lo, w_hi = _valid_range(ow_n, kw * dw, sw, pw, w_n)
+        m = w_hi - w_lo
         i_w0 = w_lo * sw - pw + kw * dw
         p = 0
         for od in range(d0, d1):
@@ -94,14 +97,20 @@ def _im2col(x, cols, d0, d1, oh_n, ow_n, kd_n, kh_n, kw_n, sd, sh, sw, dd, dh, d
                 i_h = oh * sh - ph + kh * dh
                 if i_d < 0 or i_d >= d_n or i_h < 0 or i_h >= h_n:
                     for j in range(ow_n):
-                        cols[r, p + j] = 0
+                        row[p + j] = 0
                 else:
                     for j in range(w_lo):
-                        cols[r, p + j] = 0
-                    for j in range(w_hi - w_lo):
-                        cols[r, p + w_lo + j] = x[c, i_d, i_h, i_w0 + j * sw]
+                        row[p + j] = 0
+                    q = ((c * d_n + i_d) * h_n + i_h) * w_n + i_w0
+                    o = p + w_lo
+                    if sw == 1:
+                        for j in range(m):
+                            row[o + j] = xf[q + j]
+                    else:
+                        for j in range(m):
+                            row[o + j] = xf[q + j * sw]
                     for j in range(w_hi, ow_n):
-                        cols[r, p + j] = 0
+                        row[p + j] = 0
                 p += ow_n
 
 
@@ -111,14 +120,17 @@ def _col2im(cols, dx, d0, d1, oh_n, ow_n, kd_n, kh_n, kw_n, sd, sh, sw, dd, dh, 
     :func:`_im2col`); one thread per input channel, so no two threads add into one cell."""
     c_n, d_n, h_n, w_n = dx.shape
     kk = kd_n * kh_n * kw_n
+    dxf = dx.reshape(-1)  # dx is C-contiguous
     for c in prange(c_n):
         for rem0 in range(kk):
             r = c * kk + rem0
+            row = cols[r]
             kd = rem0 // (kh_n * kw_n)
             rem = rem0 - kd * kh_n * kw_n
             kh = rem // kw_n
             kw = rem - kh * kw_n
             w_lo, w_hi = _valid_range(ow_n, kw * dw, sw, pw, w_n)
+            m = w_hi - w_lo
             i_w0 = w_lo * sw - pw + kw * dw
             p = 0
             for od in range(d0, d1):
@@ -126,8 +138,14 @@ def _col2im(cols, dx, d0, d1, oh_n, ow_n, kd_n, kh_n, kw_n, sd, sh, sw, dd, dh, 
                 for oh in range(oh_n):
                     i_h = oh * sh - ph + kh * dh
                     if 0 <= i_d < d_n and 0 <= i_h < h_n:
-                        for j in range(w_hi - w_lo):
-                            dx[c, i_d, i_h, i_w0 + j * sw] += cols[r, p + w_lo + j]
+                        q = ((c * d_n + i_d) * h_n + i_h) * w_n + i_w0
+                        o = p + w_lo
+                        if sw == 1:
+                            for j in range(m):
+                                dxf[q + j] += row[o + j]
+                        else:
+                            for j in range(m):
+                                dxf[q + j * sw] += row[o + j]
                     p += ow_n
 
 
