@@ -19,9 +19,17 @@ def timed(fn) -> float:
     return COMM.allreduce(dt_, op=MPI.MAX)
 
 
-def compare(fns: dict, reps: int, warmup: int) -> dict:
+def wall(fn) -> float:
+    """Seconds of one call on this process alone (no MPI)."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def compare(fns: dict, reps: int, warmup: int, timer=timed) -> dict:
     """Median seconds of each function, called interleaved (rotating who goes first) so that
-    drift of this noisy machine hits all of them alike."""
+    drift of this noisy machine hits all of them alike.  ``timer``: :func:`timed` (collective,
+    slowest rank) or :func:`wall` (this process)."""
     for _ in range(warmup):
         for f in fns.values():
             f()
@@ -29,5 +37,5 @@ def compare(fns: dict, reps: int, warmup: int) -> dict:
     keys = list(fns)
     for i in range(reps):
         for k in keys[i % len(keys):] + keys[:i % len(keys)]:
-            times[k].append(timed(fns[k]))
+            times[k].append(timer(fns[k]))
     return {k: statistics.median(v) for k, v in times.items()}

@@ -23,7 +23,9 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from _timing import compare, timed, wall  # noqa: E402
 from disttensor.ops.local import cpu_conv  # noqa: E402
 
 ONE = (1, 1, 1)
@@ -73,20 +75,6 @@ def ours_backward(x, w, dy):
     return dx, dw
 
 
-def _median_times(fns: dict, reps: int, warmup: int) -> dict:
-    for _ in range(warmup):
-        for f in fns.values():
-            f()
-    times = {k: [] for k in fns}
-    keys = list(fns)
-    for i in range(reps):
-        for k in keys[i % len(keys):] + keys[:i % len(keys)]:
-            t0 = time.perf_counter()
-            fns[k]()
-            times[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
-
-
 def local_bench(args) -> None:
     try:
         import torch
@@ -127,7 +115,7 @@ def local_bench(args) -> None:
                 F.conv3d(xr, wr, padding=1).backward(dyt)
             fns["torch_fwd"] = torch_fwd
             fns["torch_fwdbwd"] = torch_bwd
-        t = _median_times(fns, args.reps, args.warmup)
+        t = compare(fns, args.reps, args.warmup, timer=wall)
         flops = 2 * args.batch * cout * cin * 27 * n ** 3
         line = (f"conv3d {cin:>3}->{cout:<3} {n:>3}^3: fwd ours {t['ours_fwd'] * 1e3:8.1f} ms "
                 f"({flops / t['ours_fwd'] / 1e9:5.1f} GFLOP/s)  im2col+matmul/ours "
@@ -145,8 +133,6 @@ def distributed_bench(args) -> None:
 
     import disttensor as dt
     from disttensor.ops import convolution as C
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _timing import timed
 
     comm = MPI.COMM_WORLD
     p = comm.size

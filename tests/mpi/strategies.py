@@ -95,16 +95,23 @@ def explicit_sizes(n: int, p: int) -> st.SearchStrategy[tuple[int, ...]]:
 
 
 @st.composite
-def _layouts(draw, shape: tuple[int, ...], nranks: int, max_grid_ndim: int):
-    dims = draw(grid_dims(nranks, max_grid_ndim))
-    split = draw(splits(len(shape), len(dims)))
+def block_sizes(draw, shape, dims, split) -> tuple:
+    """``sizes`` for a ``split`` of ``shape`` over grid ``dims``: per split axis balanced
+    (``None``) or explicit uneven/empty sizes; ``None`` for axes not split."""
     sizes = []
     for t, g in enumerate(split):
         if g is None or not draw(st.booleans()):
             sizes.append(None)
         else:
             sizes.append(draw(explicit_sizes(shape[t], dims[g])))
-    return dims, split, tuple(sizes)
+    return tuple(sizes)
+
+
+@st.composite
+def _layouts(draw, shape: tuple[int, ...], nranks: int, max_grid_ndim: int):
+    dims = draw(grid_dims(nranks, max_grid_ndim))
+    split = draw(splits(len(shape), len(dims)))
+    return dims, split, draw(block_sizes(shape, dims, split))
 
 
 def layouts(shape, nranks: int, max_grid_ndim: int = 3) \

@@ -31,7 +31,7 @@ from disttensor.ops import (conv_backward, conv_forward, conv_transpose_backward
                             conv_transpose_forward)
 from checks import COMM, SIZE, collective_checks, examples, expect, grid
 from conftest import assert_all_ranks, assert_allclose_all, assert_raises_all
-from strategies import explicit_sizes, grid_dims
+from strategies import block_sizes, grid_dims
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import reference as ref  # noqa: E402
@@ -116,12 +116,7 @@ def nc_layouts(draw, shape):
         t = draw(st.sampled_from(free))
         if t is not None:
             split[t] = g
-    sizes = []
-    for t, g in enumerate(split):
-        if g is None or not draw(st.booleans()):
-            sizes.append(None)
-        else:
-            sizes.append(draw(explicit_sizes(shape[t], dims[g])))
+    sizes = draw(block_sizes(shape, dims, split))
     return dims, tuple(split), sizes
 
 

@@ -36,7 +36,7 @@ from disttensor.ops import (ACTIVATIONS, activation_backward, activation_forward
 
 from checks import COMM, SIZE, collective_checks, examples, expect, grid
 from conftest import _abort, assert_allclose_all, assert_all_ranks, assert_raises_all
-from strategies import explicit_sizes, grid_dims, splits
+from strategies import block_sizes, grid_dims, splits
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import reference as ref  # noqa: E402
@@ -98,12 +98,7 @@ def nc_layouts(draw, shape, dims=None, max_grid_ndim: int = 3, need_split: bool 
         t = draw(st.sampled_from([0] + list(range(2, len(shape)))))
         split = tuple(None if g == big else g for g in split)
         split = split[:t] + (big,) + split[t + 1:]
-    sizes = []
-    for t, g in enumerate(split):
-        if g is None or not draw(st.booleans()):
-            sizes.append(None)
-        else:
-            sizes.append(draw(explicit_sizes(shape[t], dims[g])))
+    sizes = draw(block_sizes(shape, dims, split))
     return tuple(dims), split, tuple(sizes)
 
 
@@ -111,12 +106,7 @@ def nc_layouts(draw, shape, dims=None, max_grid_ndim: int = 3, need_split: bool 
 def any_layouts(draw, shape, dims):
     """A layout of any axes (no channel axis: labels ``(N, *S)``) on the grid ``dims``."""
     split = draw(splits(len(shape), len(dims)))
-    sizes = []
-    for t, g in enumerate(split):
-        if g is None or not draw(st.booleans()):
-            sizes.append(None)
-        else:
-            sizes.append(draw(explicit_sizes(shape[t], dims[g])))
+    sizes = draw(block_sizes(shape, dims, split))
     return tuple(dims), split, tuple(sizes)
 
 
