@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from ..array import DistArray
 from ..backend import array_module
 from ..comm import allreduce, collective
@@ -102,5 +100,5 @@ def cross_entropy_backward(saved: CrossEntropySaved, dloss: float = 1.0) -> Dist
     if g.size:
         classes = xp.arange(g.shape[1]).reshape((1, -1) + (1,) * (g.ndim - 2))
         g -= (saved.labels[:, None] == classes).astype(g.dtype)
-    g *= np.asarray(dloss / max(saved.count, 1), dtype=g.dtype)
+    g *= dloss / max(saved.count, 1)  # a Python float keeps g.dtype (NumPy and CuPy)
     return DistArray(g, lg.distribution, lg.grid)
