@@ -128,6 +128,23 @@ def _gpu_rows() -> list[tuple[str, str]]:
     return rows
 
 
+def _ops_rows() -> list[tuple[str, str]]:
+    """Which local kernels the CNN ops would use here."""
+    import os
+    rows = [("ops: CPU conv", "im2col (Numba) + BLAS GEMM, workspace "
+             f"{os.environ.get('DISTTENSOR_CONV_WORKSPACE_MB', '64')} MiB"),
+            ("ops: OMP_WAIT_POLICY", os.environ.get("OMP_WAIT_POLICY", "unset (PASSIVE on "
+                                                    "first use of disttensor.ops)"))]
+    try:
+        from .backend import gpu_available
+        if gpu_available():
+            from .ops.local import gpu
+            rows.append(("ops: GPU conv backend", gpu.conv_backend()))
+    except Exception as e:  # noqa: BLE001
+        rows.append(("ops: GPU conv backend", f"failed: {_err(e)}"))
+    return rows
+
+
 def collect() -> list[tuple[str, str]]:
     """(name, value) rows of the report."""
     rows = [("python", f"{platform.python_version()} ({sys.executable})"),
@@ -137,6 +154,7 @@ def collect() -> list[tuple[str, str]]:
     rows += _h5py_rows()
     rows += _mpi_rows()
     rows += _gpu_rows()
+    rows += _ops_rows()
     return rows
 
 
