@@ -12,7 +12,7 @@ import importlib
 import platform
 import sys
 
-__all__ = ["collect", "main", "mpix_query_cuda_support"]
+__all__ = ["collect", "main"]
 
 NOT_INSTALLED = "not installed"
 
