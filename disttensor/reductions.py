@@ -12,7 +12,6 @@ import builtins
 import operator
 
 import numpy as np
-from mpi4py import MPI
 
 from .array import DistArray
 from .backend import array_module, to_host
