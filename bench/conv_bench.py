@@ -145,8 +145,8 @@ def distributed_bench(args) -> None:
     xa = dt.from_global(x, grid=grid_all, split=(None, None, 0))
     x1 = dt.from_global(x, grid=grid_one, split=(None, None, 0))
 
-    def step(xx):
-        y, saved = C.conv_forward(xx, w, None, 1, "same")
+    def step(xx, overlap=True):
+        y, saved = C.conv_forward(xx, w, None, 1, "same", overlap=overlap)
         C.conv_backward(saved, y)
 
     for _ in range(args.warmup):
@@ -162,12 +162,17 @@ def distributed_bench(args) -> None:
             step(x1)
         t_one.append(comm.bcast(time.perf_counter() - t0, root=0))
     ta, t1 = statistics.median(t_all), statistics.median(t_one)
+    t_ov = compare({"overlap": lambda: step(xa, True), "no": lambda: step(xa, False)},
+                   args.reps, 1)
     if comm.rank == 0:
         print(f"# distributed conv3d 4->32 k=3 'same' float32 batch {args.batch} {s}^3, split "
               f"along D over {p} ranks; threads numba={os.environ.get('NUMBA_NUM_THREADS')} "
               f"blas={os.environ.get('OPENBLAS_NUM_THREADS')}")
         print(f"conv fwd+bwd: 1 rank {t1 * 1e3:.1f} ms, {p} ranks {ta * 1e3:.1f} ms, speedup "
               f"{t1 / ta:.2f}x (ideal {p}x), parallel efficiency {t1 / ta / p:.2f}")
+        print(f"conv fwd+bwd on {p} ranks: interior overlapped with the halo exchange "
+              f"{t_ov['overlap'] * 1e3:.1f} ms, exchange then compute {t_ov['no'] * 1e3:.1f} ms, "
+              f"no-overlap/overlap {t_ov['no'] / t_ov['overlap']:.3f}")
 
 
 def main() -> None:

@@ -23,8 +23,8 @@ from ..array import DistArray
 from ..distribution import Distribution
 from .window import AxisWindow
 
-__all__ = ["WindowPlan", "window_plan", "check_layout", "halo_input", "halo_gradient", "lift",
-           "unlift", "lift3", "param_comm", "spatial_windows"]
+__all__ = ["WindowPlan", "window_plan", "Region", "overlap_regions", "check_layout", "halo_input", "halo_gradient", "lift",
+           "unlift", "lift3", "begin_halo_input", "halo_boundary", "param_comm", "spatial_windows"]
 
 
 @dataclass(frozen=True)
@@ -95,6 +95,65 @@ def window_plan(dist: Distribution, windows: tuple[AxisWindow, ...], coords: tup
                       has_output, periodic)
 
 
+@dataclass(frozen=True)
+class Region:
+    """A box of this rank's outputs and what computing it reads: ``out`` slices of the local
+    output block, ``read`` slices of the halo'd input buffer, local padding per spatial axis."""
+
+    out: tuple[slice, ...]
+    read: tuple[slice, ...]
+    pad_lo: tuple[int, ...]
+    pad_hi: tuple[int, ...]
+
+
+@lru_cache(maxsize=1024)
+def overlap_regions(dist: Distribution, windows: tuple[AxisWindow, ...],
+                    coords: tuple[int, ...]) -> tuple[Region | None, tuple[Region, ...]]:
+    """This rank's outputs cut into an *interior* box, whose windows read only cells the rank
+    owns (computable while the halo exchange is in flight), and *shell* boxes that read halo
+    cells (computed after it).  Onion decomposition over the spatial axes: shell ``i`` holds
+    the outputs inside the interior range on the axes before ``i`` and outside it on axis
+    ``i``.  Empty boxes are left out; ``interior`` is ``None`` when empty.  Pure."""
+    plan = window_plan(dist, windows, coords)
+    if not plan.has_output:
+        return None, ()
+    axes = []   # per spatial axis: (o0, o1, q0, q1, a, hl, n, w)
+    for i, w in enumerate(windows):
+        t = 2 + i
+        c = dist.axis_coord(t, coords)
+        a, b = dist.block_range(t, c)
+        out_offs = w.output_offsets(dist.offsets[t])
+        o0, o1 = out_offs[c], out_offs[c + 1]
+        n = dist.shape[t]
+        inside = [o for o in range(o0, o1)
+                  if w.read_range(o, o + 1, n)[0] >= a and w.read_range(o, o + 1, n)[1] <= b]
+        q0, q1 = (inside[0], inside[-1] + 1) if inside else (o0, o0)
+        axes.append((o0, o1, q0, q1, a, plan.halo[t][0], n, w))
+
+    def region(ranges):
+        out, read, plo, phi = [slice(None), slice(None)], [slice(None), slice(None)], [], []
+        for (o0, _, _, _, a, hl, n, w), (r0, r1) in zip(axes, ranges):
+            lo, hi = w.read_range(r0, r1, n)
+            out.append(slice(r0 - o0, r1 - o0))
+            read.append(slice(lo - a + hl, hi - a + hl))
+            pl, ph = w.local_pads(r0, r1, n)
+            plo.append(pl)
+            phi.append(ph)
+        return Region(tuple(out), tuple(read), tuple(plo), tuple(phi))
+
+    interior_ranges = [(q0, q1) for (_, _, q0, q1, *_rest) in axes]
+    interior = region(interior_ranges) if all(q1 > q0 for q0, q1 in interior_ranges) else None
+    shells = []
+    for i, (o0, o1, q0, q1, *_rest) in enumerate(axes):
+        for r0, r1 in ((o0, q0), (q1, o1)):
+            if r1 <= r0:
+                continue
+            ranges = interior_ranges[:i] + [(r0, r1)] + [(ax[0], ax[1]) for ax in axes[i + 1:]]
+            if all(b > a for a, b in ranges):
+                shells.append(region(ranges))
+    return interior, tuple(shells)
+
+
 def spatial_windows(nd: int, kernel, stride, dilation, padding, periodic: bool = False
                     ) -> tuple[AxisWindow, ...]:
     """One :class:`AxisWindow` per spatial axis from normalized per-axis tuples."""
@@ -125,11 +184,19 @@ def halo_input(x: DistArray, plan: WindowPlan) -> DistArray:
         xh = x
     else:
         xh = x.with_halo(plan.halo)
-    xh.halo_exchange(_boundary(plan)).exchange()
+    xh.halo_exchange(halo_boundary(plan)).exchange()
     return xh
 
 
-def _boundary(plan: WindowPlan):
+def begin_halo_input(x: DistArray, plan: WindowPlan):
+    """Split-phase :func:`halo_input`: ``(x with the plan's halo, started exchange)``; call
+    ``end()`` on the exchange before reading halo cells (collective)."""
+    xh = x if x.halo == plan.halo else x.with_halo(plan.halo)
+    return xh, xh.halo_exchange(halo_boundary(plan)).begin()
+
+
+def halo_boundary(plan: WindowPlan):
+    """The halo exchange boundary argument of a plan (periodic axes for circular padding)."""
     return tuple("periodic" if p else "zero" for p in plan.periodic) if any(plan.periodic) \
         else "zero"
 
@@ -151,7 +218,7 @@ def halo_gradient(local_grad, x_dist: Distribution, grid, plan: WindowPlan) -> D
     if not plan.needs_exchange:
         return DistArray(buf, x_dist, grid)
     g = DistArray(buf, x_dist, grid, plan.halo)
-    g.halo_exchange(_boundary(plan)).reverse()
+    g.halo_exchange(halo_boundary(plan)).reverse()
     return DistArray(xp.ascontiguousarray(g.local), x_dist, grid)
 
 

@@ -23,13 +23,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..array import DistArray
 from ..comm import allreduce, collective
 from ..distribution import Distribution
 from .local import kernels_for
 from .window import normalize_padding, normalize_tuple
-from ._spatial import (WindowPlan, check_layout, halo_gradient, halo_input, lift, lift3,
-                       param_comm, spatial_windows, unlift, window_plan)
+from ._spatial import (WindowPlan, begin_halo_input, check_layout, halo_boundary,
+                       halo_gradient, halo_input, lift, lift3, overlap_regions, param_comm,
+                       spatial_windows, unlift, window_plan)
 
 __all__ = ["conv", "conv_forward", "conv_backward", "conv_transpose", "conv_transpose_forward",
            "conv_transpose_backward", "ConvSaved"]
@@ -51,6 +54,8 @@ class ConvSaved:
     has_bias: bool
     transposed: bool = False
     y: DistArray | None = None  # transposed conv: its input (the convolution's output side)
+    windows: tuple = ()
+    overlap: bool = False
 
 
 def _geometry(x: DistArray, w, stride, padding, dilation, groups, what: str):
@@ -67,17 +72,8 @@ def _geometry(x: DistArray, w, stride, padding, dilation, groups, what: str):
     return nd, kernel, stride, dilation, padding, int(groups)
 
 
-def _local_kernel_args(plan: WindowPlan, nd: int, stride, dilation):
-    return (lift3(stride, nd, 1), lift3(dilation, nd, 1), lift3(plan.pad_lo, nd, 0),
-            lift3(plan.pad_hi, nd, 0))
-
-
 def _read_window(xin: DistArray, plan: WindowPlan):
     return xin.buffer[plan.read]
-
-
-def _empty_output(x: DistArray, dist: Distribution, channels_dtype):
-    return x.xp.zeros(dist.block_shape(x.grid.coords), dtype=channels_dtype)
 
 
 def _add_bias(y_local, b, nd: int) -> None:
@@ -94,14 +90,104 @@ def _with_channels(d: Distribution, c: int) -> Distribution:
                         [d.sizes(t) if g is not None else None for t, g in enumerate(d.split)])
 
 
+def _windowed_forward(x: DistArray, plan: WindowPlan, windows, w, nd: int, stride3, dilation3,
+                      groups: int, out_shape, overlap: bool):
+    """Halo exchange of ``x`` and the local forward convolution of this rank's outputs
+    (collective).  With ``overlap``, the interior outputs (reading only owned cells, see
+    :func:`overlap_regions`) are computed between ``begin()`` and ``end()`` of the exchange,
+    the shells after it.  Returns ``(x with halo, local output)``; a failure on any rank
+    raises on all."""
+    from ..backend import array_module
+    xp = array_module(x.local)
+    dtype = np.result_type(x.dtype, w.dtype)
+    k = kernels_for(x.local)
+
+    def run(buf, read, plo, phi):
+        return unlift(k.conv_forward(lift(buf[read], nd), lift(w, nd), stride3, dilation3,
+                                     lift3(plo, nd, 0), lift3(phi, nd, 0), groups), nd)
+    if not (overlap and plan.needs_exchange):
+        xin = halo_input(x, plan)
+        with collective(x.grid.cart):  # a kernel failure on one rank raises on all
+            y = run(xin.buffer, plan.read, plan.pad_lo, plan.pad_hi) if plan.has_output \
+                else xp.zeros(out_shape, dtype=dtype)
+        return xin, y
+    xin, ex = begin_halo_input(x, plan)
+    interior, shells = overlap_regions(x.distribution, windows, x.grid.coords)
+    y = xp.zeros(out_shape, dtype=dtype)
+    err = None
+    try:
+        if interior is not None:
+            y[interior.out] = run(xin.buffer, interior.read, interior.pad_lo, interior.pad_hi)
+    except Exception as e:  # noqa: BLE001 - agreed on below, after the exchange completes
+        err = e
+    ex.end()
+    with collective(x.grid.cart):
+        if err is not None:
+            raise err
+        for r in shells:
+            y[r.out] = run(xin.buffer, r.read, r.pad_lo, r.pad_hi)
+    return xin, y
+
+
+def _windowed_backward_data(saved: "ConvSaved", dy_local, grid) -> DistArray:
+    """Backward data of the convolution in ``saved``: the local adjoint kernel per region,
+    halo cells sent back and added to their owners by the reverse exchange (collective).
+    With overlap, the shells (the only outputs whose gradient reaches halo cells) go first,
+    then the reverse exchange is started and the interior computed while it flies."""
+    from ..backend import array_module
+    plan, nd = saved.plan, saved.nd
+    xp = array_module(dy_local)
+    k = kernels_for(dy_local)
+
+    def run(dy_part, read, plo, phi):
+        shape = tuple(sl.stop - sl.start for sl in read[2:])
+        return unlift(k.conv_backward_data(lift(dy_part, nd), lift(saved.w, nd),
+                                           lift3(shape, nd, 1), saved.stride3, saved.dilation3,
+                                           lift3(plo, nd, 0), lift3(phi, nd, 0), saved.groups),
+                      nd)
+    if not (saved.overlap and plan.needs_exchange):
+        with collective(grid.cart):
+            g = run(dy_local, plan.read, plan.pad_lo, plan.pad_hi) if plan.has_output \
+                else dy_local[:0]
+        return halo_gradient(g, saved.x_dist, grid, plan)
+    block = saved.x_dist.block_shape(grid.coords)
+    dtype = np.result_type(dy_local.dtype, saved.w.dtype)
+    buf = xp.zeros(tuple(lo + n + hi for (lo, hi), n in zip(plan.halo, block)), dtype=dtype)
+    interior, shells = overlap_regions(saved.x_dist, saved.windows, grid.coords)
+    err = None
+    try:
+        for r in shells:
+            buf[r.read] += run(dy_local[r.out], r.read, r.pad_lo, r.pad_hi)
+    except Exception as e:  # noqa: BLE001 - agreed on below, after the exchange completes
+        err = e
+    g = DistArray(buf, saved.x_dist, grid, plan.halo)
+    ex = g.halo_exchange(halo_boundary(plan)).reverse_begin()
+    try:
+        if err is None and interior is not None:
+            buf[interior.read] += run(dy_local[interior.out], interior.read, interior.pad_lo,
+                                      interior.pad_hi)
+    except Exception as e:  # noqa: BLE001
+        err = e
+    ex.reverse_end()
+    with collective(grid.cart):
+        if err is not None:
+            raise err
+    return DistArray(xp.ascontiguousarray(g.local), saved.x_dist, grid)
+
+
 # -- convolution ---------------------------------------------------------------------------------
 def conv_forward(x: DistArray, w, b=None, stride=1, padding=0, dilation=1, groups=1,
-                 padding_mode: str = "zeros"):
+                 padding_mode: str = "zeros", overlap: bool | None = None):
     """Convolution (cross-correlation, as ``torch.nn.functional.conv{1,2,3}d``) of ``x``
     ``(N, Cin, *S)`` with ``w`` ``(Cout, Cin // groups, *K)`` plus optional bias ``(Cout,)``.
     ``padding``: int, ``'same'``, ``'valid'``, per-axis ints or per-axis (lo, hi) pairs;
     ``padding_mode``: ``'zeros'`` or ``'circular'`` (periodic domains: the padding cells are
     the wrapped-around input, read through a periodic halo; each pad at most the extent).
+    ``overlap``: compute the interior outputs while the halo exchange is in flight (and, in
+    the backward, the interior's data gradient while the reverse exchange is).  Default
+    (``None``): on for GPU blocks, whose kernels run asynchronously while the host waits on
+    MPI; off for CPU blocks, where the kernel and MPI progress share a thread and the split
+    into regions measured ~7% slower (``bench/conv_bench.py --distributed``).
     Collective.  Returns ``(y, saved)``."""
     nd, kernel, stride, dilation, padding, groups = _geometry(x, w, stride, padding, dilation,
                                                               groups, "conv")
@@ -114,47 +200,26 @@ def conv_forward(x: DistArray, w, b=None, stride=1, padding=0, dilation=1, group
     if circular and any(max(p) > n for p, n in zip(padding, x.shape[2:])):
         raise ValueError(f"circular padding {padding} must not exceed the spatial extents "
                          f"{x.shape[2:]}")
+    if overlap is None:
+        overlap = x.device == "cuda"
     windows = spatial_windows(nd, kernel, stride, dilation, padding, circular)
     plan = window_plan(x.distribution, windows, x.grid.coords)
-    xin = halo_input(x, plan)
-    dtype = x.dtype
     out_dist = _with_channels(plan.out_dist, w.shape[0])
-    with collective(x.grid.cart):  # a kernel failure on one rank raises on all
-        if plan.has_output:
-            k = kernels_for(x.local)
-            s3, d3, lo3, hi3 = _local_kernel_args(plan, nd, stride, dilation)
-            y_local = unlift(k.conv_forward(lift(_read_window(xin, plan), nd), lift(w, nd), s3,
-                                            d3, lo3, hi3, groups), nd)
-        else:
-            y_local = _empty_output(x, out_dist, dtype)
-        _add_bias(y_local, b, nd)
+    xin, y_local = _windowed_forward(x, plan, windows, w, nd, lift3(stride, nd, 1),
+                                     lift3(dilation, nd, 1), groups,
+                                     out_dist.block_shape(x.grid.coords), overlap)
+    _add_bias(y_local, b, nd)
     y = DistArray(y_local, out_dist, x.grid)
     saved = ConvSaved(xin, x.distribution, plan, w, nd, kernel, lift3(stride, nd, 1),
-                      lift3(dilation, nd, 1), groups, b is not None)
+                      lift3(dilation, nd, 1), groups, b is not None, windows=windows,
+                      overlap=overlap)
     return y, saved
 
 
 def conv(x: DistArray, w, b=None, stride=1, padding=0, dilation=1, groups=1,
-         padding_mode: str = "zeros") -> DistArray:
+         padding_mode: str = "zeros", overlap: bool | None = None) -> DistArray:
     """:func:`conv_forward` without the saved state."""
-    return conv_forward(x, w, b, stride, padding, dilation, groups, padding_mode)[0]
-
-
-def _conv_dx(saved: ConvSaved, dy_local, grid) -> DistArray:
-    """Backward data of the convolution in ``saved`` (collective: reverse halo exchange)."""
-    plan, nd = saved.plan, saved.nd
-    with collective(grid.cart):
-        if plan.has_output:
-            k = kernels_for(dy_local)
-            read_shape = tuple(sl.stop - sl.start for sl in plan.read[2:])
-            g = k.conv_backward_data(lift(dy_local, nd), lift(saved.w, nd),
-                                     lift3(read_shape, nd, 1), saved.stride3, saved.dilation3,
-                                     lift3(plan.pad_lo, nd, 0), lift3(plan.pad_hi, nd, 0),
-                                     saved.groups)
-            g = unlift(g, nd)
-        else:
-            g = dy_local[:0]
-    return halo_gradient(g, saved.x_dist, grid, plan)
+    return conv_forward(x, w, b, stride, padding, dilation, groups, padding_mode, overlap)[0]
 
 
 def _conv_dw(saved: ConvSaved, xwin_local, dy_local, dtype, grid):
@@ -184,7 +249,7 @@ def conv_backward(saved: ConvSaved, dy: DistArray, need_dx: bool = True, need_dw
                          "conv_transpose_backward")
     _check_dy(dy, _with_channels(saved.plan.out_dist, saved.w.shape[0]))
     xin = saved.xin
-    dx = _conv_dx(saved, dy.local, dy.grid) if need_dx else None
+    dx = _windowed_backward_data(saved, dy.local, dy.grid) if need_dx else None
     dw = db = None
     if need_dw:
         comm = param_comm(xin)
@@ -253,8 +318,9 @@ def conv_transpose_forward(y: DistArray, w, b=None, stride=1, padding=0, output_
     cout = w.shape[1] * groups
     out_dist = _with_channels(x_dist, cout)
     saved = ConvSaved(None, out_dist, plan, w, nd, kernel, lift3(stride, nd, 1),
-                      lift3(dilation, nd, 1), groups, b is not None, transposed=True, y=y)
-    x = _conv_dx(saved, y.local, y.grid)
+                      lift3(dilation, nd, 1), groups, b is not None, transposed=True, y=y,
+                      windows=windows, overlap=y.device == "cuda")
+    x = _windowed_backward_data(saved, y.local, y.grid)
     _add_bias(x.local, b, nd)
     return x, saved
 
@@ -279,20 +345,16 @@ def conv_transpose_backward(saved: ConvSaved, dx: DistArray, need_dy: bool = Tru
         raise ValueError(f"dx must be distributed like the transposed convolution's output "
                          f"({saved.x_dist}), got {dx.distribution}")
     plan, nd = saved.plan, saved.nd
-    dxin = halo_input(dx, plan)
-    win = _read_window(dxin, plan)
     dy = db = dw = None
     if need_dy:
-        with collective(dx.grid.cart):
-            if plan.has_output:
-                k = kernels_for(dx.local)
-                dy_local = unlift(k.conv_forward(lift(win, nd), lift(saved.w, nd),
-                                                 saved.stride3, saved.dilation3,
-                                                 lift3(plan.pad_lo, nd, 0),
-                                                 lift3(plan.pad_hi, nd, 0), saved.groups), nd)
-            else:
-                dy_local = _empty_output(saved.y, saved.y.distribution, dx.dtype)
+        dxin, dy_local = _windowed_forward(dx, plan, saved.windows, saved.w, nd, saved.stride3,
+                                           saved.dilation3, saved.groups,
+                                           saved.y.distribution.block_shape(dx.grid.coords),
+                                           saved.overlap)
         dy = DistArray(dy_local, saved.y.distribution, dx.grid)
+    else:
+        dxin = halo_input(dx, plan)
+    win = _read_window(dxin, plan)
     if need_dw:
         comm = param_comm(dx)
         dw = _reduce(_conv_dw(saved, win, saved.y.local, dx.dtype, dx.grid), comm, reduce)

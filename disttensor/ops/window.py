@@ -104,10 +104,17 @@ class AxisWindow:
     # -- what a block reads -------------------------------------------------------------------
     def read_range(self, o0: int, o1: int, n: int) -> tuple[int, int]:
         """The global input range this block reads from its buffer: :meth:`input_range`
-        clipped to ``[0, n)``, or unclipped when periodic (indices outside ``[0, n)`` are
-        the halo's wrapped-around copies)."""
+        clipped to ``[0, n)`` (an empty range at the boundary when every window of
+        ``[o0, o1)`` lies in the padding), or unclipped when periodic (indices outside
+        ``[0, n)`` are the halo's wrapped-around copies)."""
         lo, hi = self.input_range(o0, o1)
-        return (lo, hi) if self.periodic else (max(lo, 0), min(hi, n))
+        if self.periodic:
+            return lo, hi
+        if hi <= 0:
+            return 0, 0
+        if lo >= n:
+            return n, n
+        return max(lo, 0), min(hi, n)
 
     def input_range(self, o0: int, o1: int) -> tuple[int, int]:
         """Global input range (unclipped; may leave ``[0, n)``) read by outputs ``[o0, o1)``,
@@ -120,18 +127,22 @@ class AxisWindow:
         outputs ``[o0, o1)`` reads from inside ``[0, n)``; ``(0, 0)`` when it owns no output."""
         if o1 <= o0:
             return 0, 0
-        lo, hi = self.input_range(o0, o1)
-        if self.periodic:
-            return a - lo, hi - b
-        return a - max(lo, 0), min(hi, n) - b
+        lo, hi = self.read_range(o0, o1, n)
+        if hi <= lo:
+            return 0, 0
+        return a - lo, hi - b
 
     def local_pads(self, o0: int, o1: int, n: int) -> tuple[int, int]:
-        """Padding the local kernel adds below/above the clipped input range of ``[o0, o1)``
-        (none when periodic: the halo carries the wrapped-around cells)."""
+        """Padding the local kernel adds below/above :meth:`read_range` so that it produces
+        exactly the outputs ``[o0, o1)`` (none when periodic: the halo carries the
+        wrapped-around cells)."""
         if self.periodic:
             return 0, 0
         lo, hi = self.input_range(o0, o1)
-        return max(0, -lo), max(0, hi - n)
+        rlo, rhi = self.read_range(o0, o1, n)
+        if rhi == rlo and (hi <= 0 or lo >= n):  # only padding: all of it on one side
+            return (hi - lo, 0) if hi <= 0 else (0, hi - lo)
+        return rlo - lo, hi - rhi
 
     def halo(self, in_offsets: Sequence[int]) -> tuple[int, int]:
         """One (lo, hi) halo width that serves every block of the split ``in_offsets``."""

@@ -172,7 +172,7 @@ def conv_cases(draw):
     return dict(nd=nd, xshape=xshape, cout=cout, groups=groups, kernel=kernel, stride=stride,
                 dilation=dilation, pad_arg=pad_arg, pads=pads, layout=layout,
                 bias=draw(st.booleans()), int_args=draw(st.booleans()),
-                seed=draw(st.integers(0, 2**32 - 1)))
+                seed=draw(st.integers(0, 2**32 - 1)), overlap=draw(st.booleans()))
 
 
 @st.composite
@@ -211,7 +211,7 @@ def run_conv_case(c: dict) -> None:
     xd = dt.from_global(x, grid=grid(dims), split=split, sizes=sizes)
     ia = c["int_args"]
     y, saved = conv_forward(xd, w, b, as_arg(c["stride"], ia), c["pad_arg"],
-                            as_arg(c["dilation"], ia), g)
+                            as_arg(c["dilation"], ia), g, overlap=c.get("overlap"))
     y_ref = ref.conv(x, w, b, c["stride"], c["pads"], c["dilation"], g)
     expect(y.dtype == np.float64, f"y dtype {y.dtype}")
     close("y", y.to_numpy(), y_ref)
@@ -551,6 +551,42 @@ def test_circular_padding_matches_wrapped_reference(pad, stride, sizes_kind):
     dxp, dwr, _ = ref.conv_backward(xp, w, dy, stride, 0)
     close("circular dx", dx.to_numpy(), _wrapped_gradient(dxp, pads, x.shape[2:]))
     close("circular dw", dw, dwr)
+
+
+@pytest.mark.parametrize("pad,stride,mode", [("same", 1, "zeros"), (((2, 0), (1, 3)), 2, "zeros"),
+                                             ("same", 1, "circular")])
+@collective_checks
+def test_overlap_equals_no_overlap(pad, stride, mode):
+    """Interior computed during the exchange (default) == the whole window after it, forward,
+    dx and dw, on a 2-D split when there are 4 ranks (edges and corners in the shells)."""
+    rng = np.random.default_rng(21)
+    x = rng.standard_normal((2, 3, 11, 9))
+    w = rng.standard_normal((4, 3, 3, 4))
+    dims, split = ((2, 2), (None, None, 0, 1)) if SIZE == 4 else ((SIZE,), (None, None, 0, None))
+    xd = dt.from_global(x, grid=grid(dims), split=split,
+                        sizes=(None, None, uneven(11, dims[0]), None))
+    res = []
+    for overlap in (True, False):
+        y, saved = conv_forward(xd, w, None, stride, pad, padding_mode=mode, overlap=overlap)
+        dy = like(np.cos(np.arange(int(np.prod(y.shape)))).reshape(y.shape), y)
+        dx, dw, _ = conv_backward(saved, dy)
+        res.append((y.to_numpy(), dx.to_numpy(), dw))
+    for name, a, b in zip(("y", "dx", "dw"), *res):
+        close(f"overlap {name}", a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@collective_checks
+def test_windows_entirely_in_padding(overlap):
+    """Outputs whose windows read only padding (k=1, stride 3, padding 2 on an extent of 2:
+    hypothesis found the read window going negative) hold just the bias."""
+    dims = (SIZE,)
+    for sizes in (None, (None, None, uneven(2, SIZE), None)):
+        c = dict(nd=2, xshape=(1, 2, 2, 3), cout=2, groups=1, kernel=(1, 1), stride=(3, 1),
+                 dilation=(1, 1), pad_arg=(2, 0), pads=((2, 2), (0, 0)),
+                 layout=(dims, (None, None, 0, None), sizes), bias=True, int_args=False, seed=3,
+                 overlap=overlap)
+        run_conv_case(c)
 
 
 def test_errors_raised_on_every_rank():

@@ -60,7 +60,10 @@ def test_halo_covers_reads_and_local_pads_give_owned_outputs(ws):
                 if 0 <= i < n:
                     assert a - hl <= i < b + hh
         pl, ph = w.local_pads(o0, o1, n)
-        length = min(hi, n) - max(lo, 0)
+        rlo, rhi = w.read_range(o0, o1, n)
+        assert 0 <= rlo <= rhi <= n and pl >= 0 and ph >= 0
+        assert rhi == rlo or a - hl <= rlo and rhi <= b + hh
+        length = rhi - rlo
         assert (length + pl + ph - w.span) // w.stride + 1 == o1 - o0
         assert (length + pl + ph - w.span) % w.stride == 0
 
