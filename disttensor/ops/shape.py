@@ -35,8 +35,9 @@ def _with_channels(d: Distribution, c: int) -> Distribution:
 
 def concat_channels(xs) -> tuple[DistArray, list[Distribution]]:
     """Concatenate ``(N, C_i, *S)`` arrays along the channel axis (collective when operands
-    are distributed differently).  Returns ``(y, dists)``; ``dists`` (the operands'
-    distributions) is what :func:`concat_channels_backward` needs."""
+    are distributed differently, possibly on other grids over the same ranks).  Returns
+    ``(y, layouts)``; ``layouts`` (the operands' distributions and grids) is what
+    :func:`concat_channels_backward` needs."""
     xs = list(xs)
     if not xs:
         raise ValueError("concat_channels needs at least one array")
@@ -48,27 +49,30 @@ def concat_channels(xs) -> tuple[DistArray, list[Distribution]]:
         if x.ndim != first.ndim or x.shape[:1] + x.shape[2:] != first.shape[:1] + first.shape[2:]:
             raise ValueError(f"concat_channels: shapes {first.shape} and {x.shape} differ "
                              "outside the channel axis")
-    dists = [x.distribution for x in xs]
+    layouts = [(x.distribution, x.grid) for x in xs]
     parts = []
     for x in xs:
         want = _with_channels(first.distribution, x.shape[1])
-        parts.append(x.local if x.distribution == want else x.redistribute(distribution=want).local)
+        parts.append(x.local if x.distribution == want and x.grid is first.grid
+                     else x.redistribute(grid=first.grid, distribution=want).local)
     xp = first.xp
     y = xp.concatenate(parts, axis=1)
     ctot = sum(x.shape[1] for x in xs)
-    return DistArray(y, _with_channels(first.distribution, ctot), first.grid), dists
+    return DistArray(y, _with_channels(first.distribution, ctot), first.grid), layouts
 
 
-def concat_channels_backward(dists, dy: DistArray) -> list[DistArray]:
-    """Split ``dy`` along the channels into gradients distributed like the operands."""
+def concat_channels_backward(layouts, dy: DistArray) -> list[DistArray]:
+    """Split ``dy`` along the channels into gradients distributed like the operands
+    (``layouts``: what :func:`concat_channels` returned with its output)."""
     out = []
     c0 = 0
-    for d in dists:
+    for d, grid in layouts:
         c = d.shape[1]
         piece = dy.local[:, c0:c0 + c]
         g = DistArray(array_module(piece).ascontiguousarray(piece),
                       _with_channels(dy.distribution, c), dy.grid)
-        out.append(g if g.distribution == d else g.redistribute(distribution=d))
+        same = g.distribution == d and grid is dy.grid
+        out.append(g if same else g.redistribute(grid=grid, distribution=d))
         c0 += c
     return out
 

@@ -764,3 +764,22 @@ def test_errors_every_rank():
     assert_raises_all(COMM, ve, "scale factors", lambda: upsample_forward(x, 0, "nearest"))
     # nothing above left the ranks out of step
     assert_all_ranks(COMM, COMM.allreduce(1) == SIZE, "ranks out of step")
+
+
+def test_concat_channels_across_grids():
+    """Operands on different grids over the same ranks: the output takes the first one's
+    grid and distribution, each gradient comes back on its operand's grid."""
+    rng = np.random.default_rng(8)
+    a, b = rng.normal(size=(2, 2, 6, 5)), rng.normal(size=(2, 3, 6, 5))
+    ga = grid((SIZE,))
+    gb = grid((2, SIZE // 2)) if SIZE % 2 == 0 else grid((1, SIZE))
+    xa = dt.from_global(a, grid=ga, split=(None, None, 0, None))
+    xb = dt.from_global(b, grid=gb, split=(0, None, None, 1))
+    y, layouts = concat_channels([xa, xb])
+    assert_allclose_all(COMM, y.to_numpy(), np.concatenate([a, b], axis=1))
+    dy = rng.normal(size=y.shape)
+    ga_, gb_ = concat_channels_backward(layouts, like(dy, y))
+    assert_all_ranks(COMM, ga_.grid is ga and gb_.grid is gb
+                     and gb_.distribution == xb.distribution)
+    assert_allclose_all(COMM, ga_.to_numpy(), dy[:, :2])
+    assert_allclose_all(COMM, gb_.to_numpy(), dy[:, 2:])
