@@ -5,6 +5,16 @@ A :class:`DistArray` is a global N-d array whose blocks live on the ranks of a
 module docstrings of :mod:`disttensor.array`, :mod:`disttensor.halo` and
 :mod:`disttensor.redistribute`.
 """
+import os as _os
+import sys as _sys
+
+if "numpy" not in _sys.modules:
+    # OpenBLAS reads this when NumPy loads it: idle BLAS threads then sleep almost at once
+    # instead of spinning against the Numba threads of the CPU kernels, which alternate with
+    # GEMMs (~1.3x faster convolutions on 2 cores, bench/README.md).  Only when NumPy is not
+    # loaded yet and the user did not choose.
+    _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+
 from numpy import (absolute, abs, add, arccos, arcsin, arctan, arctan2, ceil, clip, conj, cos,
                    cosh, divide, equal, exp, expm1, floor, floor_divide, fmax, fmin, greater,
                    greater_equal, hypot, isfinite, isinf, isnan, less, less_equal, log, log10,
