@@ -615,6 +615,9 @@ def test_errors_raised_on_every_rank():
                                                      groups=2))
     assert_raises_all(COMM, ValueError, "groups",
                       lambda: conv_forward(xd, w, groups=0))
+    x16 = dt.from_global(x.astype(np.float16), grid=g1, split=(None, None, 0))
+    assert_raises_all(COMM, TypeError, "float32 or float64",
+                      lambda: conv_forward(x16, w.astype(np.float16)))
     assert_raises_all(COMM, ValueError, "padding_mode",
                       lambda: conv_forward(xd, w, padding_mode="reflect"))
     assert_raises_all(COMM, ValueError, "circular padding",

@@ -149,6 +149,16 @@ def _col2im(cols, dx, d0, d1, oh_n, ow_n, kd_n, kh_n, kw_n, sd, sh, sw, dd, dh, 
                     p += ow_n
 
 
+def _float_dtype(*arrays) -> np.dtype:
+    """The common dtype of the operands, which the CPU kernels take as float32 or float64."""
+    dtype = np.result_type(*(a.dtype for a in arrays))
+    if dtype not in (np.float32, np.float64):
+        raise TypeError(f"CPU convolution kernels take float32 or float64 arrays, got "
+                        f"{', '.join(str(a.dtype) for a in arrays)} (use astype; float16 and "
+                        "bfloat16 are for GPU blocks)")
+    return dtype
+
+
 def _check(x, w, groups):
     if x.ndim != 5 or w.ndim != 5:
         raise ValueError(f"local conv kernels take (N, C, D, H, W) inputs and 5-d weights, got "
@@ -176,7 +186,7 @@ def _geometry(kernel, stride, dilation, pad_lo):
 def conv_forward(x, w, stride, dilation, pad_lo, pad_hi, groups=1):
     """``y[n, co] = sum_{ci in group(co), k} w[co, ci, k] * xpad[n, ci, o*stride + k*dilation]``."""
     _check(x, w, groups)
-    dtype = np.result_type(x.dtype, w.dtype)
+    dtype = _float_dtype(x, w)
     x = np.ascontiguousarray(x, dtype=dtype)
     w = np.ascontiguousarray(w, dtype=dtype)
     n_n, cin = x.shape[:2]
@@ -206,7 +216,7 @@ def conv_forward(x, w, stride, dilation, pad_lo, pad_hi, groups=1):
 
 def conv_backward_data(dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, groups=1):
     """Gradient of ``sum(conv_forward(x, w) * dy)`` with respect to ``x`` (N, Cin, *in_spatial)."""
-    dtype = np.result_type(dy.dtype, w.dtype)
+    dtype = _float_dtype(dy, w)
     dy = np.ascontiguousarray(dy, dtype=dtype)
     w = np.ascontiguousarray(w, dtype=dtype)
     in_spatial = tuple(int(v) for v in in_spatial)
@@ -241,7 +251,7 @@ def conv_backward_data(dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, grou
 def conv_backward_filter(x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups=1):
     """Gradient of ``sum(conv_forward(x, w) * dy)`` with respect to ``w``
     (Cout, Cin // groups, *kernel)."""
-    dtype = np.result_type(x.dtype, dy.dtype)
+    dtype = _float_dtype(x, dy)
     x = np.ascontiguousarray(x, dtype=dtype)
     dy = np.ascontiguousarray(dy, dtype=dtype)
     kernel = tuple(int(k) for k in kernel)
