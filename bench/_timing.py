@@ -1,22 +1,22 @@
-"""Timing helpers shared by the MPI benchmarks: collective wall times of the slowest rank,
-and medians of interleaved repetitions."""
+"""Timing helpers shared by the benchmarks: collective wall times of the slowest rank, and
+medians of interleaved repetitions.  mpi4py is imported on the first collective timing only,
+so single-process benchmarks run in environments without it (e.g. one with PyTorch for a
+comparison)."""
 from __future__ import annotations
 
-import time
-
 import statistics
-from mpi4py import MPI
-
-COMM = MPI.COMM_WORLD
+import time
 
 
 def timed(fn) -> float:
     """Seconds of one collective call, the slowest rank's, after a barrier."""
-    COMM.Barrier()
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    comm.Barrier()
     t0 = time.perf_counter()
     fn()
     dt_ = time.perf_counter() - t0
-    return COMM.allreduce(dt_, op=MPI.MAX)
+    return comm.allreduce(dt_, op=MPI.MAX)
 
 
 def wall(fn) -> float:
