@@ -54,6 +54,7 @@ class ConvSaved:
     has_bias: bool
     transposed: bool = False
     y: DistArray | None = None  # transposed conv: its input (the convolution's output side)
+    y_layout: tuple | None = None  # transposed conv: (distribution, grid) the caller's y had
     windows: tuple = ()
     overlap: bool = False
 
@@ -313,13 +314,14 @@ def conv_transpose_forward(y: DistArray, w, b=None, stride=1, padding=0, output_
             raise ValueError(f"conv_transpose: input extent {m} gives no valid output extent "
                              f"with kernel {kernel}, stride {stride}, padding {padding}")
         extents.append(n)
+    y_layout = (y.distribution, y.grid)
     y, x_dist = _transposed_layout(y, windows, extents)
     plan = window_plan(x_dist, windows, y.grid.coords)
     cout = w.shape[1] * groups
     out_dist = _with_channels(x_dist, cout)
     saved = ConvSaved(None, out_dist, plan, w, nd, kernel, lift3(stride, nd, 1),
                       lift3(dilation, nd, 1), groups, b is not None, transposed=True, y=y,
-                      windows=windows, overlap=y.device == "cuda")
+                      windows=windows, overlap=y.device == "cuda", y_layout=y_layout)
     x = _windowed_backward_data(saved, y.local, y.grid)
     _add_bias(x.local, b, nd)
     return x, saved
@@ -335,9 +337,8 @@ def conv_transpose_backward(saved: ConvSaved, dx: DistArray, need_dy: bool = Tru
                             need_dw: bool = True, reduce: bool = True):
     """Gradients ``(dy, dw, db)`` of a transposed convolution for its output gradient ``dx``
     (distributed like its output).  ``dy`` is the convolution of ``dx`` (halo exchange + local
-    forward kernel), distributed like the (possibly redistributed) input ``saved.y``; when the
-    forward redistributed its input, the caller's input had another distribution and ``dy``
-    is redistributed back to it by the caller (the autograd layer does)."""
+    forward kernel), returned with the distribution the caller's input had (redistributed back
+    when the forward had to redistribute it).  Collective."""
     if not saved.transposed:
         raise ValueError("conv_transpose_backward got the state of a convolution; use "
                          "conv_backward")
@@ -352,6 +353,8 @@ def conv_transpose_backward(saved: ConvSaved, dx: DistArray, need_dy: bool = Tru
                                            saved.y.distribution.block_shape(dx.grid.coords),
                                            saved.overlap)
         dy = DistArray(dy_local, saved.y.distribution, dx.grid)
+        if saved.y_layout is not None and saved.y_layout[0] != dy.distribution:
+            dy = dy.redistribute(grid=saved.y_layout[1], distribution=saved.y_layout[0])
     else:
         dxin = halo_input(dx, plan)
     win = _read_window(dxin, plan)

@@ -78,9 +78,7 @@ def _distributed(x, w1, b1, gamma, beta, w2, wt, w3, labels):
     g8 = ops.cross_entropy_backward(sl)
     g7, dw3, _ = ops.conv_backward(s8, g8)
     g6, g3_skip = ops.concat_channels_backward(s7, g7)
-    g5, dwt, _ = ops.conv_transpose_backward(s6, g6)
-    if g5.distribution != a5.distribution:  # the transposed conv redistributed its input
-        g5 = g5.redistribute(distribution=a5.distribution)
+    g5, dwt, _ = ops.conv_transpose_backward(s6, g6)  # back in a5's distribution
     g4, dw2, _ = ops.conv_backward(s5, g5)
     g3 = ops.pool_backward(s4, g4) + g3_skip
     g2 = ops.activation_backward("leaky_relu", g3, a2, a3, SLOPE)

@@ -333,6 +333,7 @@ def run_conv_transpose_case(c: dict) -> None:
     dy_ref, dw_ref, db_ref = ref.conv_transpose_backward(yin, w, dx, c["stride"], c["pads"],
                                                          c["opad"], c["dilation"], g)
     close("dy", dy.to_numpy(), dy_ref)
+    expect(dy.distribution == yd.distribution, f"dy {dy.distribution} != y {yd.distribution}")
     close("dw", dw, dw_ref)
     close("db", db, db_ref if c["bias"] else None)
 
