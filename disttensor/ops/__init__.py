@@ -13,10 +13,10 @@ public functions are re-exported here (``from disttensor import ops; ops.conv_fo
 """
 
 from .activations import (ACTIVATIONS, activation, activation_backward, activation_forward,
-                         dropout_backward, dropout_forward, elu, leaky_relu, log_softmax, relu,
-                         sigmoid, softmax, softmax_backward, softmax_forward, tanh)
-from .convolution import (conv, conv_backward, conv_forward, conv_transpose, conv_transpose_backward,
-                   conv_transpose_forward)
+                          dropout_backward, dropout_forward, elu, leaky_relu, log_softmax,
+                          relu, sigmoid, softmax, softmax_backward, softmax_forward, tanh)
+from .convolution import (conv, conv_backward, conv_forward, conv_transpose,
+                          conv_transpose_backward, conv_transpose_forward)
 from .loss import cross_entropy_backward, cross_entropy_forward, mse_backward, mse_forward
 from .norm import batch_norm, batch_norm_backward, batch_norm_forward
 from .pooling import avg_pool, max_pool, pool, pool_backward, pool_forward

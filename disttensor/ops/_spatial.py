@@ -23,8 +23,9 @@ from ..array import DistArray
 from ..distribution import Distribution
 from .window import AxisWindow
 
-__all__ = ["WindowPlan", "window_plan", "Region", "overlap_regions", "check_layout", "halo_input", "halo_gradient", "lift",
-           "unlift", "lift3", "begin_halo_input", "halo_boundary", "param_comm", "spatial_windows"]
+__all__ = ["WindowPlan", "window_plan", "Region", "overlap_regions", "check_layout",
+           "halo_input", "begin_halo_input", "halo_boundary", "halo_gradient", "lift", "unlift",
+           "lift3", "with_channels", "param_comm", "spatial_windows"]
 
 
 @dataclass(frozen=True)
@@ -238,6 +239,12 @@ def unlift(a, nd: int):
 def lift3(values: tuple, nd: int, fill) -> tuple:
     """Per-spatial-axis tuple -> 3 entries (``fill`` for the lifted leading axes)."""
     return (fill,) * (3 - nd) + tuple(values)
+
+
+def with_channels(d: Distribution, c: int) -> Distribution:
+    """``d`` with ``c`` channels (axis 1, never split) and the same ownership elsewhere."""
+    return Distribution(d.shape[:1] + (c,) + d.shape[2:], d.grid_dims, d.split,
+                        [d.sizes(t) if g is not None else None for t, g in enumerate(d.split)])
 
 
 def param_comm(x: DistArray):

@@ -32,7 +32,7 @@ from .local import kernels_for
 from .window import normalize_padding, normalize_tuple
 from ._spatial import (WindowPlan, begin_halo_input, check_layout, halo_boundary,
                        halo_gradient, halo_input, lift, lift3, overlap_regions, param_comm,
-                       spatial_windows, unlift, window_plan)
+                       spatial_windows, unlift, window_plan, with_channels)
 
 __all__ = ["conv", "conv_forward", "conv_backward", "conv_transpose", "conv_transpose_forward",
            "conv_transpose_backward", "ConvSaved"]
@@ -42,7 +42,7 @@ __all__ = ["conv", "conv_forward", "conv_backward", "conv_transpose", "conv_tran
 class ConvSaved:
     """What a convolution's backward needs (the halo'd input, the plan, the geometry)."""
 
-    xin: DistArray          # the input with its halo exchanged (forward conv) / dx halo plan
+    xin: DistArray | None   # the input with its halo exchanged (None: transposed conv)
     x_dist: Distribution    # distribution of the convolution's input
     plan: WindowPlan
     w: object
@@ -84,11 +84,6 @@ def _add_bias(y_local, b, nd: int) -> None:
 
 def _reduce(arr, comm, reduce: bool):
     return allreduce(comm, arr, "sum") if reduce else arr
-
-
-def _with_channels(d: Distribution, c: int) -> Distribution:
-    return Distribution(d.shape[:1] + (c,) + d.shape[2:], d.grid_dims, d.split,
-                        [d.sizes(t) if g is not None else None for t, g in enumerate(d.split)])
 
 
 def _windowed_forward(x: DistArray, plan: WindowPlan, windows, w, nd: int, stride3, dilation3,
@@ -205,7 +200,7 @@ def conv_forward(x: DistArray, w, b=None, stride=1, padding=0, dilation=1, group
         overlap = x.device == "cuda"
     windows = spatial_windows(nd, kernel, stride, dilation, padding, circular)
     plan = window_plan(x.distribution, windows, x.grid.coords)
-    out_dist = _with_channels(plan.out_dist, w.shape[0])
+    out_dist = with_channels(plan.out_dist, w.shape[0])
     xin, y_local = _windowed_forward(x, plan, windows, w, nd, lift3(stride, nd, 1),
                                      lift3(dilation, nd, 1), groups,
                                      out_dist.block_shape(x.grid.coords), overlap)
@@ -248,7 +243,7 @@ def conv_backward(saved: ConvSaved, dy: DistArray, need_dx: bool = True, need_dw
     if saved.transposed:
         raise ValueError("conv_backward got the state of a transposed convolution; use "
                          "conv_transpose_backward")
-    _check_dy(dy, _with_channels(saved.plan.out_dist, saved.w.shape[0]))
+    _check_dy(dy, with_channels(saved.plan.out_dist, saved.w.shape[0]))
     xin = saved.xin
     dx = _windowed_backward_data(saved, dy.local, dy.grid) if need_dx else None
     dw = db = None
@@ -318,7 +313,7 @@ def conv_transpose_forward(y: DistArray, w, b=None, stride=1, padding=0, output_
     y, x_dist = _transposed_layout(y, windows, extents)
     plan = window_plan(x_dist, windows, y.grid.coords)
     cout = w.shape[1] * groups
-    out_dist = _with_channels(x_dist, cout)
+    out_dist = with_channels(x_dist, cout)
     saved = ConvSaved(None, out_dist, plan, w, nd, kernel, lift3(stride, nd, 1),
                       lift3(dilation, nd, 1), groups, b is not None, transposed=True, y=y,
                       windows=windows, overlap=y.device == "cuda", y_layout=y_layout)

@@ -19,7 +19,7 @@ from ..array import DistArray
 from ..backend import array_module
 from ..comm import allreduce
 from ..distribution import Distribution
-from ._spatial import param_comm
+from ._spatial import param_comm, with_channels
 
 __all__ = ["concat_channels", "concat_channels_backward", "flatten_forward",
            "flatten_backward", "FlattenSaved", "dense_forward", "dense_backward", "DenseSaved"]
@@ -27,10 +27,6 @@ __all__ = ["concat_channels", "concat_channels_backward", "flatten_forward",
 
 def _sizes(d: Distribution):
     return [d.sizes(t) if g is not None else None for t, g in enumerate(d.split)]
-
-
-def _with_channels(d: Distribution, c: int) -> Distribution:
-    return Distribution(d.shape[:1] + (c,) + d.shape[2:], d.grid_dims, d.split, _sizes(d))
 
 
 def concat_channels(xs) -> tuple[DistArray, list[Distribution]]:
@@ -52,13 +48,13 @@ def concat_channels(xs) -> tuple[DistArray, list[Distribution]]:
     layouts = [(x.distribution, x.grid) for x in xs]
     parts = []
     for x in xs:
-        want = _with_channels(first.distribution, x.shape[1])
+        want = with_channels(first.distribution, x.shape[1])
         parts.append(x.local if x.distribution == want and x.grid is first.grid
                      else x.redistribute(grid=first.grid, distribution=want).local)
     xp = first.xp
     y = xp.concatenate(parts, axis=1)
     ctot = sum(x.shape[1] for x in xs)
-    return DistArray(y, _with_channels(first.distribution, ctot), first.grid), layouts
+    return DistArray(y, with_channels(first.distribution, ctot), first.grid), layouts
 
 
 def concat_channels_backward(layouts, dy: DistArray) -> list[DistArray]:
@@ -70,7 +66,7 @@ def concat_channels_backward(layouts, dy: DistArray) -> list[DistArray]:
         c = d.shape[1]
         piece = dy.local[:, c0:c0 + c]
         g = DistArray(array_module(piece).ascontiguousarray(piece),
-                      _with_channels(dy.distribution, c), dy.grid)
+                      with_channels(dy.distribution, c), dy.grid)
         same = g.distribution == d and grid is dy.grid
         out.append(g if same else g.redistribute(grid=grid, distribution=d))
         c0 += c
@@ -91,7 +87,8 @@ def flatten_forward(x: DistArray):
     if x.ndim < 2:
         raise ValueError(f"flatten needs at least 2 axes, got shape {x.shape}")
     gathered = Distribution(d.shape, d.grid_dims, (d.split[0],) + (None,) * (x.ndim - 1),
-                            [d.sizes(0) if d.split[0] is not None else None] + [None] * (x.ndim - 1))
+                            [d.sizes(0) if d.split[0] is not None else None]
+                            + [None] * (x.ndim - 1))
     xg = x if d == gathered else x.redistribute(distribution=gathered)
     loc = xg.local
     feat = 1
