@@ -265,9 +265,10 @@ def _check_dy(dy: DistArray, dist: Distribution) -> None:
 
 
 # -- transposed convolution ----------------------------------------------------------------------
-def _transposed_layout(y: DistArray, windows, extents) -> tuple[DistArray, Distribution]:
-    """The distribution of the transposed convolution's output (the convolution's input) and
-    ``y``, redistributed if no input split produces ``y``'s blocks."""
+def _transposed_layout(y: DistArray, windows, extents
+                       ) -> tuple[DistArray, Distribution, WindowPlan]:
+    """The distribution of the transposed convolution's output (the convolution's input), its
+    window plan, and ``y``, redistributed if no input split produces ``y``'s blocks."""
     d = y.distribution
     shape = list(d.shape)
     sizes = [d.sizes(t) if g is not None else None for t, g in enumerate(d.split)]
@@ -283,7 +284,7 @@ def _transposed_layout(y: DistArray, windows, extents) -> tuple[DistArray, Distr
     plan = window_plan(x_dist, windows, y.grid.coords)
     if plan.out_dist != d:  # also when a non-split axis is involved: extents are checked
         y = y.redistribute(distribution=plan.out_dist)
-    return y, x_dist
+    return y, x_dist, plan
 
 
 def conv_transpose_forward(y: DistArray, w, b=None, stride=1, padding=0, output_padding=0,
@@ -310,8 +311,7 @@ def conv_transpose_forward(y: DistArray, w, b=None, stride=1, padding=0, output_
                              f"with kernel {kernel}, stride {stride}, padding {padding}")
         extents.append(n)
     y_layout = (y.distribution, y.grid)
-    y, x_dist = _transposed_layout(y, windows, extents)
-    plan = window_plan(x_dist, windows, y.grid.coords)
+    y, x_dist, plan = _transposed_layout(y, windows, extents)
     cout = w.shape[1] * groups
     out_dist = with_channels(x_dist, cout)
     saved = ConvSaved(None, out_dist, plan, w, nd, kernel, lift3(stride, nd, 1),
@@ -342,6 +342,7 @@ def conv_transpose_backward(saved: ConvSaved, dx: DistArray, need_dy: bool = Tru
                          f"({saved.x_dist}), got {dx.distribution}")
     plan, nd = saved.plan, saved.nd
     dy = db = dw = None
+    dxin = None
     if need_dy:
         dxin, dy_local = _windowed_forward(dx, plan, saved.windows, saved.w, nd, saved.stride3,
                                            saved.dilation3, saved.groups,
@@ -350,12 +351,12 @@ def conv_transpose_backward(saved: ConvSaved, dx: DistArray, need_dy: bool = Tru
         dy = DistArray(dy_local, saved.y.distribution, dx.grid)
         if saved.y_layout is not None and saved.y_layout[0] != dy.distribution:
             dy = dy.redistribute(grid=saved.y_layout[1], distribution=saved.y_layout[0])
-    else:
-        dxin = halo_input(dx, plan)
-    win = _read_window(dxin, plan)
     if need_dw:
+        if dxin is None:  # dy not asked for: exchange dx's halo for the filter gradient alone
+            dxin = halo_input(dx, plan)
         comm = param_comm(dx)
-        dw = _reduce(_conv_dw(saved, win, saved.y.local, dx.dtype, dx.grid), comm, reduce)
+        dw = _reduce(_conv_dw(saved, _read_window(dxin, plan), saved.y.local, dx.dtype,
+                              dx.grid), comm, reduce)
         if saved.has_bias:
             axes = (0,) + tuple(range(2, dx.ndim))
             db = _reduce(dx.local.sum(axis=axes), comm, reduce)
