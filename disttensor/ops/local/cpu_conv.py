@@ -171,12 +171,19 @@ def _check(x, w, groups):
                          f"groups={groups}, input has {x.shape[1]}")
 
 
-def _tiles(out_spatial, k_rows: int, itemsize: int):
-    """Ranges of output depth planes whose column matrix fits the workspace bound."""
+def _column_tiles(out_spatial, k_rows: int, dtype) -> list:
+    """``((d0, d1), columns, cols)`` per tile of whole output depth planes ``[d0, d1)`` whose
+    column matrix fits the workspace bound: ``columns`` slices the tile's output positions
+    (``d0*H*W`` to ``d1*H*W``) and ``cols`` is a ``(k_rows, d1*H*W - d0*H*W)`` view of the
+    shared workspace (all tiles share it: use one at a time)."""
     od_n, oh_n, ow_n = out_spatial
-    plane = max(1, k_rows * oh_n * ow_n * itemsize)
-    step = max(1, _workspace_bytes() // plane)
-    return [(d0, min(d0 + step, od_n)) for d0 in range(0, od_n, step)]
+    plane = oh_n * ow_n
+    step = max(1, _workspace_bytes() // max(1, k_rows * plane * np.dtype(dtype).itemsize))
+    step = max(1, min(step, od_n))
+    buf = _workspace(k_rows * step * plane, dtype)
+    return [((d0, d1), slice(d0 * plane, d1 * plane),
+             buf[:k_rows * (d1 - d0) * plane].reshape(k_rows, (d1 - d0) * plane))
+            for d0, d1 in ((d0, min(d0 + step, od_n)) for d0 in range(0, od_n, step))]
 
 
 def _geometry(kernel, stride, dilation, pad_lo):
@@ -200,17 +207,14 @@ def conv_forward(x, w, stride, dilation, pad_lo, pad_hi, groups=1):
     k_rows = cg * int(np.prod(kernel))
     wmat = w.reshape(groups, cog, k_rows)
     geo = _geometry(kernel, stride, dilation, pad_lo)
-    plane = out_sp[1] * out_sp[2]
-    ymat = y.reshape(n_n, groups, cog, out_sp[0] * plane)
-    tiles = _tiles(out_sp, k_rows, x.itemsize)
-    cols_buf = _workspace(k_rows * (tiles[0][1] - tiles[0][0]) * plane, dtype)
+    ymat = y.reshape(n_n, groups, cog, -1)
+    tiles = _column_tiles(out_sp, k_rows, dtype)
     for n in range(n_n):
         for g in range(groups):
             xg = x[n, g * cg:(g + 1) * cg]
-            for d0, d1 in tiles:
-                cols = cols_buf[:k_rows * (d1 - d0) * plane].reshape(k_rows, (d1 - d0) * plane)
+            for (d0, d1), cs, cols in tiles:
                 _im2col(xg, cols, d0, d1, out_sp[1], out_sp[2], *geo)
-                np.matmul(wmat[g], cols, out=ymat[n, g, :, d0 * plane:d1 * plane])
+                np.matmul(wmat[g], cols, out=ymat[n, g, :, cs])
     return y
 
 
@@ -234,16 +238,13 @@ def conv_backward_data(dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, grou
     k_rows = cg * int(np.prod(kernel))
     wmat_t = np.ascontiguousarray(w.reshape(groups, cog, k_rows).transpose(0, 2, 1))
     geo = _geometry(kernel, stride, dilation, pad_lo)
-    plane = out_sp[1] * out_sp[2]
-    dymat = dy.reshape(n_n, groups, cog, out_sp[0] * plane)
-    tiles = _tiles(out_sp, k_rows, dy.itemsize)
-    cols_buf = _workspace(k_rows * (tiles[0][1] - tiles[0][0]) * plane, dtype)
+    dymat = dy.reshape(n_n, groups, cog, -1)
+    tiles = _column_tiles(out_sp, k_rows, dtype)
     for n in range(n_n):
         for g in range(groups):
             dxg = dx[n, g * cg:(g + 1) * cg]
-            for d0, d1 in tiles:
-                cols = cols_buf[:k_rows * (d1 - d0) * plane].reshape(k_rows, (d1 - d0) * plane)
-                np.matmul(wmat_t[g], dymat[n, g, :, d0 * plane:d1 * plane], out=cols)
+            for (d0, d1), cs, cols in tiles:
+                np.matmul(wmat_t[g], dymat[n, g, :, cs], out=cols)
                 _col2im(cols, dxg, d0, d1, out_sp[1], out_sp[2], *geo)
     return dx
 
@@ -266,17 +267,14 @@ def conv_backward_filter(x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups
     dw = np.zeros((groups, cog, k_rows), dtype=dtype)
     if dy.size and x.size:
         geo = _geometry(kernel, stride, dilation, pad_lo)
-        plane = out_sp[1] * out_sp[2]
-        dymat = dy.reshape(n_n, groups, cog, out_sp[0] * plane)
-        tiles = _tiles(out_sp, k_rows, x.itemsize)
-        cols_buf = _workspace(k_rows * (tiles[0][1] - tiles[0][0]) * plane, dtype)
+        dymat = dy.reshape(n_n, groups, cog, -1)
+        tiles = _column_tiles(out_sp, k_rows, dtype)
         part = np.empty((cog, k_rows), dtype=dtype)
         for n in range(n_n):
             for g in range(groups):
                 xg = x[n, g * cg:(g + 1) * cg]
-                for d0, d1 in tiles:
-                    cols = cols_buf[:k_rows * (d1 - d0) * plane].reshape(k_rows, (d1 - d0) * plane)
+                for (d0, d1), cs, cols in tiles:
                     _im2col(xg, cols, d0, d1, out_sp[1], out_sp[2], *geo)
-                    np.matmul(dymat[n, g, :, d0 * plane:d1 * plane], cols.T, out=part)
+                    np.matmul(dymat[n, g, :, cs], cols.T, out=part)
                     dw[g] += part
     return dw.reshape((cout, cg) + kernel)
