@@ -39,6 +39,42 @@ def dist(a, layout) -> dt.DistArray:
     return dt.from_global(np.asarray(a), grid=grid(dims), split=split, sizes=sizes)
 
 
+def check_blocks(x, expected, what: str = "", *, rtol: float = 0.0, atol: float = 0.0,
+                 dtype: bool = True, mask=None, values: bool = True, layout=None) -> None:
+    """Record a failure (settled collectively by :func:`settle`) unless ``x`` is a DistArray
+    with ``expected``'s shape (and dtype), laid out as ``layout = (dims, split, sizes)`` when
+    given, whose block on every rank equals the matching block of ``expected``: exactly (NaNs
+    equal) when ``rtol`` and ``atol`` are 0, else to those tolerances; with ``mask`` only where
+    the mask is true; ``values=False`` checks all but the values (``empty``)."""
+    import disttensor as dt
+    expected = np.asarray(expected)
+    try:
+        assert isinstance(x, dt.DistArray), f"got {type(x).__name__}"
+        assert x.shape == expected.shape, f"shape {x.shape} != {expected.shape}"
+        if dtype:
+            assert x.dtype == expected.dtype, f"dtype {x.dtype} != {expected.dtype}"
+        if layout is not None:
+            dims, split, sizes = layout
+            want_dist = dt.Distribution(expected.shape, dims, split, sizes)
+            assert x.distribution == want_dist, f"{x.distribution} != {want_dist}"
+            assert x.grid.dims == tuple(dims)
+        assert x.distribution.block_shape(x.grid.coords) == x.local.shape
+        sl = x.local_slices
+        got, want = x.local, expected[sl]
+        assert got.shape == want.shape, f"local shape {got.shape} != {want.shape}"
+        if not values:
+            return
+        if mask is not None:
+            m = np.broadcast_to(mask, expected.shape)[sl]
+            got, want = got[m], want[m]
+        if rtol == 0 and atol == 0:
+            np.testing.assert_array_equal(got, want)
+        else:
+            np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, equal_nan=True)
+    except Exception as e:  # noqa: BLE001 - reported collectively
+        expect(False, f"{what + ': ' if what else ''}{type(e).__name__}: {e}")
+
+
 def expect(ok: bool, msg: str) -> None:
     if not ok:
         _FAILS.append(msg)

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import disttensor as dt
-from checks import COMM, SIZE, examples, grid, expect, collective_checks
+from checks import COMM, SIZE, examples, grid, expect, collective_checks, check_blocks as check
 from strategies import layouts, shapes
 
 RANK = COMM.Get_rank()
@@ -21,32 +21,6 @@ RANK = COMM.Get_rank()
 def layout_kw(layout) -> dict:
     dims, split, sizes = layout
     return dict(grid=grid(dims), split=split, sizes=sizes)
-
-
-def check(x, expected, *, exact=True, rtol=0.0, atol=0.0, dtype=True, values=True, layout=None):
-    """``x`` is a DistArray with ``expected``'s shape (and dtype), each rank's block equals the
-    matching block of ``expected``, and (with ``layout``) its distribution is the one asked
-    for."""
-    expected = np.asarray(expected)
-    try:
-        assert isinstance(x, dt.DistArray), f"got {type(x).__name__}"
-        assert x.shape == expected.shape, f"shape {x.shape} != {expected.shape}"
-        if dtype:
-            assert x.dtype == expected.dtype, f"dtype {x.dtype} != {expected.dtype}"
-        if layout is not None:
-            dims, split, sizes = layout
-            want = dt.Distribution(expected.shape, dims, split, sizes)
-            assert x.distribution == want, f"{x.distribution} != {want}"
-            assert x.grid.dims == tuple(dims)
-        block = expected[x.local_slices]
-        assert x.local.shape == block.shape, f"local shape {x.local.shape} != {block.shape}"
-        if values:
-            if exact:
-                np.testing.assert_array_equal(x.local, block)
-            else:
-                np.testing.assert_allclose(x.local, block, rtol=rtol, atol=atol, equal_nan=True)
-    except Exception as e:  # noqa: BLE001 - reported collectively
-        expect(False, f"{type(e).__name__}: {e}")
 
 
 def global_array(shape, dtype, seed) -> np.ndarray:

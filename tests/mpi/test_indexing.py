@@ -16,21 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import disttensor as dt
-from checks import SIZE, examples, grid, dist, expect, collective_checks
+from checks import SIZE, examples, grid, dist, expect, collective_checks, check_blocks as check
 from strategies import layouts, shapes
-
-
-def check(x, expected, what=""):
-    """``x`` is a DistArray equal to ``expected`` (shape, dtype, every rank's block)."""
-    expected = np.asarray(expected)
-    try:
-        assert isinstance(x, dt.DistArray), f"got {type(x).__name__}"
-        assert x.shape == expected.shape, f"shape {x.shape} != {expected.shape}"
-        assert x.dtype == expected.dtype, f"dtype {x.dtype} != {expected.dtype}"
-        assert x.distribution.block_shape(x.grid.coords) == x.local.shape
-        np.testing.assert_array_equal(x.local, expected[x.local_slices])
-    except Exception as e:  # noqa: BLE001 - reported collectively
-        expect(False, f"{what}: {type(e).__name__}: {e}")
 
 
 def outcome(fn):

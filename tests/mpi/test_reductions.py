@@ -16,26 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import disttensor as dt
-from checks import SIZE, examples, dist, expect, collective_checks
+from checks import SIZE, examples, dist, expect, collective_checks, check_blocks as check
 from strategies import layouts, shapes
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NumPy's empty-slice warnings
-
-
-def check(x, expected, *, rtol=0.0, atol=0.0, what=""):
-    expected = np.asarray(expected)
-    try:
-        assert isinstance(x, dt.DistArray), f"got {type(x).__name__}"
-        assert x.shape == expected.shape, f"shape {x.shape} != {expected.shape}"
-        assert x.dtype == expected.dtype, f"dtype {x.dtype} != {expected.dtype}"
-        assert x.distribution.block_shape(x.grid.coords) == x.local.shape
-        got, want = x.local, expected[x.local_slices]
-        if rtol == 0 and atol == 0:
-            np.testing.assert_array_equal(got, want)
-        else:
-            np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, equal_nan=True)
-    except Exception as e:  # noqa: BLE001 - reported collectively
-        expect(False, f"{what}: {type(e).__name__}: {e}")
 
 
 def outcome(fn):

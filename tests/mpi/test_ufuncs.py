@@ -18,31 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import disttensor as dt
-from checks import SIZE, examples, dist, expect, collective_checks
+from checks import SIZE, examples, dist, expect, collective_checks, check_blocks
 from strategies import layouts, shapes
-
-
-def check(x, expected, *, rtol=0.0, dtype=True, mask=None, what=""):
-    """``x`` is a DistArray equal to ``expected`` (``rtol=0``: exactly; NaNs equal), block by
-    block; with ``mask`` only where the mask is true."""
-    expected = np.asarray(expected)
-    try:
-        assert isinstance(x, dt.DistArray), f"got {type(x).__name__}"
-        assert x.shape == expected.shape, f"shape {x.shape} != {expected.shape}"
-        if dtype:
-            assert x.dtype == expected.dtype, f"dtype {x.dtype} != {expected.dtype}"
-        assert x.distribution.block_shape(x.grid.coords) == x.local.shape
-        sl = x.local_slices
-        got, want = x.local, expected[sl]
-        if mask is not None:
-            m = np.broadcast_to(mask, expected.shape)[sl]
-            got, want = got[m], want[m]
-        if rtol == 0:
-            np.testing.assert_array_equal(got, want)
-        else:
-            np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol, equal_nan=True)
-    except Exception as e:  # noqa: BLE001 - reported collectively
-        expect(False, f"{what} {type(e).__name__}: {e}")
 
 
 def outcome(fn):
@@ -61,6 +38,11 @@ def same_error(err, derr, got=None) -> tuple[bool, str]:
     kind = next((k for k in _KINDS if isinstance(err, k)), Exception)
     return isinstance(derr, kind), (f"NumPy raised {type(err).__name__}: {err}; got "
                                     + (f"{type(derr).__name__}: {derr}" if derr else f"{got!r}"))
+
+
+def check(x, expected, *, rtol=0.0, mask=None, what=""):
+    """:func:`checks.check_blocks` with this module's tolerance convention (``atol = rtol``)."""
+    check_blocks(x, expected, what, rtol=rtol, atol=rtol, mask=mask)
 
 
 def compare(f_np, f_dt, what="", **kw):
