@@ -45,7 +45,7 @@ def _local_moments(k, a, c: int):
     ``mean^2/var`` ulps (1e-10 relative error of float64 variances was seen in tests)."""
     from ..backend import array_module, to_host
     xp = array_module(a)
-    n = int(np.prod(a.shape)) // c if c else 0
+    n = _count(a)
     if n == 0:
         return 0, np.zeros(c), np.zeros(c)
     s, _ = k.channel_sums(a)
@@ -77,9 +77,9 @@ def _combine_moments(comm, n_r: int, mean_r, m2_r):
     return n, mean, m2
 
 
-def _count(x: DistArray) -> int:
-    shape = x.local.shape
-    return int(np.prod(shape)) // shape[1] if shape[1] else 0
+def _count(a) -> int:
+    """Elements per channel of a local ``(N, C, ...)`` block."""
+    return int(np.prod(a.shape)) // a.shape[1] if a.shape[1] else 0
 
 
 def batch_norm_forward(x: DistArray, gamma, beta, running_mean=None, running_var=None,
@@ -118,7 +118,7 @@ def batch_norm_forward(x: DistArray, gamma, beta, running_mean=None, running_var
     else:
         mean = xp.asarray(running_mean, dtype=xp.float64)
         var = xp.asarray(running_var, dtype=xp.float64)
-        cnt = float(_count(x))
+        cnt = float(_count(x.local))
     invstd = 1.0 / xp.sqrt(var + eps)
     g64 = xp.asarray(gamma, dtype=xp.float64)
     scale = g64 * invstd
@@ -141,7 +141,8 @@ def batch_norm_backward(saved: BatchNormSaved, dy: DistArray, reduce: bool = Tru
     c = x.shape[1]
     with collective(dy.grid.cart):
         s_dy, s_dyx = k.channel_sums_backward(dy.local, x.local, saved.mean, saved.invstd)
-    sums = xp.concatenate([xp.asarray(s_dy, dtype=xp.float64), xp.asarray(s_dyx, dtype=xp.float64)])
+    sums = xp.concatenate([xp.asarray(s_dy, dtype=xp.float64),
+                           xp.asarray(s_dyx, dtype=xp.float64)])
     comm = param_comm(x)
     if saved.training and saved.stats == "global":
         sums = allreduce(comm, sums, "sum")
