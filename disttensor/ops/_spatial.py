@@ -25,7 +25,7 @@ from .window import AxisWindow
 
 __all__ = ["WindowPlan", "window_plan", "Region", "overlap_regions", "check_layout",
            "halo_input", "begin_halo_input", "halo_boundary", "halo_gradient", "lift", "unlift",
-           "lift3", "with_channels", "param_comm", "spatial_windows"]
+           "lift3", "with_channels", "check_gradient_layout", "param_comm", "spatial_windows"]
 
 
 @dataclass(frozen=True)
@@ -245,6 +245,15 @@ def with_channels(d: Distribution, c: int) -> Distribution:
     """``d`` with ``c`` channels (axis 1, never split) and the same ownership elsewhere."""
     return Distribution(d.shape[:1] + (c,) + d.shape[2:], d.grid_dims, d.split,
                         [d.sizes(t) if g is not None else None for t, g in enumerate(d.split)])
+
+
+def check_gradient_layout(grad: DistArray, dist: Distribution, op: str,
+                          name: str = "dy") -> None:
+    """Raise (on every rank: the distributions are replicated metadata) unless the gradient
+    ``grad`` flowing into ``op``'s backward is distributed like ``op``'s output, ``dist``."""
+    if grad.distribution != dist:
+        raise ValueError(f"{name} must be distributed like the {op} output ({dist}), got "
+                         f"{grad.distribution}; redistribute it first")
 
 
 def param_comm(x: DistArray):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from ..array import DistArray
 from ..random import Generator
 from .local import kernels_for
-from ._spatial import check_layout
+from ._spatial import check_gradient_layout, check_layout
 
 __all__ = ["ACTIVATIONS", "activation", "activation_forward", "activation_backward",
            "relu", "leaky_relu", "elu", "sigmoid", "tanh", "softmax", "softmax_forward",
@@ -20,12 +20,6 @@ __all__ = ["ACTIVATIONS", "activation", "activation_forward", "activation_backwa
            "DropoutSaved"]
 
 ACTIVATIONS = ("relu", "leaky_relu", "elu", "sigmoid", "tanh")
-
-
-def _check_same(dy: DistArray, x: DistArray, what: str) -> None:
-    if dy.distribution != x.distribution:
-        raise ValueError(f"{what}: dy must be distributed like the output ({x.distribution}), "
-                         f"got {dy.distribution}")
 
 
 def activation_forward(name: str, x: DistArray, alpha=None) -> DistArray:
@@ -41,7 +35,7 @@ def activation_backward(name: str, dy: DistArray, x: DistArray, y: DistArray, al
                         ) -> DistArray:
     """Gradient with respect to ``x`` of ``activation_forward(name, x)`` (PyTorch's
     conventions at the kinks: relu'(0) = 0, leaky_relu'(0) = alpha)."""
-    _check_same(dy, x, name)
+    check_gradient_layout(dy, x.distribution, name)
     dx = kernels_for(dy.local).activation_backward(name, dy.local, x.local, y.local, alpha)
     return DistArray(dx, x.distribution, x.grid)
 
@@ -87,7 +81,7 @@ def log_softmax(x: DistArray) -> DistArray:
 
 def softmax_backward(dy: DistArray, y: DistArray) -> DistArray:
     """Gradient with respect to the softmax input, from its output ``y``."""
-    _check_same(dy, y, "softmax")
+    check_gradient_layout(dy, y.distribution, "softmax")
     dx = kernels_for(dy.local).softmax_channels_backward(dy.local, y.local)
     return DistArray(dx, y.distribution, y.grid)
 

@@ -30,9 +30,9 @@ from ..comm import allreduce, collective
 from ..distribution import Distribution
 from .local import kernels_for
 from .window import normalize_padding, normalize_tuple
-from ._spatial import (WindowPlan, begin_halo_input, check_layout, halo_boundary,
-                       halo_gradient, halo_input, lift, lift3, overlap_regions, param_comm,
-                       spatial_windows, unlift, window_plan, with_channels)
+from ._spatial import (WindowPlan, begin_halo_input, check_gradient_layout, check_layout,
+                       halo_boundary, halo_gradient, halo_input, lift, lift3, overlap_regions,
+                       param_comm, spatial_windows, unlift, window_plan, with_channels)
 
 __all__ = ["conv", "conv_forward", "conv_backward", "conv_transpose", "conv_transpose_forward",
            "conv_transpose_backward", "ConvSaved"]
@@ -243,7 +243,8 @@ def conv_backward(saved: ConvSaved, dy: DistArray, need_dx: bool = True, need_dw
     if saved.transposed:
         raise ValueError("conv_backward got the state of a transposed convolution; use "
                          "conv_transpose_backward")
-    _check_dy(dy, with_channels(saved.plan.out_dist, saved.w.shape[0]))
+    check_gradient_layout(dy, with_channels(saved.plan.out_dist, saved.w.shape[0]),
+                          "convolution")
     xin = saved.xin
     dx = _windowed_backward_data(saved, dy.local, dy.grid) if need_dx else None
     dw = db = None
@@ -256,12 +257,6 @@ def conv_backward(saved: ConvSaved, dy: DistArray, need_dx: bool = True, need_dw
             axes = (0,) + tuple(range(2, dy.ndim))
             db = _reduce(dy.local.sum(axis=axes), comm, reduce)
     return dx, dw, db
-
-
-def _check_dy(dy: DistArray, dist: Distribution) -> None:
-    if dy.distribution != dist:
-        raise ValueError(f"dy must be distributed like the op's output ({dist}), got "
-                         f"{dy.distribution}; redistribute it first")
 
 
 # -- transposed convolution ----------------------------------------------------------------------
@@ -337,9 +332,7 @@ def conv_transpose_backward(saved: ConvSaved, dx: DistArray, need_dy: bool = Tru
     if not saved.transposed:
         raise ValueError("conv_transpose_backward got the state of a convolution; use "
                          "conv_backward")
-    if dx.distribution != saved.x_dist:
-        raise ValueError(f"dx must be distributed like the transposed convolution's output "
-                         f"({saved.x_dist}), got {dx.distribution}")
+    check_gradient_layout(dx, saved.x_dist, "transposed convolution", name="dx")
     plan, nd = saved.plan, saved.nd
     dy = db = dw = None
     dxin = None

@@ -23,7 +23,7 @@ from ..array import DistArray
 from ..backend import array_module
 from ..comm import allreduce, collective
 from .local import kernels_for
-from ._spatial import check_layout, param_comm
+from ._spatial import check_gradient_layout, check_layout, param_comm
 
 __all__ = ["batch_norm_forward", "batch_norm_backward", "batch_norm", "BatchNormSaved"]
 
@@ -133,9 +133,7 @@ def batch_norm_backward(saved: BatchNormSaved, dy: DistArray, reduce: bool = Tru
     ``reduce=False`` leaves ``dgamma``/``dbeta`` as per-rank partial sums in ``'local'`` mode
     and inference mode, where ``dx`` does not need them)."""
     x = saved.x
-    if dy.distribution != x.distribution:
-        raise ValueError(f"dy must be distributed like the batch-norm output "
-                         f"({x.distribution}), got {dy.distribution}")
+    check_gradient_layout(dy, x.distribution, "batch-norm")
     xp = array_module(dy.local)
     k = kernels_for(dy.local)
     c = x.shape[1]

@@ -15,8 +15,8 @@ from ..comm import collective
 from ..distribution import Distribution
 from .local import kernels_for
 from .window import normalize_padding, normalize_tuple
-from ._spatial import (WindowPlan, check_layout, halo_gradient, halo_input, lift, lift3,
-                       spatial_windows, unlift, window_plan)
+from ._spatial import (WindowPlan, check_gradient_layout, check_layout, halo_gradient,
+                       halo_input, lift, lift3, spatial_windows, unlift, window_plan)
 
 __all__ = ["pool", "pool_forward", "pool_backward", "PoolSaved", "max_pool", "avg_pool"]
 
@@ -76,9 +76,7 @@ def pool_backward(saved: PoolSaved, dy: DistArray) -> DistArray:
     """Gradient with respect to the pooling input for the output gradient ``dy`` (distributed
     like the output).  Collective (reverse halo exchange)."""
     plan, nd = saved.plan, saved.nd
-    if dy.distribution != plan.out_dist:
-        raise ValueError(f"dy must be distributed like the pooling output ({plan.out_dist}), "
-                         f"got {dy.distribution}")
+    check_gradient_layout(dy, plan.out_dist, "pooling")
     with collective(dy.grid.cart):
         if plan.has_output:
             g = kernels_for(dy.local).pool_backward(

@@ -20,7 +20,7 @@ from ..backend import array_module
 from ..comm import collective
 from ..distribution import Distribution
 from .window import normalize_tuple
-from ._spatial import check_layout
+from ._spatial import check_gradient_layout, check_layout
 
 __all__ = ["upsample", "upsample_forward", "upsample_backward", "UpsampleSaved",
            "linear_taps"]
@@ -138,9 +138,7 @@ def upsample_forward(x: DistArray, scale, mode: str = "nearest"):
 def upsample_backward(saved: UpsampleSaved, dy: DistArray) -> DistArray:
     """Gradient with respect to the upsampling input (collective for linear mode on split
     axes: reverse halo exchange)."""
-    if dy.distribution != saved.out_dist:
-        raise ValueError(f"dy must be distributed like the upsampling output "
-                         f"({saved.out_dist}), got {dy.distribution}")
+    check_gradient_layout(dy, saved.out_dist, "upsampling")
     xp = array_module(dy.local)
     g = dy.local
     if saved.mode == "nearest":

@@ -18,8 +18,9 @@ blocks.  This is the explicit ownership the distributed ops give their outputs.
 local kernel applies itself (``local_pads``), so halos never carry padding values and
 max-pooling can pad with ``-inf``.  A ``periodic`` window (circular padding) instead reads the
 padding cells as wrapped-around input through a periodic halo and the kernel pads nothing.
-One halo width per side serves all blocks (the maximum need; :class:`disttensor.halo.HaloExchange` takes one width per side); it can reach past the
-direct neighbour and can be larger on one side than the other.  Blocks that need less read a
+One halo width per side serves all blocks (the maximum need;
+:class:`disttensor.halo.HaloExchange` takes one width per side); it can reach past the direct
+neighbour and can be larger on one side than the other.  Blocks that need less read a
 sub-window of their buffer.
 """
 from __future__ import annotations
