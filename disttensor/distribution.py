@@ -195,6 +195,12 @@ class Distribution:
         o = self.offsets[axis]
         return tuple(b - a for a, b in zip(o[:-1], o[1:]))
 
+    @property
+    def split_sizes(self) -> tuple[tuple[int, ...] | None, ...]:
+        """Per tensor axis, its ownership sizes when split, else ``None``: the ``sizes``
+        argument that rebuilds this distribution."""
+        return tuple(self.sizes(t) if g is not None else None for t, g in enumerate(self.split))
+
     def is_balanced(self, axis: int) -> bool:
         return self.sizes(axis) == balanced_sizes(self.shape[axis], len(self.offsets[axis]) - 1)
 
@@ -218,11 +224,10 @@ class Distribution:
 
     def __reduce__(self):
         # rebuild on unpickling: the cached hash is process-specific (hash(None) varies)
-        sizes = [self.sizes(t) if g is not None else None for t, g in enumerate(self.split)]
-        return (Distribution, (self.shape, self.grid_dims, self.split, sizes))
+        return (Distribution, (self.shape, self.grid_dims, self.split, list(self.split_sizes)))
 
     def __repr__(self) -> str:
-        sizes = tuple(self.sizes(t) if g is not None else None for t, g in enumerate(self.split))
+        sizes = self.split_sizes
         return (f"Distribution(shape={self.shape}, grid_dims={self.grid_dims}, "
                 f"split={self.split}, sizes={sizes})")
 
@@ -299,7 +304,7 @@ class Distribution:
         shape = list(self.shape)
         if extent is not None:
             shape[axis] = extent
-        all_sizes = [self.sizes(t) if g is not None else None for t, g in enumerate(self.split)]
+        all_sizes = list(self.split_sizes)
         all_sizes[axis] = None if self.split[axis] is None else (None if sizes is None else tuple(sizes))
         return Distribution(shape, self.grid_dims, self.split, all_sizes)
 
@@ -321,7 +326,7 @@ class Distribution:
         return self.with_sizes(axis, sizes, extent=_count_selected(0, self.shape[axis], start, stop, step))
 
     def transpose(self, axes: Sequence[int]) -> "Distribution":
-        sizes = [self.sizes(t) if self.split[t] is not None else None for t in axes]
+        sizes = [self.split_sizes[t] for t in axes]
         return Distribution([self.shape[t] for t in axes], self.grid_dims,
                             [self.split[t] for t in axes], sizes)
 
@@ -330,7 +335,7 @@ class Distribution:
         keep = [t for t in range(self.ndim) if t not in axes]
         return Distribution([self.shape[t] for t in keep], self.grid_dims,
                             [self.split[t] for t in keep],
-                            [self.sizes(t) if self.split[t] is not None else None for t in keep])
+                            [self.split_sizes[t] for t in keep])
 
 
 def _count_selected(a: int, b: int, start: int, stop: int, step: int) -> int:

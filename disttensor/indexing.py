@@ -173,8 +173,7 @@ def getitem(x: DistArray, key) -> DistArray:
 
 def _insert_axes(y: DistArray, positions) -> DistArray:
     d = y.distribution
-    shape, split, sizes = list(d.shape), list(d.split), [d.sizes(t) if g is not None else None
-                                                         for t, g in enumerate(d.split)]
+    shape, split, sizes = list(d.shape), list(d.split), list(d.split_sizes)
     for p in sorted(positions):
         shape.insert(p, 1)
         split.insert(p, None)

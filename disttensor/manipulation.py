@@ -190,7 +190,7 @@ def concatenate(arrays, axis=0, dtype=None) -> DistArray:
     total = sum(a.shape[axis] for a in arrays)
     shape = list(d.shape)
     shape[axis] = total
-    sizes = [d.sizes(t) if g is not None else None for t, g in enumerate(d.split)]
+    sizes = list(d.split_sizes)
     sizes[axis] = None
     res = Distribution(shape, d.grid_dims, d.split, sizes)
     pieces, start = [], 0

@@ -243,8 +243,7 @@ def lift3(values: tuple, nd: int, fill) -> tuple:
 
 def with_channels(d: Distribution, c: int) -> Distribution:
     """``d`` with ``c`` channels (axis 1, never split) and the same ownership elsewhere."""
-    return Distribution(d.shape[:1] + (c,) + d.shape[2:], d.grid_dims, d.split,
-                        [d.sizes(t) if g is not None else None for t, g in enumerate(d.split)])
+    return Distribution(d.shape[:1] + (c,) + d.shape[2:], d.grid_dims, d.split, d.split_sizes)
 
 
 def check_gradient_layout(grad: DistArray, dist: Distribution, op: str,

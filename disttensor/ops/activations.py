@@ -105,8 +105,7 @@ def dropout_forward(x: DistArray, p: float, rng: Generator | int, training: bool
     if not isinstance(rng, Generator):
         rng = Generator(int(rng))
     d = x.distribution
-    sizes = [d.sizes(t) if g is not None else None for t, g in enumerate(d.split)]
-    u = rng.random(x.shape, dtype="float64", grid=x.grid, split=x.split, sizes=sizes,
+    u = rng.random(x.shape, dtype="float64", grid=x.grid, split=x.split, sizes=d.split_sizes,
                    device=x.device)
     xp = x.xp
     mask = (u.local >= p).astype(x.dtype) * xp.asarray(1.0 / (1.0 - p), dtype=x.dtype)

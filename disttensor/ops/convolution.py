@@ -266,7 +266,7 @@ def _transposed_layout(y: DistArray, windows, extents
     window plan, and ``y``, redistributed if no input split produces ``y``'s blocks."""
     d = y.distribution
     shape = list(d.shape)
-    sizes = [d.sizes(t) if g is not None else None for t, g in enumerate(d.split)]
+    sizes = list(d.split_sizes)
     for i, (w, n) in enumerate(zip(windows, extents)):
         t = 2 + i
         shape[t] = n

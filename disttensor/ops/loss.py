@@ -61,19 +61,12 @@ class CrossEntropySaved:
     count: int
 
 
-def _label_dist(d):
-    from ..distribution import Distribution
-    keep = [0] + list(range(2, d.ndim))
-    return Distribution([d.shape[t] for t in keep], d.grid_dims, [d.split[t] for t in keep],
-                        [d.sizes(t) if d.split[t] is not None else None for t in keep])
-
-
 def cross_entropy_forward(logits: DistArray, labels: DistArray):
     """Mean over all ``N * prod(S)`` voxels of ``-log softmax(logits, axis=1)[label]`` for
     ``logits`` ``(N, C, *S)`` and integer ``labels`` ``(N, *S)`` in ``[0, C)`` (collective;
     out-of-range labels raise on every rank).  Returns ``(loss, saved)``."""
     check_layout(logits, "cross_entropy", min_spatial=0)
-    lab = _aligned(labels, _label_dist(logits.distribution), "cross_entropy")
+    lab = _aligned(labels, logits.distribution.drop_axes([1]), "cross_entropy")
     k = kernels_for(logits.local)
     xp = logits.xp
     c = logits.shape[1]

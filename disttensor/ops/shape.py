@@ -25,10 +25,6 @@ __all__ = ["concat_channels", "concat_channels_backward", "flatten_forward",
            "flatten_backward", "FlattenSaved", "dense_forward", "dense_backward", "DenseSaved"]
 
 
-def _sizes(d: Distribution):
-    return [d.sizes(t) if g is not None else None for t, g in enumerate(d.split)]
-
-
 def concat_channels(xs) -> tuple[DistArray, list[Distribution]]:
     """Concatenate ``(N, C_i, *S)`` arrays along the channel axis (collective when operands
     are distributed differently, possibly on other grids over the same ranks).  Returns
@@ -126,7 +122,7 @@ def dense_forward(x: DistArray, w, b=None):
     if b is not None:
         y = y + b.astype(x.dtype, copy=False)
     d = x.distribution
-    yd = Distribution((d.shape[0], w.shape[0]), d.grid_dims, d.split, _sizes(d)[:1] + [None])
+    yd = Distribution((d.shape[0], w.shape[0]), d.grid_dims, d.split, [d.split_sizes[0], None])
     return DistArray(y, yd, x.grid), DenseSaved(x, w, b is not None)
 
 

@@ -33,8 +33,8 @@ def _pair(a, grid, split):
 
 
 def _like(a, y):
-    sizes = [y.distribution.sizes(t) if g is not None else None for t, g in enumerate(y.split)]
-    return dt.from_global(a, grid=y.grid, split=y.split, sizes=sizes, device=y.device)
+    return dt.from_global(a, grid=y.grid, split=y.split, sizes=y.distribution.split_sizes,
+                          device=y.device)
 
 
 def _close(cpu, gpu, rtol=1e-9, atol=1e-12):

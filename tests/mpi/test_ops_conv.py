@@ -56,13 +56,9 @@ def close(name: str, actual, desired, rtol: float = RTOL, atol: float = ATOL) ->
         expect(False, f"{name}: {str(e).strip()[:600]}")
 
 
-def sizes_of(d: dt.DistArray):
-    return [d.distribution.sizes(t) if g is not None else None for t, g in enumerate(d.split)]
-
-
 def like(a: np.ndarray, d: dt.DistArray) -> dt.DistArray:
     """Scatter the global ``a`` with ``d``'s own distribution."""
-    return dt.from_global(a, grid=d.grid, split=d.split, sizes=sizes_of(d))
+    return dt.from_global(a, grid=d.grid, split=d.split, sizes=d.distribution.split_sizes)
 
 
 def replicas(d: dt.DistArray) -> int:

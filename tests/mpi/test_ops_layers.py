@@ -116,14 +116,10 @@ def scatter(a, layout) -> dt.DistArray:
                           sizes=list(sizes))
 
 
-def sizes_of(d) -> list:
-    return [d.sizes(t) if g is not None else None for t, g in enumerate(d.split)]
-
-
 def like(a, y: dt.DistArray) -> dt.DistArray:
     """``a`` scattered with ``y``'s distribution (output gradients)."""
     return dt.from_global(np.ascontiguousarray(a), grid=y.grid, split=y.split,
-                          sizes=sizes_of(y.distribution))
+                          sizes=y.distribution.split_sizes)
 
 
 def close(actual, desired, what: str, rtol: float = RTOL, atol: float = ATOL) -> None:
