@@ -1,0 +1,259 @@
+"""Learning-rate schedules in PyTorch's style, acting on an optimizer's parameter groups.
+
+Each scheduler sets ``group["lr"]`` of every group of its optimizer. Construction records
+``group["initial_lr"]`` (the base lr, kept across restarts as in PyTorch) and applies epoch 0;
+each ``step()`` advances one epoch (or iteration: whatever unit the caller counts) and sets
+the new rates; ``get_last_lr()`` returns them.
+
+Every rate is computed in closed form from ``(base_lr, epoch)`` (PyTorch's
+``_get_closed_form_lr`` where it has one), not by PyTorch's recursive updates of the current
+``lr``: the values are exact to the formulas below, whatever the number of steps, and a
+scheduler resumed from a state dict continues bit for bit. The price is that these schedulers
+do not chain: each one overwrites ``group["lr"]``.
+
+``state_dict()`` is a flat dict of Python scalars, so its items can go straight into the
+``scalars`` of :func:`disttensor.io.save_checkpoint`::
+
+    {"last_epoch": int, "num_groups": int, "base_lr.<i>": float, "last_lr.<i>": float}
+
+Hyper-parameters (step sizes, milestones, lambdas) are constructor arguments, not state: build
+the scheduler with the same arguments, then ``load_state_dict``.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from bisect import bisect_right
+from collections.abc import Callable, Mapping, Sequence
+
+from .optim import Optimizer
+
+__all__ = ["LRScheduler", "LambdaLR", "LinearLR", "StepLR", "MultiStepLR",
+           "CosineAnnealingLR", "CosmoFlowLR"]
+
+
+def _positive_int(name: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    return int(v)
+
+
+def _real(name: str, v) -> float:
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or math.isnan(float(v)):
+        raise ValueError(f"{name} must be a real number, got {v!r}")
+    return float(v)
+
+
+class LRScheduler:
+    """Base class. Subclasses define ``_lr(i, base_lr, epoch)``: the rate of group ``i`` at
+    ``epoch`` (>= 0) given its base rate."""
+
+    def __init__(self, optimizer: Optimizer, last_epoch: int = -1):
+        if not isinstance(optimizer, Optimizer):
+            raise TypeError(f"{type(optimizer).__name__} is not an Optimizer")
+        if isinstance(last_epoch, bool) or not isinstance(last_epoch, numbers.Integral) \
+                or last_epoch < -1:
+            raise ValueError(f"last_epoch must be an integer >= -1, got {last_epoch!r}")
+        self.optimizer = optimizer
+        if last_epoch == -1:
+            for g in optimizer.param_groups:
+                g.setdefault("initial_lr", g["lr"])
+        else:
+            for i, g in enumerate(optimizer.param_groups):
+                if "initial_lr" not in g:
+                    raise KeyError(f"param 'initial_lr' is not specified in param_groups[{i}] "
+                                   "when resuming an optimizer")
+        self.base_lrs = [float(g["initial_lr"]) for g in optimizer.param_groups]
+        self.last_epoch = int(last_epoch)
+        self._last_lr: list[float] = []
+        self.step()
+
+    def _lr(self, i: int, base_lr: float, epoch: int) -> float:
+        raise NotImplementedError(f"{type(self).__name__} must define _lr")
+
+    def get_lr(self) -> list[float]:
+        """The rates of the current epoch (``last_epoch``), one per group."""
+        return [float(self._lr(i, b, self.last_epoch)) for i, b in enumerate(self.base_lrs)]
+
+    def step(self) -> None:
+        """Advance one epoch and set every group's ``lr``."""
+        self.last_epoch += 1
+        lrs = self.get_lr()
+        for g, lr in zip(self.optimizer.param_groups, lrs):
+            g["lr"] = lr
+        self._last_lr = lrs
+
+    def get_last_lr(self) -> list[float]:
+        """The rates the last ``step`` (or the construction) set, one per group."""
+        return list(self._last_lr)
+
+    def state_dict(self) -> dict:
+        """Flat dict of Python scalars (module docstring)."""
+        sd = {"last_epoch": self.last_epoch, "num_groups": len(self.base_lrs)}
+        for i, (b, lr) in enumerate(zip(self.base_lrs, self._last_lr)):
+            sd[f"base_lr.{i}"] = b
+            sd[f"last_lr.{i}"] = lr
+        return sd
+
+    def load_state_dict(self, state_dict: Mapping) -> None:
+        """Restore a :meth:`state_dict`. As in PyTorch, the groups' ``lr`` is not touched (the
+        optimizer's own state dict restores it); the next ``step`` continues the schedule."""
+        n = int(state_dict["num_groups"])
+        if n != len(self.optimizer.param_groups):
+            raise ValueError(f"the state dict is for {n} parameter groups, the optimizer has "
+                             f"{len(self.optimizer.param_groups)}")
+        self.last_epoch = int(state_dict["last_epoch"])
+        self.base_lrs = [float(state_dict[f"base_lr.{i}"]) for i in range(n)]
+        self._last_lr = [float(state_dict[f"last_lr.{i}"]) for i in range(n)]
+
+
+class LambdaLR(LRScheduler):
+    """``lr = base_lr * lr_lambda(epoch)``; ``lr_lambda`` is one function or a list with one
+    per parameter group. Linear warm-up over ``w`` epochs, for example:
+    ``LambdaLR(opt, lambda e: min(1.0, (e + 1) / w))``."""
+
+    def __init__(self, optimizer: Optimizer, lr_lambda: Callable | Sequence[Callable],
+                 last_epoch: int = -1):
+        n = len(optimizer.param_groups)
+        if callable(lr_lambda):
+            self.lr_lambdas = [lr_lambda] * n
+        else:
+            lr_lambda = list(lr_lambda)
+            if len(lr_lambda) != n:
+                raise ValueError(f"Expected {n} lr_lambdas, but got {len(lr_lambda)}")
+            if not all(callable(f) for f in lr_lambda):
+                raise TypeError("lr_lambda must be a callable or a list of callables")
+            self.lr_lambdas = lr_lambda
+        super().__init__(optimizer, last_epoch)
+
+    def _lr(self, i, base_lr, epoch):
+        return base_lr * self.lr_lambdas[i](epoch)
+
+
+class LinearLR(LRScheduler):
+    """PyTorch's ``LinearLR``: the factor goes linearly from ``start_factor`` to
+    ``end_factor`` over ``total_iters`` epochs, then stays::
+
+        lr = base_lr * (start + (end - start) * min(total_iters, epoch) / total_iters)
+    """
+
+    def __init__(self, optimizer: Optimizer, start_factor: float = 1.0 / 3,
+                 end_factor: float = 1.0, total_iters: int = 5, last_epoch: int = -1):
+        start_factor, end_factor = _real("start_factor", start_factor), _real("end_factor",
+                                                                                end_factor)
+        if not 0 < start_factor <= 1:
+            raise ValueError("Starting multiplicative factor expected to be greater than 0 and "
+                             "less or equal to 1.")
+        if not 0 <= end_factor <= 1:
+            raise ValueError("Ending multiplicative factor expected to be between 0 and 1.")
+        self.start_factor, self.end_factor = start_factor, end_factor
+        self.total_iters = _positive_int("total_iters", total_iters)
+        super().__init__(optimizer, last_epoch)
+
+    def _lr(self, i, base_lr, epoch):
+        return base_lr * (self.start_factor + (self.end_factor - self.start_factor)
+                          * min(self.total_iters, epoch) / self.total_iters)
+
+
+class StepLR(LRScheduler):
+    """``lr = base_lr * gamma ** (epoch // step_size)``."""
+
+    def __init__(self, optimizer: Optimizer, step_size: int, gamma: float = 0.1,
+                 last_epoch: int = -1):
+        self.step_size = _positive_int("step_size", step_size)
+        self.gamma = _real("gamma", gamma)
+        super().__init__(optimizer, last_epoch)
+
+    def _lr(self, i, base_lr, epoch):
+        return base_lr * self.gamma ** (epoch // self.step_size)
+
+
+class MultiStepLR(LRScheduler):
+    """``lr = base_lr * gamma ** (number of milestones <= epoch)`` (a milestone listed twice
+    counts twice, as in PyTorch)."""
+
+    def __init__(self, optimizer: Optimizer, milestones: Sequence[int], gamma: float = 0.1,
+                 last_epoch: int = -1):
+        ms = list(milestones)
+        for m in ms:
+            if isinstance(m, bool) or not isinstance(m, numbers.Integral) or m < 0:
+                raise ValueError(f"milestones must be non-negative integers, got {milestones!r}")
+        self.milestones = sorted(int(m) for m in ms)
+        self.gamma = _real("gamma", gamma)
+        super().__init__(optimizer, last_epoch)
+
+    def _lr(self, i, base_lr, epoch):
+        return base_lr * self.gamma ** bisect_right(self.milestones, epoch)
+
+
+class CosineAnnealingLR(LRScheduler):
+    """PyTorch's closed form of ``CosineAnnealingLR``::
+
+        lr = eta_min + (base_lr - eta_min) * (1 + cos(pi * epoch / T_max)) / 2
+
+    (past ``T_max`` the cosine goes on, rising again, as PyTorch's closed form does)."""
+
+    def __init__(self, optimizer: Optimizer, T_max: int, eta_min: float = 0.0,
+                 last_epoch: int = -1):
+        self.T_max = _positive_int("T_max", T_max)
+        self.eta_min = _real("eta_min", eta_min)
+        super().__init__(optimizer, last_epoch)
+
+    def _lr(self, i, base_lr, epoch):
+        return self.eta_min + (base_lr - self.eta_min) * (
+            1 + math.cos(math.pi * epoch / self.T_max)) / 2
+
+
+class CosmoFlowLR(LRScheduler):
+    """The learning-rate schedule of the MLPerf HPC CosmoFlow reference (``_lr_schedule`` in
+    its ``utils/optimizers.py``), per epoch counted from 0.
+
+    The group's ``lr`` is the peak rate (MLPerf's ``opt_base_learning_rate``: the reference's
+    ``base_lr`` scaled to the global batch size); ``warmup_factor`` is the reference's scale
+    factor (MLPerf's ``opt_learning_rate_warmup_factor``), so the warm-up starts from
+    ``lr / warmup_factor``::
+
+        epoch < warmup_epochs:  lr(epoch) = lr0 + epoch * (lr - lr0) / warmup_epochs,
+                                with lr0 = lr / warmup_factor
+        otherwise:              lr(epoch) = lr * factor of the latest boundary b with b < epoch
+                                (1 before the first boundary)
+
+    The decay factors multiply the peak rate and do not compound: with the defaults
+    (boundaries 32 and 64, factors 0.25 and 0.125, the reference's ``cosmo.yaml``) the rate is
+    ``lr`` up to epoch 32, ``0.25 * lr`` for epochs 33..64 and ``0.125 * lr`` from epoch 65,
+    the reference's strict ``b < epoch`` comparison included (its Keras scheduler counts epochs
+    from 0 as this one does). ``warmup_factor=1`` (the default: global batch size equal to the
+    reference's base batch size) means no warm-up.
+    """
+
+    def __init__(self, optimizer: Optimizer, warmup_epochs: int = 4, warmup_factor: float = 1.0,
+                 boundaries: Sequence[int] = (32, 64), factors: Sequence[float] = (0.25, 0.125),
+                 last_epoch: int = -1):
+        if isinstance(warmup_epochs, bool) or not isinstance(warmup_epochs, numbers.Integral) \
+                or warmup_epochs < 0:
+            raise ValueError(f"warmup_epochs must be a non-negative integer, got "
+                             f"{warmup_epochs!r}")
+        self.warmup_epochs = int(warmup_epochs)
+        self.warmup_factor = _real("warmup_factor", warmup_factor)
+        if not self.warmup_factor > 0:
+            raise ValueError(f"warmup_factor must be positive, got {warmup_factor!r}")
+        boundaries, factors = list(boundaries), [_real("factors", f) for f in factors]
+        if len(boundaries) != len(factors):
+            raise ValueError(f"boundaries and factors must have the same length, got "
+                             f"{len(boundaries)} and {len(factors)}")
+        for b in boundaries:
+            if isinstance(b, bool) or not isinstance(b, numbers.Integral) or b < 0:
+                raise ValueError(f"boundaries must be non-negative integers, got {boundaries!r}")
+        if len(set(boundaries)) != len(boundaries):
+            raise ValueError(f"boundaries must be distinct, got {boundaries!r}")
+        order = sorted(range(len(boundaries)), key=lambda k: boundaries[k])
+        self.boundaries = [int(boundaries[k]) for k in order]
+        self.factors = [factors[k] for k in order]
+        super().__init__(optimizer, last_epoch)
+
+    def _lr(self, i, base_lr, epoch):
+        if epoch < self.warmup_epochs:
+            lr0 = base_lr / self.warmup_factor
+            return epoch * (base_lr - lr0) / self.warmup_epochs + lr0
+        k = bisect_right(self.boundaries, epoch - 1)  # boundaries b < epoch
+        return base_lr * (self.factors[k - 1] if k else 1.0)
