@@ -1,0 +1,26 @@
+"""Neural-network building blocks over the distributed ops, in PyTorch's style.
+
+``Module``/``Parameter``/``Sequential``/``ModuleList`` (:mod:`.module`), layers
+(:mod:`.layers`), the functional namespace (:mod:`.functional`), initializers (:mod:`.init`),
+optimizers (:mod:`.optim`), learning-rate schedules (:mod:`.lr_scheduler`), gradient clipping
+(:mod:`.utils`), loss scaling for float16 activations (:mod:`.amp`), hybrid sample x spatial
+data parallelism (:mod:`.parallel`) and the reference models CosmoFlow and 3D U-Net
+(:mod:`.models`).  See ``docs/training.md``.
+"""
+from . import functional, init, lr_scheduler, models, optim, parallel, utils
+from .layers import (ELU, AvgPool1d, AvgPool2d, AvgPool3d, BatchNorm1d, BatchNorm2d,
+                     BatchNorm3d, Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d,
+                     ConvTranspose3d, CrossEntropyLoss, Dropout, Flatten, Identity, LeakyReLU,
+                     Linear, LogSoftmax, MaxPool1d, MaxPool2d, MaxPool3d, MSELoss, ReLU,
+                     ScaledTanh, Sigmoid, Softmax, Tanh, Upsample)
+from .module import Module, ModuleList, Parameter, Sequential
+from .parallel import DistributedDataParallel, GradientReducer, check_replicas
+
+__all__ = ["functional", "init", "lr_scheduler", "models", "optim", "parallel", "utils",
+           "Module", "ModuleList", "Parameter", "Sequential", "Conv1d", "Conv2d", "Conv3d",
+           "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d", "MaxPool1d", "MaxPool2d",
+           "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d", "BatchNorm1d", "BatchNorm2d",
+           "BatchNorm3d", "ReLU", "LeakyReLU", "ELU", "Sigmoid", "Tanh", "ScaledTanh",
+           "Softmax", "LogSoftmax", "Dropout", "Flatten", "Linear", "Upsample", "Identity",
+           "MSELoss", "CrossEntropyLoss", "DistributedDataParallel", "GradientReducer",
+           "check_replicas"]

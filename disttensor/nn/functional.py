@@ -1,0 +1,269 @@
+"""Differentiable distributed CNN ops: the ops of :mod:`disttensor.ops` on tensors.
+
+Each function takes :class:`~disttensor.autograd.Tensor` activations holding ``(N, C, *S)``
+DistArrays and replicated parameter tensors (NumPy/CuPy arrays), runs the op's forward and
+records its explicit backward from :mod:`disttensor.ops` (nothing is differentiated twice).
+Everything is collective over the activation's grid, forward and backward, as the ops are.
+
+Parameters may be stored in another floating dtype than the activations (float32 master
+weights with float16 activations): they are cast to the activation dtype for the op and their
+gradients cast back.  Parameter gradients come back summed over the ranks that hold different
+data (each op's one all-reduce), or, for parameters whose reduction a data-parallel reducer
+defers (:class:`disttensor.nn.parallel.GradientReducer`), as per-rank shares that the reducer
+sums in buckets (:func:`disttensor.autograd.param_share`).
+"""
+from __future__ import annotations
+
+from .. import ops
+from ..array import DistArray
+from ..autograd.math import multiply
+from ..autograd.tensor import Tensor, make_result, param_share, unwrap
+from ..comm import allreduce
+from ..ops._spatial import param_comm
+
+__all__ = ["conv", "conv1d", "conv2d", "conv3d", "conv_transpose", "conv_transpose1d",
+           "conv_transpose2d", "conv_transpose3d", "max_pool", "avg_pool", "max_pool1d",
+           "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d", "avg_pool3d", "upsample",
+           "interpolate", "batch_norm", "relu", "leaky_relu", "elu", "sigmoid", "tanh",
+           "softmax", "log_softmax", "dropout", "cat", "flatten", "linear", "mse_loss",
+           "cross_entropy"]
+
+
+def _needs(t) -> bool:
+    return isinstance(t, Tensor) and t.requires_grad
+
+
+def _as_compute(p, x: DistArray):
+    """Parameter value ``p`` in ``x``'s dtype (a cast copy only when they differ)."""
+    if p is None:
+        return None
+    return p if p.dtype == x.dtype else p.astype(x.dtype)
+
+
+def _split_axes(d: DistArray) -> tuple[int, ...]:
+    return tuple(g for g in d.split if g is not None)
+
+
+def _param_grad(t, g, x: DistArray, reduced: bool):
+    """The gradient contribution for parameter tensor ``t`` from an op's ``g``: summed over
+    the ranks holding different parts of ``x`` when ``reduced``, else this rank's partial sum;
+    cast to the parameter's dtype and turned into a share under deferred reduction."""
+    if g is None or not _needs(t):
+        return None
+    g = g.astype(t.data.dtype, copy=False)
+    if reduced:
+        return param_share(t, g)
+    if t.deferred_reduction is None:
+        return allreduce(param_comm(x), g, "sum")
+    return param_share(t, g, x.grid, _split_axes(x))
+
+
+def _reduce_now(*params) -> bool:
+    """Whether the op should all-reduce its parameter gradients itself."""
+    return not any(_needs(p) and p.deferred_reduction is not None for p in params)
+
+
+# -- convolutions ----------------------------------------------------------------------------
+def conv(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1,
+         padding_mode: str = "zeros", overlap=None):
+    """Convolution (``torch.nn.functional.conv{1,2,3}d``) of ``x`` ``(N, Cin, *S)`` with
+    ``weight`` ``(Cout, Cin // groups, *K)``; see :func:`disttensor.ops.conv_forward`."""
+    xv, wv, bv = unwrap(x), unwrap(weight), unwrap(bias)
+    y, saved = ops.conv_forward(xv, _as_compute(wv, xv), _as_compute(bv, xv), stride, padding,
+                                dilation, groups, padding_mode, overlap)
+
+    def backward(g):
+        reduce = _reduce_now(weight, bias)
+        dx, dw, db = ops.conv_backward(saved, g, need_dx=_needs(x),
+                                       need_dw=_needs(weight) or _needs(bias), reduce=reduce)
+        return (dx, _param_grad(weight, dw, xv, reduce), _param_grad(bias, db, xv, reduce))
+    return make_result(y, (x, weight, bias), backward, "conv")
+
+
+conv1d = conv2d = conv3d = conv
+
+
+def conv_transpose(x, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1,
+                   dilation=1):
+    """Transposed convolution (``torch.nn.functional.conv_transpose{1,2,3}d``, same argument
+    order) of ``x`` ``(N, Cin, *S)`` with ``weight`` ``(Cin, Cout // groups, *K)``."""
+    xv, wv, bv = unwrap(x), unwrap(weight), unwrap(bias)
+    y, saved = ops.conv_transpose_forward(xv, _as_compute(wv, xv), _as_compute(bv, xv), stride,
+                                          padding, output_padding, dilation, groups)
+
+    def backward(g):
+        reduce = _reduce_now(weight, bias)
+        dx, dw, db = ops.conv_transpose_backward(saved, g, need_dy=_needs(x),
+                                                 need_dw=_needs(weight) or _needs(bias),
+                                                 reduce=reduce)
+        return (dx, _param_grad(weight, dw, g, reduce), _param_grad(bias, db, g, reduce))
+    return make_result(y, (x, weight, bias), backward, "conv_transpose")
+
+
+conv_transpose1d = conv_transpose2d = conv_transpose3d = conv_transpose
+
+
+# -- pooling and upsampling ------------------------------------------------------------------
+def _pool(x, mode, kernel_size, stride=None, padding=0, count_include_pad=True):
+    xv = unwrap(x)
+    y, saved = ops.pool_forward(xv, mode, kernel_size, stride, padding, count_include_pad)
+    return make_result(y, (x,), lambda g: (ops.pool_backward(saved, g),), f"{mode}_pool")
+
+
+def max_pool(x, kernel_size, stride=None, padding=0):
+    """Max pooling (``torch.nn.functional.max_pool{1,2,3}d``; no dilation or ceil_mode)."""
+    return _pool(x, "max", kernel_size, stride, padding)
+
+
+def avg_pool(x, kernel_size, stride=None, padding=0, count_include_pad: bool = True):
+    """Average pooling (``torch.nn.functional.avg_pool{1,2,3}d``)."""
+    return _pool(x, "avg", kernel_size, stride, padding, count_include_pad)
+
+
+max_pool1d = max_pool2d = max_pool3d = max_pool
+avg_pool1d = avg_pool2d = avg_pool3d = avg_pool
+
+
+def upsample(x, scale_factor, mode: str = "nearest"):
+    """Upsampling by integer factors, ``'nearest'`` or ``'linear'`` (``align_corners=False``;
+    ``'bilinear'``/``'trilinear'`` are accepted as ``'linear'``)."""
+    if mode in ("bilinear", "trilinear"):
+        mode = "linear"
+    xv = unwrap(x)
+    y, saved = ops.upsample_forward(xv, scale_factor, mode)
+    return make_result(y, (x,), lambda g: (ops.upsample_backward(saved, g),), "upsample")
+
+
+def interpolate(x, scale_factor, mode: str = "nearest"):
+    """:func:`upsample` under PyTorch's name (integer ``scale_factor`` only)."""
+    return upsample(x, scale_factor, mode)
+
+
+# -- normalization ---------------------------------------------------------------------------
+def batch_norm(x, running_mean, running_var, weight, bias, training: bool = False,
+               momentum: float = 0.1, eps: float = 1e-5, stats: str = "global"):
+    """Batch norm (``torch.nn.functional.batch_norm`` argument order): ``running_mean`` and
+    ``running_var`` are plain arrays updated in place when training; ``stats='global'``
+    normalizes with the statistics of the whole distributed batch (synchronized batch norm,
+    the same result as one rank), ``'local'`` with each rank's block (LBANN's local mode)."""
+    xv, wv, bv = unwrap(x), unwrap(weight), unwrap(bias)
+    y, saved = ops.batch_norm_forward(xv, wv, bv, unwrap(running_mean), unwrap(running_var),
+                                      training, momentum, eps, stats)
+
+    def backward(g):
+        reduce = _reduce_now(weight, bias)
+        dx, dgamma, dbeta = ops.batch_norm_backward(saved, g, reduce=reduce)
+        reduced = reduce or (training and stats == "global")
+        return (dx, _param_grad(weight, dgamma, xv, reduced),
+                _param_grad(bias, dbeta, xv, reduced))
+    return make_result(y, (x, weight, bias), backward, "batch_norm")
+
+
+# -- activations -----------------------------------------------------------------------------
+def _activation(name, x, alpha=None):
+    xv = unwrap(x)
+    y = ops.activation_forward(name, xv, alpha)
+    return make_result(y, (x,), lambda g: (ops.activation_backward(name, g, xv, y, alpha),),
+                       name)
+
+
+def relu(x):
+    return _activation("relu", x)
+
+
+def leaky_relu(x, negative_slope: float = 0.01):
+    return _activation("leaky_relu", x, negative_slope)
+
+
+def elu(x, alpha: float = 1.0):
+    return _activation("elu", x, alpha)
+
+
+def sigmoid(x):
+    return _activation("sigmoid", x)
+
+
+def tanh(x):
+    return _activation("tanh", x)
+
+
+def softmax(x, dim: int = 1):
+    """Softmax over the channel axis (``dim`` must be 1: channels are never split)."""
+    if dim != 1:
+        raise ValueError("softmax runs over the channel axis (dim=1) of an (N, C, ...) array")
+    y = ops.softmax_forward(unwrap(x))
+    return make_result(y, (x,), lambda g: (ops.softmax_backward(g, y),), "softmax")
+
+
+def log_softmax(x, dim: int = 1):
+    """Log-softmax over the channel axis; backward ``g - softmax * sum_c g`` (local)."""
+    if dim != 1:
+        raise ValueError("log_softmax runs over the channel axis (dim=1) of an (N, C, ...) "
+                         "array")
+    y = ops.log_softmax(unwrap(x))
+
+    def backward(g):
+        xp = g.xp
+        dx = g.local - xp.exp(y.local) * g.local.sum(axis=1, keepdims=True)
+        return (DistArray(dx, g.distribution, g.grid),)
+    return make_result(y, (x,), backward, "log_softmax")
+
+
+def dropout(x, p: float = 0.5, training: bool = True, rng=0):
+    """Dropout with a mask that is the same global array for a generator state on any grid
+    (``rng``: a :class:`disttensor.random.Generator`, advanced by one draw, or a seed)."""
+    y, saved = ops.dropout_forward(unwrap(x), p, rng, training)
+    return make_result(y, (x,), lambda g: (ops.dropout_backward(saved, g),), "dropout")
+
+
+# -- shape -----------------------------------------------------------------------------------
+def cat(xs, dim: int = 1):
+    """Concatenate ``(N, C_i, *S)`` tensors along the channels (U-Net skip connections)."""
+    if dim != 1:
+        raise ValueError("cat joins along the channel axis (dim=1); use "
+                         "disttensor.autograd.concatenate for other axes")
+    xs = list(xs)
+    y, layouts = ops.concat_channels([unwrap(t) for t in xs])
+    return make_result(y, xs, lambda g: tuple(ops.concat_channels_backward(layouts, g)),
+                       "cat")
+
+
+def flatten(x):
+    """``(N, ...) -> (N, features)``, the sample axis keeping its split (spatial blocks are
+    gathered over the spatial grid axes, whose ranks then hold replicas)."""
+    y, saved = ops.flatten_forward(unwrap(x))
+    return make_result(y, (x,), lambda g: (ops.flatten_backward(saved, g),), "flatten")
+
+
+def linear(x, weight, bias=None):
+    """``x @ weight.T + bias`` on ``(N, F)`` (``torch.nn.functional.linear``)."""
+    xv, wv, bv = unwrap(x), unwrap(weight), unwrap(bias)
+    y, saved = ops.dense_forward(xv, _as_compute(wv, xv), _as_compute(bv, xv))
+
+    def backward(g):
+        reduce = _reduce_now(weight, bias)
+        dx, dw, db = ops.dense_backward(saved, g, need_dx=_needs(x), reduce=reduce)
+        return (dx, _param_grad(weight, dw, xv, reduce), _param_grad(bias, db, xv, reduce))
+    return make_result(y, (x, weight, bias), backward, "linear")
+
+
+# -- losses ----------------------------------------------------------------------------------
+def mse_loss(x, target):
+    """Mean squared error over all elements; a Python float on every rank (collective)."""
+    loss, saved = ops.mse_forward(unwrap(x), unwrap(target))
+    return make_result(loss, (x, target), lambda g: (ops.mse_backward(saved, float(g)), None),
+                       "mse_loss")
+
+
+def cross_entropy(logits, labels):
+    """Mean over the voxels of ``-log softmax(logits)[label]`` (``(N, C, *S)`` logits, integer
+    ``(N, *S)`` labels); a Python float on every rank (collective)."""
+    loss, saved = ops.cross_entropy_forward(unwrap(logits), unwrap(labels))
+    return make_result(loss, (logits, labels),
+                       lambda g: (ops.cross_entropy_backward(saved, float(g)), None),
+                       "cross_entropy")
+
+
+def scaled_tanh(x, scale: float):
+    """``scale * tanh(x)`` (CosmoFlow's output layer uses 1.2)."""
+    return multiply(tanh(x), float(scale))

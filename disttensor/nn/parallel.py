@@ -1,0 +1,229 @@
+"""Hybrid sample x spatial data parallelism: replicated parameters, bucketed gradient sums.
+
+Every rank of a grid ``(sample, d, h, w)`` holds all parameters; activations are DistArrays
+split over the sample axis (different samples) and the spatial axes (different parts of each
+sample).  Each op's backward gives a rank's partial parameter gradient; the sum over all ranks
+is the gradient of the global loss (replicas are counted once, see
+:func:`disttensor.autograd.param_share`).  With no reducer every op all-reduces its own
+parameter gradients, blocking, layer by layer.  :class:`GradientReducer` instead defers those
+sums: as backward finishes each parameter's gradient, it is copied into a bucket (~25 MiB, in
+the reverse order of registration, which is roughly the order backward produces them, like
+PyTorch's DDP), and a full bucket is summed with a non-blocking ``MPI_Iallreduce`` on a private
+communicator while the rest of backward runs; the end of backward waits for the buckets and
+adds the sums into ``.grad``.
+
+:class:`DistributedDataParallel` wraps a model with a reducer, and checks at construction that
+every rank holds the same parameters and buffers (a digest all-gather; a mismatch raises on
+every rank, naming the parameter).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+
+import numpy as np
+from mpi4py import MPI
+
+from ..backend import array_module, to_host
+from ..comm import collective
+from ..grid import ProcessGrid
+from ..autograd.tensor import queue_post_backward
+from .module import Module
+
+__all__ = ["GradientReducer", "DistributedDataParallel", "check_replicas",
+           "DEFAULT_BUCKET_BYTES"]
+
+DEFAULT_BUCKET_BYTES = 25 * 2 ** 20
+
+
+def _digest(a) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    host = np.ascontiguousarray(to_host(a) if array_module(a) is not np else a)
+    h.update(str((host.shape, host.dtype.str)).encode())
+    h.update(host.tobytes())
+    return h.hexdigest()
+
+
+def check_replicas(module: Module, comm: MPI.Comm, what: str = "model") -> None:
+    """Raise ``ValueError`` on every rank unless each parameter and buffer of ``module`` is
+    bit-identical on all ranks of ``comm`` (one all-gather of 16-byte digests per array)."""
+    names, digests = [], []
+    for name, a in list(module.state_dict().items()):
+        names.append(name)
+        digests.append(_digest(a))
+    if comm.size == 1:
+        return
+    everyone = comm.allgather((names, digests))
+    if any(n != names for n, _ in everyone):
+        raise ValueError(f"{what}: the ranks hold different sets of parameters/buffers "
+                         f"(rank 0: {everyone[0][0]})")
+    for i, name in enumerate(names):
+        vals = [d[i] for _, d in everyone]
+        if any(v != vals[0] for v in vals):
+            differ = [r for r, v in enumerate(vals) if v != vals[0]]
+            raise ValueError(f"{what}: {name!r} differs between ranks (ranks {differ} differ "
+                             "from rank 0); build the model with the same seed on every rank "
+                             "or load the same state")
+
+
+class _Bucket:
+    def __init__(self, params, dtype):
+        self.params = params
+        self.dtype = np.dtype(dtype)
+        self.offsets = []
+        n = 0
+        for p in params:
+            self.offsets.append(n)
+            n += p.data.size
+        self.buffer = np.zeros(n, dtype=self.dtype)
+        self.missing = len(params)
+        self.request = None
+
+    def nbytes(self) -> int:
+        return self.buffer.nbytes
+
+
+class GradientReducer:
+    """Sum the gradients of ``params`` over every rank of ``grid`` in buckets of about
+    ``bucket_bytes``, each started as soon as backward has completed it (``overlap=True``) or
+    all at the end of backward (``overlap=False``).  Collective construction.
+
+    Sets ``deferred_reduction`` on each parameter, so the ops hand back per-rank shares
+    instead of all-reducing each gradient themselves.  :meth:`arm` (called by
+    :class:`DistributedDataParallel` on every training forward) makes the next backward end
+    with :meth:`finish`.
+    """
+
+    def __init__(self, params, grid: ProcessGrid, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 overlap: bool = True):
+        self.params = [p for p in params if p.requires_grad]
+        self.grid = grid
+        self.overlap = bool(overlap)
+        self.comm = grid.cart.Dup()
+        if bucket_bytes < 1:
+            raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
+        self.buckets: list[_Bucket] = []
+        self._where: dict[int, tuple[_Bucket, int]] = {}
+        cur, cur_bytes, cur_dtype = [], 0, None
+        for p in reversed(self.params):
+            dtype = np.result_type(np.float32, p.data.dtype)  # float16 sums in float32
+            nbytes = p.data.size * dtype.itemsize
+            if cur and (cur_bytes + nbytes > bucket_bytes or dtype != cur_dtype):
+                self._add_bucket(cur, cur_dtype)
+                cur, cur_bytes = [], 0
+            cur.append(p)
+            cur_bytes += nbytes
+            cur_dtype = dtype
+        if cur:
+            self._add_bucket(cur, cur_dtype)
+        for p in self.params:
+            p.deferred_reduction = grid
+            p.register_grad_ready_hook(self._ready)
+        self._next_start = 0
+        self.armed = False
+
+    def _add_bucket(self, params, dtype):
+        b = _Bucket(params, dtype)
+        for i, p in enumerate(params):
+            self._where[id(p)] = (b, i)
+        self.buckets.append(b)
+
+    def arm(self) -> None:
+        """Make the next backward pass end with :meth:`finish`."""
+        self.armed = True
+        queue_post_backward(id(self), self.finish)
+
+    def _ready(self, p, share) -> bool:
+        b, i = self._where[id(p)]
+        seg = b.buffer[b.offsets[i]:b.offsets[i] + p.data.size]
+        if share is None:
+            seg[...] = 0
+        else:
+            seg[...] = (to_host(share) if array_module(share) is not np else share).reshape(-1)
+        b.missing -= 1
+        if self.overlap:
+            self._start_ready()
+        return True
+
+    def _start_ready(self) -> None:
+        # buckets start in index order on every rank (MPI needs the same order everywhere)
+        while self._next_start < len(self.buckets) and \
+                self.buckets[self._next_start].missing == 0:
+            self._start(self.buckets[self._next_start])
+            self._next_start += 1
+
+    def _start(self, b: _Bucket) -> None:
+        if self.comm.size == 1:
+            b.request = MPI.REQUEST_NULL
+        else:
+            b.request = self.comm.Iallreduce(MPI.IN_PLACE, b.buffer, op=MPI.SUM)
+
+    def finish(self) -> None:
+        """Start what is left (parameters backward never reached contribute zeros), wait for
+        every bucket, and add the sums into each parameter's ``.grad`` (collective)."""
+        self.armed = False
+        for b in self.buckets:
+            b.missing = 0  # parameters backward never reached keep their zeroed segments
+        self._start_ready()
+        while self._next_start < len(self.buckets):
+            self._start(self.buckets[self._next_start])
+            self._next_start += 1
+        MPI.Request.Waitall([b.request for b in self.buckets])
+        for b in self.buckets:
+            for p, off in zip(b.params, b.offsets):
+                xp = array_module(p.data)
+                g = b.buffer[off:off + p.data.size].reshape(p.data.shape)
+                g = xp.asarray(g, dtype=p.data.dtype) if xp is not np else \
+                    g.astype(p.data.dtype, copy=True)
+                p.grad = g if p.grad is None else p.grad + g
+            b.buffer[...] = 0
+            b.missing = len(b.params)
+            b.request = None
+        self._next_start = 0
+
+    def release(self) -> None:
+        """Give the parameters back their per-op reduction and free the communicator."""
+        for p in self.params:
+            p.deferred_reduction = None
+            p._ready_hooks = [h for h in p._ready_hooks if getattr(h, "__self__", None)
+                              is not self]
+        if self.comm != MPI.COMM_NULL:
+            self.comm.Free()
+
+
+class DistributedDataParallel(Module):
+    """Wrap ``module`` for training over ``grid``: check that every rank holds the same
+    parameters and buffers, then sum gradients with a bucketed, overlapped
+    :class:`GradientReducer`.  ``DISTTENSOR_CHECK_REPLICAS=N`` re-checks the replicas every
+    ``N`` training forwards.  Collective construction."""
+
+    def __init__(self, module: Module, grid: ProcessGrid,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, overlap: bool = True):
+        super().__init__()
+        self.module = module
+        object.__setattr__(self, "grid", grid)
+        with collective(grid.cart):
+            if not isinstance(module, Module):
+                raise TypeError(f"DistributedDataParallel wraps a Module, got "
+                                f"{type(module).__name__}")
+        check_replicas(module, grid.cart)
+        object.__setattr__(self, "reducer", GradientReducer(module.parameters(), grid,
+                                                            bucket_bytes, overlap))
+        every = os.environ.get("DISTTENSOR_CHECK_REPLICAS", "")
+        object.__setattr__(self, "_check_every", int(every) if every.strip() else 0)
+        object.__setattr__(self, "_forwards", 0)
+
+    def forward(self, *args, **kwargs):
+        from ..autograd.tensor import is_grad_enabled
+        if self.training and is_grad_enabled():
+            object.__setattr__(self, "_forwards", self._forwards + 1)
+            if self._check_every and self._forwards % self._check_every == 0:
+                check_replicas(self.module, self.grid.cart)
+            self.reducer.arm()
+        return self.module(*args, **kwargs)
+
+    def state_dict(self):
+        return self.module.state_dict()
+
+    def load_state_dict(self, state, strict: bool = True):
+        return self.module.load_state_dict(state, strict)
