@@ -437,6 +437,7 @@ def _train(args, comm, grid, train_ds, val_ds, model, progress, segmentation, tr
         for epoch in range(start_epoch, args.epochs):
             model.train()
             t0, seen = time.perf_counter(), 0
+            halt = signalled = False
             batches = train_ds.batch_indices(epoch)
             it = _batches(train_ds, epoch, skip)
             for k, (x, y) in enumerate(it, start=skip):
@@ -455,18 +456,22 @@ def _train(args, comm, grid, train_ds, val_ds, model, progress, segmentation, tr
                 rate = seen / max(time.perf_counter() - t0, 1e-9)
                 progress.update(f"epoch {epoch + 1}/{args.epochs} step {k + 1}/{len(batches)}"
                                 f" loss {loss.item():.5f} {rate:.1f} samples/s")
-                halt = args.max_steps is not None and result.steps >= args.max_steps
-                if bool(comm.allreduce(stop.raised, op=MPI.LOR)):
+                signalled = bool(comm.allreduce(stop.raised, op=MPI.LOR))
+                halt = signalled or (args.max_steps is not None and
+                                     result.steps >= args.max_steps)
+                if halt and k + 1 < len(batches):  # stopping inside an epoch
                     if not args.no_checkpoint:
                         _save(ckpt, grid, model, opt, sched, result, epoch, k + 1, config)
-                    progress.update(f"stopped by a signal at step {result.steps}; "
+                    progress.update(f"stopped at step {result.steps} ("
+                                    f"{'signal' if signalled else '--max-steps'}); "
                                     f"checkpoint {ckpt}", final=True)
-                    result.interrupted = True
+                    result.interrupted = signalled
                     return result
                 if halt:
                     break
             skip = 0
-            elapsed = time.perf_counter() - t0
+            # rank 0's clock, so every rank records the same metrics (and checkpoint)
+            elapsed = comm.bcast(time.perf_counter() - t0, root=0)
             metrics = _validate(model, val_ds, loss_fn, segmentation, dtype,
                                 None if segmentation else tmean, args)
             metrics.update({"epoch": epoch + 1, "step": result.steps,
@@ -481,7 +486,8 @@ def _train(args, comm, grid, train_ds, val_ds, model, progress, segmentation, tr
                 _append_csv(os.path.join(out, METRICS), metrics)
             if not args.no_checkpoint:
                 _save(ckpt, grid, model, opt, sched, result, epoch + 1, 0, config)
-            if args.max_steps is not None and result.steps >= args.max_steps:
+            if halt:
+                result.interrupted = signalled
                 break
     finally:
         stop.restore()
