@@ -332,8 +332,9 @@ def _restore(path, grid, model, opt, sched, result, config):
     return int(scalars["epoch"]), int(scalars["step_in_epoch"])
 
 
-def run(argv=None, comm=None) -> TrainResult:
-    """Parse ``argv`` and train (collective over ``comm``, default ``COMM_WORLD``)."""
+def run(argv=None, comm=None, on_step=None) -> TrainResult:
+    """Parse ``argv`` and train (collective over ``comm``, default ``COMM_WORLD``).
+    ``on_step(step)``, if given, runs on every rank after each training step."""
     args = parse_args(argv)
     comm = MPI.COMM_WORLD if comm is None else comm
     _check_args(args, comm)
@@ -377,7 +378,7 @@ def run(argv=None, comm=None) -> TrainResult:
                                  f"training samples {sample_shape}")
             model = build_model(args, sample_shape, nn.init.manual_seed(args.seed))
         return _train(args, comm, grid, train_ds, val_ds, model, progress, segmentation,
-                      train_src, yname, sample_shape)
+                      train_src, yname, sample_shape, on_step)
     finally:
         train_ds.close()
         val_ds.close()
@@ -399,7 +400,7 @@ def _num_classes(ds, comm) -> int:
 
 
 def _train(args, comm, grid, train_ds, val_ds, model, progress, segmentation, train_src,
-           yname, sample_shape) -> TrainResult:
+           yname, sample_shape, on_step) -> TrainResult:
     ddp = nn.DistributedDataParallel(model, grid, bucket_bytes=int(args.bucket_mb * 2 ** 20),
                                      overlap=not args.no_overlap)
     params = list(model.parameters())
@@ -456,6 +457,8 @@ def _train(args, comm, grid, train_ds, val_ds, model, progress, segmentation, tr
                 rate = seen / max(time.perf_counter() - t0, 1e-9)
                 progress.update(f"epoch {epoch + 1}/{args.epochs} step {k + 1}/{len(batches)}"
                                 f" loss {loss.item():.5f} {rate:.1f} samples/s")
+                if on_step is not None:
+                    on_step(result.steps)
                 signalled = bool(comm.allreduce(stop.raised, op=MPI.LOR))
                 halt = signalled or (args.max_steps is not None and
                                      result.steps >= args.max_steps)
