@@ -9,6 +9,17 @@ Layouts
 * **Stacked layout**: one file with an ``N,C,D,H,W`` dataset (``N,D,H,W,C`` with
   ``channels_last``) and ``N,k`` targets.
 
+Targets
+-------
+The target dataset (``y_dataset``) is either a **vector** per sample (``(k,)`` per file, a
+scalar counting as ``k = 1``; ``(N,k)`` stacked) or a per-voxel **label volume** with the
+sample's spatial shape (``(D,H,W)`` per file, ``(N,D,H,W)`` stacked, also with
+``channels_last``), e.g. the ``"labels"`` of ``python -m disttensor.io.synthetic --task
+segmentation``.  The kind is decided from the first file (``target_kind`` is ``'vector'`` or
+``'volume'``; ``target_shape`` is ``(k,)`` or ``(D,H,W)``); a target of any other rank, or a
+label volume whose shape differs from the sample's spatial shape, raises ``ValueError`` on
+every rank.
+
 Batches
 -------
 ``split = (sample_axis, c_axis, d_axis, h_axis, w_axis)`` names the grid axis of each batch
@@ -16,8 +27,13 @@ axis, as everywhere in disttensor.  The samples of a batch are dealt in balanced
 pieces over grid axis ``split[0]`` (``None``: every rank sees every sample of the batch), and
 each sample is read spatially partitioned over the other named grid axes: the rank reads from
 the file exactly the hyperslab of its block.  ``x`` is an ``N,C,D,H,W`` DistArray with that
-split; ``y`` is an ``N,k`` DistArray split ``(split[0], None)`` (the targets of the rank's
-samples, replicated over the other grid axes).
+split.  Vector targets: ``y`` is an ``N,k`` DistArray split ``(split[0], None)`` (the targets
+of the rank's samples, replicated over the other grid axes).  Label volumes: ``y`` is an
+``N,D,H,W`` DistArray split ``(split[0], split[2], split[3], split[4])`` with ``x``'s block
+sizes (``x``'s distribution without the channel axis, the layout
+:func:`disttensor.ops.cross_entropy_forward` expects): each rank reads exactly the hyperslab of
+its spatial block, at the same offsets as its block of ``x``, replicated over the channel
+axis's grid axis if any.  ``y`` keeps the file's dtype (``uint8`` for the synthetic labels).
 
 Epoch ``e`` visits the samples in the order :func:`disttensor.io.layout.epoch_order`
 ``(n, seed, e, shuffle)`` (a permutation drawn from ``numpy.random.default_rng([seed, e])``,
@@ -94,23 +110,39 @@ def _probe_layout(files, xname, yname, channels_last):
     xs, ys = meta[xname]["shape"], meta[yname]["shape"]
     if len(files) == 1 and len(xs) == 5:
         stacked, n = True, xs[0]
-        if len(ys) != 2 or ys[0] != n:
-            raise ValueError(f"stacked layout: targets {yname!r} of {files[0]!r} have shape "
-                             f"{ys}, expected ({n}, k)")
-        fsample, k = xs[1:], ys[1]
+        fsample = xs[1:]
     elif len(xs) == 4:
         stacked, n = False, len(files)
-        if len(ys) > 1:
-            raise ValueError(f"targets {yname!r} of {files[0]!r} have shape {ys}, expected "
-                             "a vector (k,)")
-        fsample, k = xs, (ys[0] if ys else 1)
+        fsample = xs
     else:
         raise ValueError(f"dataset {xname!r} of {files[0]!r} has shape {xs}: expected a "
                          "4-d sample (C,D,H,W), one per file, or one 5-d stacked dataset "
                          "(N,C,D,H,W) in a single file")
+    spatial = tuple(fsample[:3]) if channels_last else tuple(fsample[1:])
+    lead = (n,) if stacked else ()
+    ysample = ys[1:] if stacked else ys
+    axes = "D,H,W,C" if channels_last else "C,D,H,W"
+    where = f"{'stacked layout: ' if stacked else ''}targets {yname!r} of {files[0]!r}"
+    if stacked and (len(ys) == 0 or ys[0] != n):
+        raise ValueError(f"{where} have shape {ys}, expected ({n}, k) target vectors or an "
+                         f"({n}, D, H, W) label volume {lead + spatial}")
+    if len(ysample) == 1 or (not stacked and len(ysample) == 0):  # a scalar counts as k = 1
+        k = ysample[0] if ysample else 1
+        kind, tshape = "vector", (k,)
+    elif len(ysample) == 3:
+        if tuple(ysample) != spatial:
+            raise ValueError(f"{where} have shape {ys}: a label volume must have the samples' "
+                             f"spatial shape {lead + spatial} ({xname!r} has shape {xs}, axes "
+                             f"{'N,' if stacked else ''}{axes})")
+        kind, k, tshape = "volume", None, spatial
+    else:
+        raise ValueError(f"{where} have shape {ys}, expected a vector "
+                         f"{'(N, k)' if stacked else '(k,)'} or a label volume "
+                         f"{lead + spatial} with the samples' spatial shape")
     sample = (fsample[3],) + tuple(fsample[:3]) if channels_last else tuple(fsample)
     return {"stacked": stacked, "n": n, "sample_shape": sample, "file_sample_shape": tuple(fsample),
-            "k": k, "y_shape": ys, "dtype": meta[xname]["dtype"], "ydtype": meta[yname]["dtype"]}
+            "k": k, "target_kind": kind, "target_shape": tshape, "y_shape": ys,
+            "dtype": meta[xname]["dtype"], "ydtype": meta[yname]["dtype"]}
 
 
 class SampleDataset:
@@ -126,7 +158,10 @@ class SampleDataset:
         default ``(0, None, 1, 2, 3)`` restricted to the grid's axes.
     batch_size, shuffle, seed, drop_last : batching (see module docstring).
     prefetch : read the next batch in a background thread.
-    x_dataset, y_dataset : dataset names (defaults ``"full"``, ``"unitPar"``, CosmoFlow's).
+    x_dataset, y_dataset : dataset names (defaults ``"full"``, ``"unitPar"``, CosmoFlow's;
+        ``y_dataset="labels"`` for the label volumes of the synthetic segmentation data).
+        ``y_dataset`` holds target vectors or per-voxel label volumes (see the module
+        docstring).
     channels_last : samples stored ``D,H,W,C`` in the files.
     driver : ``'mpio'``, ``'independent'`` or ``None`` (``'mpio'`` when h5py has it and either
         ``prefetch`` is off or MPI runs at ``MPI_THREAD_MULTIPLE``).
@@ -136,8 +171,14 @@ class SampleDataset:
 
     Construction is collective over ``grid``: it lists the files and checks the first one on
     rank 0 (every later file is checked when it is read), and duplicates a communicator for
-    the reads.  Call :meth:`close` (collective) or use ``with`` to release the thread and the
+    the reads.
+
+    Call :meth:`close` (collective) or use ``with`` to release the thread and the
     communicator.
+
+    Attributes: ``num_samples``, ``sample_shape`` ``(C,D,H,W)``, ``dtype``, ``target_kind``
+    (``'vector'`` or ``'volume'``), ``target_shape`` (``(k,)`` or ``(D,H,W)``),
+    ``num_targets`` (``k``; ``None`` for label volumes), ``target_dtype``, ``stacked``.
     """
 
     def __init__(self, source, grid: ProcessGrid | None = None, split=None, batch_size: int = 1,
@@ -195,7 +236,9 @@ class SampleDataset:
         self.stacked: bool = meta["stacked"]
         self.num_samples: int = meta["n"]
         self.sample_shape: tuple[int, ...] = meta["sample_shape"]
-        self.num_targets: int = meta["k"]
+        self.target_kind: str = meta["target_kind"]
+        self.target_shape: tuple[int, ...] = tuple(meta["target_shape"])
+        self.num_targets: int | None = meta["k"]
         self.dtype: np.dtype = meta["dtype"]
         self.target_dtype: np.dtype = meta["ydtype"]
         self._meta = meta
@@ -224,8 +267,11 @@ class SampleDataset:
                              self.shuffle, self.drop_last)
 
     def batch_distribution(self, batch: int) -> tuple[Distribution, Distribution]:
-        """Distributions of ``x`` and ``y`` for a batch of ``batch`` samples."""
+        """Distributions of ``x`` and ``y`` for a batch of ``batch`` samples (label volumes:
+        ``y`` is distributed like ``x`` without its channel axis)."""
         dx = Distribution((batch, *self.sample_shape), self.grid.dims, self.split)
+        if self.target_kind == "volume":
+            return dx, dx.drop_axes([1])
         dy = Distribution((batch, self.num_targets), self.grid.dims, (self.split[0], None),
                           [dx.sizes(0) if self.split[0] is not None else None, None])
         return dx, dy
@@ -295,7 +341,8 @@ class SampleDataset:
     def __repr__(self) -> str:
         layout = "stacked" if self.stacked else "files"
         return (f"SampleDataset({layout}, samples={self.num_samples}, "
-                f"sample_shape={self.sample_shape}, targets={self.num_targets}, "
+                f"sample_shape={self.sample_shape}, "
+                f"targets={self.target_kind} {self.target_shape}, "
                 f"batch_size={self.batch_size}, split={self.split}, driver={self.driver!r}, "
                 f"prefetch={self.prefetch})")
 
@@ -334,7 +381,11 @@ class SampleDataset:
         box = dx.block_box(self.grid.coords)
         mine = idx[box.start[0]:box.stop[0]]
         xl = np.empty(box.shape, dtype=self.dtype)
-        yl = np.empty((len(mine), self.num_targets), dtype=self.target_dtype)
+        volume = self.target_kind == "volume"
+        # label volumes: the hyperslab of this rank's spatial block (x's D,H,W offsets)
+        ystart = tuple(box.start[2:]) if volume else (0,) * len(self.target_shape)
+        yl = np.empty((len(mine),) + (tuple(box.shape[2:]) if volume else self.target_shape),
+                      dtype=self.target_dtype)
         cstart, cstop = box.start[1:], box.stop[1:]
         if self.channels_last:  # file axes D,H,W,C
             fstart = tuple(cstart[1:]) + (cstart[0],)
@@ -350,7 +401,7 @@ class SampleDataset:
                 for j, s in enumerate(mine):
                     out = tmp[None] if self.channels_last else xl[j:j + 1]
                     sess.read([(self.x_dataset, (int(s),) + fstart, None, out),
-                               (self.y_dataset, (int(s), 0), None, yl[j:j + 1])])
+                               (self.y_dataset, (int(s),) + ystart, None, yl[j:j + 1])])
                     if self.channels_last:
                         xl[j] = np.moveaxis(tmp, -1, 0)
         else:
@@ -372,7 +423,7 @@ class SampleDataset:
                     out = tmp if self.channels_last else xl[j]
                     yrow = yl[j] if m["y_shape"] else yl[j].reshape(())
                     sess.read([(self.x_dataset, fstart, None, out),
-                               (self.y_dataset, (0,) * len(m["y_shape"]), None, yrow)])
+                               (self.y_dataset, ystart if m["y_shape"] else (), None, yrow)])
                     if self.channels_last:
                         xl[j] = np.moveaxis(tmp, -1, 0)
         return xl, yl

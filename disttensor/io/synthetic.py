@@ -1,4 +1,9 @@
-"""A synthetic CosmoFlow-like dataset whose targets can really be learnt.
+"""Synthetic datasets whose targets can really be learnt: a CosmoFlow-like regression task
+(``task='regression'``, the default) and a 3D segmentation task for a U-Net
+(``task='segmentation'``).
+
+Regression
+----------
 
 Each sample is a Gaussian random field on a periodic ``size^3`` grid with ``channels``
 channels, made by FFT filtering one realization of white noise ``w``:
@@ -23,16 +28,61 @@ to ``[-1, 1]``: ``y = 2 (p - lo) / (hi - lo) - 1`` in the order of :data:`PARAM_
 Sample ``i`` is a pure function of ``(seed, i, size, channels)``
 (``numpy.random.default_rng([seed, i])``), so a dataset does not depend on how many ranks made it.
 
-Layouts written by :func:`generate_synthetic` (those :class:`~disttensor.io.SampleDataset`
-reads): ``'files'`` (a directory of ``sample_000000.h5`` ..., each with ``full (C,D,H,W)`` and
-``unitPar (3,)``) or ``'stacked'`` (one file with ``full (N,C,D,H,W)`` and ``unitPar (N,3)``).
-In parallel, samples are dealt round-robin over the ranks; with ``'files'`` each rank writes its
-own files, with ``'stacked'`` each rank writes its samples' hyperslabs of the shared file.
+Segmentation
+------------
+:func:`synthetic_segmentation_sample` makes an input ``x (C,D,H,W)`` (float) and a per-voxel
+label volume ``labels (D,H,W)`` (``uint8``, values in ``[0, classes)``) on a ``size^3`` grid:
+
+* **Objects.**  Class 0 is the background; classes ``k = 1 .. K-1`` (``K = classes``, 2 to 8)
+  are solid, axis-aligned ellipsoids whose size tells the class: the volume-equivalent radius
+  is ``r_k (1 + u)``, ``u`` uniform in ``[-0.06, 0.06]``, with ``r_k`` spaced geometrically from
+  ``size / 12`` (class 1, at least 1 voxel) to ``size / 4.5`` (class ``K-1``, at least 1.5;
+  ``K = 2``: their geometric mean) (:func:`segmentation_radii`; neighbouring classes differ
+  by a factor >= 1.17, more than the jitter), semi-axes ``r exp(a)`` with ``a`` uniform in
+  ``[-0.15, 0.15]`` per axis (renormalized to keep the volume).  Class ``k`` gets about
+  ``0.4 / (K-1) size^3 / (4/3 pi r_k^3)`` objects (times a uniform factor in ``[0.7, 1.3]``,
+  stochastically rounded), placed largest class first at uniform centres anywhere in the
+  volume (objects may be cut by the border); an object whose ellipsoid grown by 1 voxel would
+  touch an earlier one is redrawn (up to 30 tries, then dropped), so objects never touch and
+  a voxel belongs to one object at most.
+  A voxel is labelled ``k`` when its centre lies inside an object of class ``k``.
+* **Input.**  Every object gets a contrast ``a_j`` uniform in ``[0.6, 1.4]`` (the same range
+  for every class: brightness does not tell the class).  All channels see the same signal
+  ``s = G_1 * sum_j a_j 1_j`` (a Gaussian blur of 1 voxel, zero outside the volume) plus noise:
+  ``x_c = s + 0.8 n_c`` with ``n_c`` the unit-variance Gaussian random field of the regression
+  task (:func:`transfer_functions` with ``slope = -0.5``, ``sigma = 1``, one white-noise
+  realization seen at smoothing ``c / 2``: channel 0 is nearly white).
+* **Learnability.**  No function of one voxel's value does better than predicting the
+  background everywhere (within a percent: the noise is as strong as the signal and the
+  brightness says nothing about the class), while the mean over a 3x3x3 neighbourhood
+  already beats it by about 9 points of accuracy, and means at two scales (3^3 and 7^3) by
+  about 13, finding both classes of objects (``tests/unit/test_io_synthetic.py`` checks
+  this on held-out samples): the labels need context, which a small 3D U-Net has.
+* **Balance.**  Background about 70-75% of the voxels (per sample between about 60% and 80%
+  for ``size >= 16``), the rest shared roughly evenly by the classes (each about
+  ``0.28 / (K-1)`` on average; for ``K = 3`` at ``size = 32``: 71% / 14% / 15%).
+
+The labels are a pure function of ``(seed, i, size, classes)``
+(``numpy.random.default_rng([seed, i, 1])``: the object draws come first, then the noise), and
+do not depend on ``channels`` or ``dtype``; ``x`` is a pure function of
+``(seed, i, size, channels, classes)``.
+
+Layouts
+-------
+Written by :func:`generate_synthetic` (those :class:`~disttensor.io.SampleDataset` reads):
+``'files'`` (a directory of ``sample_000000.h5`` ..., each with ``full (C,D,H,W)`` and
+``unitPar (3,)``, or for segmentation ``labels (D,H,W) uint8``) or ``'stacked'`` (one file with
+``full (N,C,D,H,W)`` and ``unitPar (N,3)``, or ``labels (N,D,H,W) uint8``).  In parallel,
+samples are dealt round-robin over the ranks; with ``'files'`` each rank writes its own files,
+with ``'stacked'`` each rank writes its samples' hyperslabs of the shared file.  Read a
+segmentation dataset with ``SampleDataset(..., y_dataset="labels")``: ``y`` is then an
+``(N,D,H,W)`` DistArray split like ``x``'s sample and spatial axes.
 
 Command line (serial or under ``mpiexec``)::
 
     python -m disttensor.io.synthetic --out DIR --samples 64 --size 32 --channels 4 [--seed 0]
         [--layout files|stacked] [--dtype float32] [--driver mpio|independent]
+        [--task regression|segmentation] [--classes 3]
 """
 from __future__ import annotations
 
@@ -43,13 +93,34 @@ import sys
 
 import numpy as np
 
-__all__ = ["PARAM_NAMES", "PARAM_RANGES", "synthetic_sample", "synthetic_params",
-           "generate_synthetic", "transfer_functions", "main"]
+__all__ = ["PARAM_NAMES", "PARAM_RANGES", "TASKS", "LABEL_DTYPE", "MAX_CLASSES",
+           "synthetic_sample", "synthetic_params", "synthetic_segmentation_sample",
+           "segmentation_radii", "generate_synthetic", "transfer_functions", "main"]
 
 PARAM_NAMES = ("sigma", "amplitude", "slope")
 #: Ranges the parameters are drawn from (uniformly): smoothing scale in voxels, standard
 #: deviation times 3, spectral index of the power spectrum.
 PARAM_RANGES = {"sigma": (1.0, 3.0), "amplitude": (0.5, 1.5), "slope": (-3.0, 0.0)}
+
+TASKS = ("regression", "segmentation")
+#: dtype of the segmentation label volumes (in memory and in the files).
+LABEL_DTYPE = np.dtype(np.uint8)
+#: Largest number of classes (background included) of the segmentation task.
+MAX_CLASSES = 8
+# The segmentation model (see the module docstring).
+_SEG_STREAM = 1               # third seed word of the segmentation generator
+_SEG_FILL = 0.4               # nominal object volume fraction (before failed placements)
+_SEG_RADII = (1 / 12, 1 / 4.5)  # class 1 and class K-1 radius as fractions of size
+_SEG_MIN_RADII = (1.0, 1.5)   # ... and their lower bounds in voxels
+_SEG_JITTER = 0.06            # relative radius jitter
+_SEG_ANISO = 0.15             # log semi-axis jitter
+_SEG_MARGIN = 1.0             # gap between objects, voxels
+_SEG_TRIES = 30               # placement tries per object
+_SEG_CONTRAST = (0.6, 1.4)
+_SEG_BLUR = 1.0               # Gaussian blur of the signal, voxels
+_SEG_NOISE = 0.8              # noise standard deviation
+_SEG_NOISE_SLOPE = -0.5
+_SEG_NOISE_SIGMA = 1.0
 
 
 def synthetic_params(index: int, seed: int = 0) -> tuple[dict, np.ndarray, np.random.Generator]:
@@ -104,8 +175,104 @@ def synthetic_sample(index: int, size: int = 32, channels: int = 4, seed: int = 
     return x, y.astype(dtype)
 
 
-def _file_attrs(size, channels, seed, samples):
-    return {"generator": "disttensor.io.synthetic", "seed": seed, "size": size,
+def segmentation_radii(size: int, classes: int) -> np.ndarray:
+    """Nominal volume-equivalent radius (voxels) of the objects of classes ``1 .. classes-1``:
+    geometric from ``max(1, size / 12)`` to ``max(1.5, size / 4.5)`` (one class: their
+    geometric mean)."""
+    lo = max(_SEG_MIN_RADII[0], size * _SEG_RADII[0])
+    hi = max(_SEG_MIN_RADII[1], size * _SEG_RADII[1])
+    m = classes - 1
+    if m == 1:
+        return np.array([math.sqrt(lo * hi)])
+    return lo * (hi / lo) ** (np.arange(m) / (m - 1))
+
+
+def _gaussian_blur(v: np.ndarray, sigma: float) -> np.ndarray:
+    """Separable Gaussian blur of a 3-d array, zero outside (no wrap-around)."""
+    h = int(math.ceil(4 * sigma))
+    t = np.arange(-h, h + 1)
+    k = np.exp(-0.5 * (t / sigma) ** 2)
+    k /= k.sum()
+    for a in range(3):
+        v = np.moveaxis(v, a, -1)
+        p = np.pad(v, [(0, 0), (0, 0), (h, h)])
+        n = v.shape[-1]
+        out = k[0] * p[..., 0:n]
+        for j in range(1, 2 * h + 1):
+            out += k[j] * p[..., j:j + n]
+        v = np.moveaxis(out, -1, a)
+    return np.ascontiguousarray(v)
+
+
+def _check_segmentation_args(size, channels, classes):
+    if size < 2 or channels < 1:
+        raise ValueError(f"need size >= 2 and channels >= 1, got {size}, {channels}")
+    if not isinstance(classes, (int, np.integer)) or not 2 <= classes <= MAX_CLASSES:
+        raise ValueError(f"classes must be an int in [2, {MAX_CLASSES}] (background "
+                         f"included), got {classes!r}")
+
+
+def _segmentation_objects(rng: np.random.Generator, size: int, classes: int):
+    """Labels ``(size,)*3`` and the unblurred signal (object contrasts) of one sample."""
+    labels = np.zeros((size,) * 3, dtype=LABEL_DTYPE)
+    signal = np.zeros((size,) * 3)
+    radii = segmentation_radii(size, classes)
+    for k in range(classes - 1, 0, -1):  # largest objects first
+        r0 = float(radii[k - 1])
+        mean = _SEG_FILL / (classes - 1) * size ** 3 / (4 / 3 * math.pi * r0 ** 3)
+        count = int(math.floor(mean * rng.uniform(0.7, 1.3) + rng.uniform()))
+        for _ in range(count):
+            r = r0 * rng.uniform(1 - _SEG_JITTER, 1 + _SEG_JITTER)
+            a = np.exp(rng.uniform(-_SEG_ANISO, _SEG_ANISO, 3))
+            ax = r * a / np.cbrt(a.prod())
+            grown = ax + _SEG_MARGIN
+            contrast = rng.uniform(*_SEG_CONTRAST)
+            for _try in range(_SEG_TRIES):
+                c = rng.uniform(-0.5, size - 0.5, 3)
+                lo = np.maximum(np.floor(c - grown).astype(int), 0)
+                hi = np.minimum(np.ceil(c + grown).astype(int) + 1, size)
+                if np.any(hi <= lo):
+                    continue
+                box = tuple(slice(int(a0), int(b0)) for a0, b0 in zip(lo, hi))
+                dz = (np.arange(box[0].start, box[0].stop) - c[0])[:, None, None]
+                dy = (np.arange(box[1].start, box[1].stop) - c[1])[None, :, None]
+                dx = (np.arange(box[2].start, box[2].stop) - c[2])[None, None, :]
+                near = (dz / grown[0]) ** 2 + (dy / grown[1]) ** 2 + (dx / grown[2]) ** 2 <= 1
+                if labels[box][near].any():
+                    continue
+                inside = (dz / ax[0]) ** 2 + (dy / ax[1]) ** 2 + (dx / ax[2]) ** 2 <= 1
+                labels[box][inside] = k
+                signal[box][inside] = contrast
+                break
+    return labels, signal
+
+
+def synthetic_segmentation_sample(index: int, size: int = 32, channels: int = 1,
+                                  classes: int = 3, seed: int = 0,
+                                  dtype="float32") -> tuple[np.ndarray, np.ndarray]:
+    """Segmentation sample ``index``: input ``x`` of shape ``(channels, size, size, size)``
+    (``dtype``) and labels of shape ``(size, size, size)`` (``uint8``, values in
+    ``[0, classes)``, 0 the background); see the module docstring."""
+    if index < 0 or seed < 0:
+        raise ValueError(f"index and seed must be >= 0, got {index}, {seed}")
+    _check_segmentation_args(size, channels, classes)
+    rng = np.random.default_rng([int(seed), int(index), _SEG_STREAM])
+    labels, signal = _segmentation_objects(rng, size, classes)
+    s = _gaussian_blur(signal, _SEG_BLUR)
+    f = np.fft.rfftn(rng.standard_normal((size, size, size)))
+    tf = transfer_functions(size, channels, _SEG_NOISE_SIGMA, _SEG_NOISE_SLOPE)
+    x = np.empty((channels, size, size, size), dtype=dtype)
+    for c in range(channels):
+        x[c] = s + _SEG_NOISE * np.fft.irfftn(f * tf[c], s=(size,) * 3, axes=(0, 1, 2))
+    return x, labels
+
+
+def _file_attrs(size, channels, seed, samples, task="regression", classes=None):
+    if task == "segmentation":
+        return {"generator": "disttensor.io.synthetic", "task": task, "seed": seed,
+                "size": size, "channels": channels, "samples": samples, "classes": classes,
+                "class_radii": segmentation_radii(size, classes)}
+    return {"generator": "disttensor.io.synthetic", "task": task, "seed": seed, "size": size,
             "channels": channels, "samples": samples,
             "param_names": ",".join(PARAM_NAMES),
             "param_ranges": np.asarray([PARAM_RANGES[n] for n in PARAM_NAMES])}
@@ -114,8 +281,16 @@ def _file_attrs(size, channels, seed, samples):
 def generate_synthetic(out, samples: int, size: int = 32, channels: int = 4, seed: int = 0, *,
                        layout: str = "files", dtype="float32", comm=None,
                        driver: str | None = None, x_dataset: str = "full",
-                       y_dataset: str = "unitPar"):
+                       y_dataset: str | None = None, task: str = "regression",
+                       classes: int = 3):
     """Write a synthetic dataset (collective over ``comm``, default ``COMM_WORLD``).
+
+    ``task='regression'`` (default): inputs ``x_dataset`` (``"full"``) and target vectors
+    ``y_dataset`` (default ``"unitPar"``) from :func:`synthetic_sample`.
+    ``task='segmentation'``: inputs and ``uint8`` label volumes ``y_dataset`` (default
+    ``"labels"``; ``(D,H,W)`` per file, ``(N,D,H,W)`` stacked) from
+    :func:`synthetic_segmentation_sample` with ``classes`` classes (2 to 8, background
+    included).
 
     ``layout='files'``: ``out`` is a directory (created if missing) that receives
     ``sample_%06d.h5`` per sample; returns the sorted list of paths.  ``layout='stacked'``:
@@ -138,16 +313,33 @@ def generate_synthetic(out, samples: int, size: int = 32, channels: int = 4, see
             raise ValueError(f"size must be >= 2, got {size}")
         if layout not in ("files", "stacked"):
             raise ValueError(f"layout must be 'files' or 'stacked', got {layout!r}")
+        if task not in TASKS:
+            raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+        seg = task == "segmentation"
+        if seg:
+            _check_segmentation_args(size, channels, classes)
+            classes = int(classes)
+        else:
+            classes = None
         dtype = np.dtype(dtype)
         if dtype.kind != "f":
             raise TypeError(f"dtype must be a floating type, got {dtype}")
+        if y_dataset is None:
+            y_dataset = "labels" if seg else "unitPar"
         xname, yname = check_dataset_name(x_dataset), check_dataset_name(y_dataset)
+        if xname == yname:
+            raise ValueError(f"x_dataset and y_dataset must differ, both are {xname!r}")
         driver = _h5.resolve_driver(driver)
         out = os.path.abspath(os.fspath(out))
-    check_same(comm, (out, samples, size, channels, seed, layout, dtype.str, driver),
-               "generate_synthetic arguments")
-    attrs = _file_attrs(size, channels, seed, samples)
+    check_same(comm, (out, samples, size, channels, seed, layout, dtype.str, driver, xname,
+                      yname, task, classes), "generate_synthetic arguments")
+    attrs = _file_attrs(size, channels, seed, samples, task, classes)
     mine = range(comm.rank, samples, comm.size)
+
+    def make(i):
+        if seg:
+            return synthetic_segmentation_sample(i, size, channels, classes, seed, dtype)
+        return synthetic_sample(i, size, channels, seed, dtype)
 
     if layout == "files":
         def mkdir():
@@ -156,7 +348,7 @@ def generate_synthetic(out, samples: int, size: int = 32, channels: int = 4, see
         paths = [os.path.join(out, f"sample_{i:06d}.h5") for i in range(samples)]
         with collective(comm):
             for i in mine:
-                x, y = synthetic_sample(i, size, channels, seed, dtype)
+                x, y = make(i)
                 tmp = _h5.temp_path_for(paths[i])
                 try:
                     _h5.check_space(tmp, x.nbytes + y.nbytes)
@@ -171,22 +363,29 @@ def generate_synthetic(out, samples: int, size: int = 32, channels: int = 4, see
                     raise
         return paths
 
-    nx = samples * channels * size ** 3 * dtype.itemsize
+    if seg:
+        yspec = _h5.DatasetSpec(yname, (samples, size, size, size), LABEL_DTYPE,
+                                attrs={"axes": "N,D,H,W", "classes": classes})
+        ny = samples * size ** 3 * LABEL_DTYPE.itemsize
+    else:
+        yspec = _h5.DatasetSpec(yname, (samples, len(PARAM_NAMES)), dtype,
+                                attrs={"names": ",".join(PARAM_NAMES)})
+        ny = 0
+    nx = samples * channels * size ** 3 * dtype.itemsize + ny
+    ystart = (0, 0, 0) if seg else (0,)
 
     def body(sess):
         sess.create([_h5.DatasetSpec(xname, (samples, channels, size, size, size), dtype,
-                                     attrs={"axes": "N,C,D,H,W"}),
-                     _h5.DatasetSpec(yname, (samples, len(PARAM_NAMES)), dtype,
-                                     attrs={"names": ",".join(PARAM_NAMES)})])
+                                     attrs={"axes": "N,C,D,H,W"}), yspec])
         sess.metadata(lambda f: f.attrs.update(attrs))
         for r in range(-(-samples // comm.size)):
             i = r * comm.size + comm.rank
             with collective(comm):
                 x = y = None
                 if i < samples:
-                    x, y = synthetic_sample(i, size, channels, seed, dtype)
+                    x, y = make(i)
             sess.write([(xname, (i, 0, 0, 0, 0), None if x is None else x[None]),
-                        (yname, (i, 0), None if y is None else y[None])])
+                        (yname, (i,) + ystart, None if y is None else y[None])])
 
     _h5.atomic_update(comm, out, driver, "w", True, nx, body)
     return out
@@ -194,10 +393,13 @@ def generate_synthetic(out, samples: int, size: int = 32, channels: int = 4, see
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m disttensor.io.synthetic",
-                                description="Write a learnable synthetic CosmoFlow-like dataset "
-                                            "(Gaussian random fields; targets: smoothing scale, "
-                                            "amplitude, spectral slope in [-1, 1]).  Run under "
-                                            "mpiexec to generate in parallel.")
+                                description="Write a learnable synthetic dataset: 'regression' "
+                                            "(CosmoFlow-like Gaussian random fields; targets: "
+                                            "smoothing scale, amplitude, spectral slope in "
+                                            "[-1, 1]) or 'segmentation' (noisy blurred "
+                                            "ellipsoids whose size gives the class; uint8 "
+                                            "label volumes 'labels').  Run under mpiexec to "
+                                            "generate in parallel.")
     p.add_argument("--out", required=True, help="directory (layout 'files') or file ('stacked')")
     p.add_argument("--samples", type=int, required=True)
     p.add_argument("--size", type=int, default=32, help="grid points per side (default 32)")
@@ -206,17 +408,23 @@ def main(argv=None) -> int:
     p.add_argument("--layout", choices=("files", "stacked"), default="files")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--driver", choices=("mpio", "independent"), default=None)
+    p.add_argument("--task", choices=TASKS, default="regression")
+    p.add_argument("--classes", type=int, default=3,
+                   help=f"segmentation classes, background included (2 to {MAX_CLASSES}, "
+                        "default 3)")
     a = p.parse_args(argv)
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
     t0 = MPI.Wtime()
     res = generate_synthetic(a.out, a.samples, a.size, a.channels, a.seed, layout=a.layout,
-                             dtype=a.dtype, comm=comm, driver=a.driver)
+                             dtype=a.dtype, comm=comm, driver=a.driver, task=a.task,
+                             classes=a.classes)
     comm.Barrier()
     if comm.rank == 0:
         where = res if isinstance(res, str) else a.out
-        print(f"wrote {a.samples} samples of {a.channels}x{a.size}^3 {a.dtype} ({a.layout}) to "
-              f"{where} in {MPI.Wtime() - t0:.2f} s on {comm.size} rank(s)")
+        what = f"{a.task}, {a.classes} classes" if a.task == "segmentation" else a.task
+        print(f"wrote {a.samples} samples of {a.channels}x{a.size}^3 {a.dtype} ({a.layout}, "
+              f"{what}) to {where} in {MPI.Wtime() - t0:.2f} s on {comm.size} rank(s)")
     return 0
 
 

@@ -1,5 +1,6 @@
 """SampleDataset under MPI: spatially partitioned batches equal the serial read of the same
-samples in the same order; background reads; errors."""
+samples in the same order (vector targets and per-voxel label volumes); background reads;
+errors."""
 from __future__ import annotations
 
 import math
@@ -11,9 +12,10 @@ import pytest
 from mpi4py import MPI
 
 import disttensor as dt
-from disttensor import io
+from disttensor import io, ops
 from disttensor.io import _h5
 from disttensor.io import dataset as dsmod
+from checks import check_blocks, expect, settle
 from conftest import assert_all_ranks, assert_allclose_all, assert_raises_all
 
 SIZE = MPI.COMM_WORLD.Get_size()
@@ -73,6 +75,7 @@ def test_partitioned_batches_equal_serial_read(comm, data_dir, layout, driver, p
                               driver=driver) as ds:
             assert_all_ranks(comm, (ds.num_samples, ds.sample_shape, ds.num_targets) ==
                              (N, (C, S, S, S), 3), repr(ds))
+            assert_all_ranks(comm, (ds.target_kind, ds.target_shape) == ("vector", (3,)))
             assert_all_ranks(comm, len(ds) == math.ceil(N / 3))
             for e in ((0, 1) if k == 0 else (1,)):  # (two epochs once: time on 2 cores)
                 order = np.random.default_rng([5, e]).permutation(N)
@@ -226,4 +229,199 @@ def test_thread_level_choice(comm, data_dir, monkeypatch):
     if _h5.h5py_has_mpi():
         assert_raises_all(comm, ValueError, "MPI_THREAD_MULTIPLE",
                            lambda: io.SampleDataset(files, g, driver="mpio"))
+    g.free()
+
+
+# -- per-voxel label volumes -------------------------------------------------------------------
+NL, SL, CL, KL = 5, 7, 2, 3  # samples, side (odd: uneven spatial blocks), channels, classes
+
+
+def _label_grids():
+    """(grid dims, split) for label batches on this rank count: spatial splits (7 voxels over 2,
+    3 or 4 blocks: uneven), samples (5 over the ranks, batches of 2: empty blocks), channels
+    split (the labels replicated over that grid axis; empty channel blocks on 3 and 4 ranks)."""
+    a = 2 if SIZE % 2 == 0 else 1
+    out = [((1, a, SIZE // a, 1), (0, None, 1, 2, 3))]                # D x H
+    if SIZE > 1:
+        out.append(((SIZE,), (0,)))                                    # samples only
+        out.append(((1, SIZE), (0, None, None, None, 1)))              # W
+        out.append(((SIZE,), (None, 0)))                               # channels
+    if SIZE % 2 == 0 and SIZE > 2:
+        out.append(((2, SIZE // 2), (0, None, None, 1, None)))         # samples x H
+        out.append(((2, SIZE // 2), (None, 0, None, None, 1)))         # channels x W
+    return out
+
+
+@pytest.fixture(scope="module")
+def seg_data(tmp_path_factory):
+    comm = MPI.COMM_WORLD
+    d = comm.bcast(str(tmp_path_factory.mktemp("seg")) if comm.rank == 0 else None, root=0)
+    kw = dict(size=SL, channels=CL, seed=4, task="segmentation", classes=KL)
+    files = io.generate_synthetic(os.path.join(d, "files"), NL, **kw)
+    stacked = io.generate_synthetic(os.path.join(d, "stacked.h5"), NL, layout="stacked", **kw)
+    return files, stacked
+
+
+def _serial_labels(files, stacked, idx):
+    """Inputs and label volumes of samples ``idx`` read whole by plain h5py."""
+    xs, ys = [], []
+    for i in idx:
+        with h5py.File(files if stacked else files[i], "r") as f:
+            xs.append(f["full"][i] if stacked else f["full"][...])
+            ys.append(f["labels"][i] if stacked else f["labels"][...])
+    return np.stack(xs), np.stack(ys)
+
+
+def _check_label_batch(x, y, wx, wy, dims, split, what):
+    """Record (see checks.settle) whether ``x`` and ``y`` hold exactly their blocks of the serial
+    batch ``wx``, ``wy``, ``y`` laid out like ``x`` without the channel axis."""
+    full = tuple(split) + (None,) * (5 - len(split))
+    ysplit = (full[0],) + full[2:]
+    check_blocks(x, wx, f"{what} x", layout=(dims, full, None))
+    check_blocks(y, wy, f"{what} y", layout=(dims, ysplit, None))
+    expect(y.dtype == np.uint8, f"{what}: labels dtype {y.dtype}")
+    expect(y.distribution == x.distribution.drop_axes([1]), f"{what}: {y.distribution}")
+    xs, ys = x.local_slices, y.local_slices
+    expect(ys == (xs[0],) + xs[2:], f"{what}: label block {ys} vs sample block {xs}")
+
+
+@pytest.mark.parametrize("layout", ["files", "stacked"])
+@pytest.mark.parametrize("driver", DRIVERS)
+@pytest.mark.parametrize("prefetch", [True, False], ids=["prefetch", "sync"])
+def test_label_volumes_equal_serial_read(comm, seg_data, layout, driver, prefetch):
+    """Label batches (N, D, H, W) read partitioned over grids with sample, spatial and channel
+    splits, uneven and empty blocks, equal the serial h5py read of the same samples in the
+    same order."""
+    files, stacked = seg_data
+    src, ref = (files, (files, False)) if layout == "files" else (stacked, (stacked, True))
+    if prefetch and driver == "mpio" and MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+        driver = "independent"  # (what driver=None would choose)
+    for dims, split in _label_grids():
+        g = dt.ProcessGrid(dims)
+        with io.SampleDataset(src, g, split=split, batch_size=2, seed=6, prefetch=prefetch,
+                              driver=driver, y_dataset="labels") as ds:
+            expect((ds.target_kind, ds.target_shape, ds.num_targets, ds.target_dtype) ==
+                   ("volume", (SL,) * 3, None, np.uint8), repr(ds))
+            order = np.random.default_rng([6, 1]).permutation(NL)
+            seen = []
+            for b, (x, y) in enumerate(ds.epoch(1)):
+                idx = order[2 * b:2 * b + 2]
+                seen.extend(idx.tolist())
+                dx, dy = ds.batch_distribution(len(idx))
+                expect(x.distribution == dx and y.distribution == dy, f"{dims} {split}")
+                wx, wy = _serial_labels(*ref, idx)
+                _check_label_batch(x, y, wx, wy, dims, split, f"{dims} {split} batch {b}")
+            expect(seen == order.tolist(), f"order {seen}")
+            # read_batch: any samples, any order
+            x, y = ds.read_batch([4, 0, 4])
+            wx, wy = _serial_labels(*ref, [4, 0, 4])
+            _check_label_batch(x, y, wx, wy, dims, split, f"{dims} {split} read_batch")
+        g.free()
+    settle()
+
+
+def test_label_volumes_feed_cross_entropy(comm, seg_data):
+    """The label batch has the layout the distributed cross-entropy expects: the loss of
+    logits laid out like ``x`` (classes as channels) against it equals the serial loss."""
+    files, _ = seg_data
+    a = 2 if SIZE % 2 == 0 else 1
+    g = dt.ProcessGrid((1, a, SIZE // a))
+    split = (0, None, 1, None, 2)
+    with io.SampleDataset(files, g, split=split, batch_size=3, seed=1,
+                          y_dataset="labels") as ds:
+        (x, y), *_ = list(ds.epoch(0))
+        logits_np = np.random.default_rng(0).standard_normal((3, KL, SL, SL, SL))
+        logits = dt.from_global(logits_np, grid=g, split=split)
+        loss, _ = ops.cross_entropy_forward(logits, y)
+        lab = _serial_labels(files, False, ds.batch_indices(0)[0])[1].astype(np.int64)
+        z = logits_np - logits_np.max(1, keepdims=True)
+        logp = z - np.log(np.exp(z).sum(1, keepdims=True))
+        want = -np.take_along_axis(logp, lab[:, None], axis=1).mean()
+        assert_allclose_all(comm, loss, want, rtol=1e-10)
+    g.free()
+
+
+@pytest.mark.parametrize("prefetch", [True, False], ids=["prefetch", "sync"])
+def test_channels_last_label_volumes(comm, shared_tmp_path, prefetch):
+    """D,H,W,C samples with D,H,W label volumes (not transposed), per file and stacked, non-cubic
+    samples split unevenly."""
+    rng = np.random.default_rng(1)
+    full = rng.standard_normal((4, 5, 3, 6, 2)).astype("float32")  # N, D, H, W, C
+    lab = rng.integers(0, 5, (4, 5, 3, 6)).astype("int16")
+    if comm.rank == 0:
+        for i in range(4):
+            with h5py.File(shared_tmp_path / f"s{i}.h5", "w") as f:
+                f["x"] = full[i]
+                f["seg"] = lab[i]
+        with h5py.File(shared_tmp_path / "stacked.h5", "w") as f:
+            f["x"] = full
+            f["seg"] = lab
+    comm.Barrier()
+    files = [str(shared_tmp_path / f"s{i}.h5") for i in range(4)]
+    want = np.moveaxis(full, -1, 1)
+    for src, dims, split in [(files, (SIZE,), (None, None, 0)),
+                             (str(shared_tmp_path / "stacked.h5"), (1, SIZE),
+                              (0, None, None, None, 1))]:
+        g = dt.ProcessGrid(dims)
+        with io.SampleDataset(src, g, split=split, batch_size=3, shuffle=False, x_dataset="x",
+                              y_dataset="seg", channels_last=True, prefetch=prefetch) as ds:
+            expect(ds.target_shape == (5, 3, 6) and ds.sample_shape == (2, 5, 3, 6), repr(ds))
+            for b, (x, y) in enumerate(ds.epoch(0)):
+                sl = slice(3 * b, 3 * b + 3)
+                full_split = tuple(split) + (None,) * (5 - len(split))
+                check_blocks(x, want[sl], f"{src} x", layout=(dims, full_split, None))
+                check_blocks(y, lab[sl], f"{src} y",
+                             layout=(dims, (full_split[0],) + full_split[2:], None))
+        g.free()
+    settle()
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_bad_label_shapes_raise_on_every_rank(comm, seg_data, shared_tmp_path, driver):
+    files, stacked = seg_data
+    t = shared_tmp_path
+    if comm.rank == 0:
+        x = np.zeros((CL, SL, SL, SL), "float32")
+        for name, lab in [("wide", (SL, SL, SL + 1)), ("flat", (SL, SL)),
+                          ("chan", (SL, SL, SL, CL))]:
+            with h5py.File(t / f"{name}.h5", "w") as f:
+                f["full"] = x
+                f["labels"] = np.zeros(lab, "uint8")
+        for name, lab in [("s_wide", (NL, SL, SL - 1, SL)), ("s_n", (NL + 1, SL, SL, SL)),
+                          ("s_flat", (NL, SL, SL))]:
+            with h5py.File(t / f"{name}.h5", "w") as f:
+                f["full"] = np.zeros((NL, CL, SL, SL, SL), "float32")
+                f["labels"] = np.zeros(lab, "uint8")
+    comm.Barrier()
+    g = dt.ProcessGrid((SIZE,))
+    def make(src):
+        return io.SampleDataset(src, g, split=(None, None, 0), y_dataset="labels",
+                                driver=driver, prefetch=False)
+    # the first file decides the kind: a volume of the wrong shape, or neither kind
+    assert_raises_all(comm, ValueError, r"spatial shape \(7, 7, 7\)",
+                      lambda: make([str(t / "wide.h5")] + files[1:]))
+    for bad in ("flat", "chan"):
+        assert_raises_all(comm, ValueError, "expected a vector .* or a label volume",
+                          lambda: make([str(t / f"{bad}.h5")] + files[1:]))
+    assert_raises_all(comm, ValueError, r"spatial shape \(5, 7, 7, 7\)",
+                      lambda: make(str(t / "s_wide.h5")))
+    assert_raises_all(comm, ValueError, r"expected \(5, k\) target vectors or an",
+                      lambda: make(str(t / "s_n.h5")))
+    assert_raises_all(comm, ValueError, "label volume", lambda: make(str(t / "s_flat.h5")))
+    # a later file with a wrong label volume: raised on every rank when its batch is read
+    # (sample-parallel: only the ranks reading that sample see the file), then still usable
+    for prefetch in (True, False):
+        gs = dt.ProcessGrid((SIZE,))
+        drv = driver if not (prefetch and driver == "mpio" and
+                             MPI.Query_thread() < MPI.THREAD_MULTIPLE) else "independent"
+        with io.SampleDataset(files[:2] + [str(t / "wide.h5")], gs, split=(0,), batch_size=3,
+                              shuffle=False, y_dataset="labels", driver=drv,
+                              prefetch=prefetch) as ds:
+            assert_raises_all(comm, ValueError, "has shape",
+                              lambda: [None for _ in ds.epoch(0)])
+            x, y = ds.read_batch([1, 0])
+            wx, wy = _serial_labels(files, False, [1, 0])
+            check_blocks(y, wy, "after the error", layout=((SIZE,), (0, None, None, None), None))
+        gs.free()
+    settle()
     g.free()

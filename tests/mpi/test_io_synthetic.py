@@ -10,7 +10,7 @@ from mpi4py import MPI
 
 from disttensor import io
 from disttensor.io import _h5
-from disttensor.io.synthetic import main, synthetic_sample
+from disttensor.io.synthetic import main, synthetic_sample, synthetic_segmentation_sample
 from conftest import assert_all_ranks
 
 SIZE = MPI.COMM_WORLD.Get_size()
@@ -64,9 +64,67 @@ def test_command_line_main_in_parallel(comm, shared_tmp_path):
     _check_files(comm, [str(d / f"sample_{i:06d}.h5") for i in range(3)], 3, 4, 1, 2)
 
 
+def _check_segmentation_files(comm, paths, n, size, channels, classes, seed):
+    def check():
+        bad = []
+        for i, p in enumerate(paths):
+            x, lab = synthetic_segmentation_sample(i, size, channels, classes, seed)
+            with h5py.File(p, "r") as f:
+                if not (np.array_equal(f["full"][...], x) and f["labels"].dtype == np.uint8
+                        and np.array_equal(f["labels"][...], lab) and int(f.attrs["index"]) == i
+                        and f.attrs["task"] == "segmentation"
+                        and int(f.attrs["classes"]) == classes):
+                    bad.append(i)
+        return bad, sorted(os.listdir(os.path.dirname(paths[0])))
+    bad, listing = _h5.root_call(comm, check)
+    assert_all_ranks(comm, not bad, f"samples differ from the serial generator: {bad}")
+    assert_all_ranks(comm, listing == [f"sample_{i:06d}.h5" for i in range(n)], str(listing))
+
+
+def test_segmentation_files_layout_in_parallel(comm, shared_tmp_path):
+    n = 2 * SIZE + 1
+    paths = io.generate_synthetic(shared_tmp_path / "f", n, size=6, channels=2, seed=9,
+                                  task="segmentation", classes=4)
+    assert_all_ranks(comm, len(paths) == n)
+    _check_segmentation_files(comm, paths, n, 6, 2, 4, 9)
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_segmentation_stacked_layout_in_parallel(comm, shared_tmp_path, driver):
+    n = SIZE + 2  # the last round leaves ranks without a sample
+    out = io.generate_synthetic(shared_tmp_path / "s.h5", n, size=5, channels=3, seed=1,
+                                layout="stacked", driver=driver, dtype="float64",
+                                task="segmentation", classes=2, y_dataset="seg")
+
+    def check():
+        with h5py.File(out, "r") as f:
+            x, lab = f["full"][...], f["seg"][...]
+            ok = (x.shape == (n, 3, 5, 5, 5) and lab.shape == (n, 5, 5, 5)
+                  and x.dtype == np.float64 and lab.dtype == np.uint8)
+            for i in range(n):
+                xi, li = synthetic_segmentation_sample(i, 5, 3, 2, 1, "float64")
+                ok = ok and np.array_equal(x[i], xi) and np.array_equal(lab[i], li)
+            return (ok and f.attrs["task"] == "segmentation" and int(f.attrs["classes"]) == 2
+                    and f["seg"].attrs["axes"] == "N,D,H,W")
+    assert_all_ranks(comm, _h5.root_call(comm, check))
+
+
+def test_segmentation_command_line_main_in_parallel(comm, shared_tmp_path):
+    d = shared_tmp_path / "cli"
+    rc = main(["--out", str(d), "--samples", "3", "--size", "4", "--channels", "1",
+               "--seed", "2", "--task", "segmentation", "--classes", "3"])
+    assert_all_ranks(comm, rc == 0)
+    _check_segmentation_files(comm, [str(d / f"sample_{i:06d}.h5") for i in range(3)], 3, 4, 1,
+                              3, 2)
+
+
 def test_bad_arguments(comm, shared_tmp_path):
     for kw, exc in [({"samples": -1}, ValueError), ({"size": 1}, ValueError),
-                    ({"layout": "zip"}, ValueError), ({"dtype": "int32"}, TypeError)]:
+                    ({"layout": "zip"}, ValueError), ({"dtype": "int32"}, TypeError),
+                    ({"task": "zip"}, ValueError),
+                    ({"task": "segmentation", "classes": 1}, ValueError),
+                    ({"task": "segmentation", "classes": 9}, ValueError),
+                    ({"task": "segmentation", "y_dataset": "full"}, ValueError)]:
         args = dict(out=shared_tmp_path / "bad", samples=2)
         args.update(kw)
         ok = False
