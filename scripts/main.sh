@@ -24,5 +24,5 @@ gen "$DATA/val" 64 1
 rm -rf build/main-run
 exec timeout -k 10 900 mpiexec -n 2 "$PY" -m mpi4py -m disttensor.train cosmoflow \
   --data "$DATA/train" --val "$DATA/val" --out build/main-run --grid 1x2x1x1 \
-  --widths 16,32,64 --dense 64,32 --batch-size 16 --epochs 12 --lr 2e-3 --schedule cosine \
+  --widths 16,32,64 --dense 64,32 --batch-size 16 --epochs 8 --lr 2e-3 --schedule cosine \
   --seed 0 "$@"
