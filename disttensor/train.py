@@ -86,6 +86,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--bn-stats", choices=("global", "local"), default="global")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--amp", action="store_true", help="float16 activations with float32 "
+                   "master weights and dynamic loss scaling (GPU only)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bucket-mb", type=float, default=25.0)
     p.add_argument("--no-overlap", action="store_true",
@@ -289,6 +291,9 @@ def _check_args(args, comm):
     with collective(comm):
         if args.batch_size < 1:
             raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+        if args.amp and args.device != "cuda":
+            raise ValueError("--amp (float16 activations) needs --device cuda: the CPU "
+                             "kernels compute in float32 or float64")
         if args.epochs < 1:
             raise ValueError(f"--epochs must be >= 1, got {args.epochs}")
         if args.grid is not None:
@@ -301,7 +306,7 @@ def _check_args(args, comm):
                                  f"{dims[0]} ranks of the grid's sample axis")
 
 
-def _checkpoint_state(model, opt, sched, result, epoch, step_in_epoch, config):
+def _checkpoint_state(model, opt, sched, result, epoch, step_in_epoch, config, scaler):
     host = {f"model/{k}": (v.get() if hasattr(v, "get") else np.asarray(v))
             for k, v in model.state_dict().items()}
     oh, osc = flatten_state(opt.state_dict())
@@ -309,11 +314,12 @@ def _checkpoint_state(model, opt, sched, result, epoch, step_in_epoch, config):
     scalars = {f"optimizer.{k}": v for k, v in osc.items()}
     scalars.update({"epoch": epoch, "step_in_epoch": step_in_epoch, "step": result.steps,
                     "config": config, "schedule": json.dumps(sched.state_dict()),
-                    "losses": json.dumps(result.losses), "val": json.dumps(result.val)})
+                    "losses": json.dumps(result.losses), "val": json.dumps(result.val),
+                    "scaler": json.dumps(scaler.state_dict())})
     return host, scalars
 
 
-def _restore(path, grid, model, opt, sched, result, config):
+def _restore(path, grid, model, opt, sched, result, config, scaler):
     _, host, scalars = load_checkpoint(path, grid=grid)
     with collective(grid.cart):
         if scalars.get("config") != config:
@@ -326,6 +332,7 @@ def _restore(path, grid, model, opt, sched, result, config):
         {k[len("optimizer/"):]: v for k, v in host.items() if k.startswith("optimizer/")},
         {k[len("optimizer."):]: v for k, v in scalars.items() if k.startswith("optimizer.")}))
     sched.load_state_dict(json.loads(scalars["schedule"]))
+    scaler.load_state_dict(json.loads(scalars["scaler"]))
     result.losses = json.loads(scalars["losses"])
     result.val = json.loads(scalars["val"])
     result.steps = int(scalars["step"])
@@ -407,6 +414,7 @@ def _train(args, comm, grid, train_ds, val_ds, model, progress, segmentation, tr
     opt = build_optimizer(args, params)
     steps_per_epoch = len(train_ds)
     sched = build_schedule(args, opt, steps_per_epoch)
+    scaler = nn.amp.GradScaler(enabled=args.amp)
     loss_fn = F.cross_entropy if segmentation else F.mse_loss
     config = json.dumps({"model": args.model, "sample_shape": list(sample_shape),
                          "parameters": [[n, list(p.shape)] for n, p in
@@ -422,7 +430,8 @@ def _train(args, comm, grid, train_ds, val_ds, model, progress, segmentation, tr
     if args.resume:
         exists = comm.bcast(os.path.exists(ckpt) if comm.rank == 0 else None, root=0)
         if exists:
-            start_epoch, skip = _restore(ckpt, grid, model, opt, sched, result, config)
+            start_epoch, skip = _restore(ckpt, grid, model, opt, sched, result, config,
+                                         scaler)
             progress.say(f"resumed from {ckpt}: epoch {start_epoch + 1}, step "
                          f"{result.steps}")
     if not segmentation:
@@ -433,7 +442,7 @@ def _train(args, comm, grid, train_ds, val_ds, model, progress, segmentation, tr
                  f"of shape {sample_shape}, global batch {args.batch_size}")
     stop = _StopFlag()
     stop.install()
-    dtype = np.dtype(args.dtype)
+    dtype = np.dtype("float16" if args.amp else args.dtype)
     try:
         for epoch in range(start_epoch, args.epochs):
             model.train()
@@ -446,10 +455,13 @@ def _train(args, comm, grid, train_ds, val_ds, model, progress, segmentation, tr
                 yt = Tensor(y if segmentation or y.dtype == dtype else y.astype(dtype))
                 loss = loss_fn(ddp(xt), yt)
                 opt.zero_grad()
-                loss.backward()
+                loss.backward(scaler.scale(1.0) if args.amp else None)
+                if args.amp:
+                    scaler.unscale_(opt)
                 if args.clip_grad:
                     nn.utils.clip_grad_norm_(params, args.clip_grad)
-                opt.step()
+                scaler.step(opt)
+                scaler.update()
                 sched.step()
                 result.steps += 1
                 result.losses.append(float(loss.item()))
@@ -464,7 +476,8 @@ def _train(args, comm, grid, train_ds, val_ds, model, progress, segmentation, tr
                                      result.steps >= args.max_steps)
                 if halt and k + 1 < len(batches):  # stopping inside an epoch
                     if not args.no_checkpoint:
-                        _save(ckpt, grid, model, opt, sched, result, epoch, k + 1, config)
+                        _save(ckpt, grid, model, opt, sched, result, epoch, k + 1, config,
+                              scaler)
                     progress.update(f"stopped at step {result.steps} ("
                                     f"{'signal' if signalled else '--max-steps'}); "
                                     f"checkpoint {ckpt}", final=True)
@@ -488,7 +501,7 @@ def _train(args, comm, grid, train_ds, val_ds, model, progress, segmentation, tr
             if comm.rank == 0:
                 _append_csv(os.path.join(out, METRICS), metrics)
             if not args.no_checkpoint:
-                _save(ckpt, grid, model, opt, sched, result, epoch + 1, 0, config)
+                _save(ckpt, grid, model, opt, sched, result, epoch + 1, 0, config, scaler)
             if halt:
                 result.interrupted = signalled
                 break
@@ -510,8 +523,9 @@ def _batches(ds, epoch, skip):
         yield ds.read_batch(idx)
 
 
-def _save(path, grid, model, opt, sched, result, epoch, step_in_epoch, config):
-    host, scalars = _checkpoint_state(model, opt, sched, result, epoch, step_in_epoch, config)
+def _save(path, grid, model, opt, sched, result, epoch, step_in_epoch, config, scaler):
+    host, scalars = _checkpoint_state(model, opt, sched, result, epoch, step_in_epoch, config,
+                                      scaler)
     save_checkpoint(path, host=host, scalars=scalars, grid=grid)
 
 

@@ -207,3 +207,8 @@ def test_arguments_differing_between_ranks(data, tmp_path):
     lr = "1e-3" if comm.rank == 0 else "2e-3"
     assert_raises_all(comm, ValueError, "differ between ranks",
                       lambda: train.run(_args(data, _out(tmp_path, "x"), "--lr", lr)))
+
+
+def test_amp_needs_a_gpu(data, tmp_path):
+    assert_raises_all(MPI.COMM_WORLD, ValueError, "--amp",
+                      lambda: train.run(_args(data, _out(tmp_path, "x"), "--amp")))
