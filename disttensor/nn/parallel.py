@@ -89,9 +89,9 @@ class GradientReducer:
     all at the end of backward (``overlap=False``).  Collective construction.
 
     Sets ``deferred_reduction`` on each parameter, so the ops hand back per-rank shares
-    instead of all-reducing each gradient themselves.  :meth:`arm` (called by
-    :class:`DistributedDataParallel` on every training forward) makes the next backward end
-    with :meth:`finish`.
+    instead of all-reducing each gradient themselves.  The first gradient a backward pass hands
+    over (or :meth:`arm`, called by :class:`DistributedDataParallel` on every training forward)
+    makes that backward end with :meth:`finish`.
     """
 
     def __init__(self, params, grid: ProcessGrid, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
@@ -134,6 +134,8 @@ class GradientReducer:
         queue_post_backward(id(self), self.finish)
 
     def _ready(self, p, share) -> bool:
+        if not self.armed:  # a backward through the bare module still ends with finish()
+            self.arm()
         b, i = self._where[id(p)]
         seg = b.buffer[b.offsets[i]:b.offsets[i] + p.data.size]
         if share is None:
