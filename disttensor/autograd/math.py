@@ -27,9 +27,8 @@ __all__ = ["add", "subtract", "multiply", "divide", "negative", "power", "exp", 
 
 
 def _zeros_like(d: DistArray) -> DistArray:
-    out = d.copy()
-    out.local[...] = 0
-    return out
+    # (a 0-d ufunc result's block can be a NumPy scalar, which takes no item assignment)
+    return DistArray(d.xp.zeros(np.shape(d.local), dtype=d.dtype), d.distribution, d.grid)
 
 
 def _grid_of(*values):
@@ -44,8 +43,10 @@ def unbroadcast(g, like, grid=None):
     it ``like``'s kind and distribution.  Collective when ``g`` is a DistArray."""
     if g is None:
         return None
-    if isinstance(like, numbers.Number):
-        return None
+    if isinstance(like, numbers.Number):  # a scalar tensor (a loss): the total, as a float
+        if isinstance(g, DistArray):
+            return float(g.sum())
+        return float(array_module(g).sum(g)) if hasattr(g, "shape") else float(g)
     shape = like.shape if isinstance(like, DistArray) else tuple(np.shape(like))
     gshape = g.shape if isinstance(g, DistArray) else tuple(np.shape(g))
     lead = len(gshape) - len(shape)

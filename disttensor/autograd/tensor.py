@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 import itertools
+import numbers
 import threading
 
 import numpy as np
@@ -237,7 +238,9 @@ class Tensor:
         return _math().reshape(self, shape[0] if len(shape) == 1 else shape)
 
     def transpose(self, *axes):
-        return _math().transpose(self, (axes[0] if len(axes) == 1 else axes) or None)
+        if len(axes) == 1 and not isinstance(axes[0], numbers.Integral):
+            axes = axes[0]  # t.transpose((1, 0)) or t.transpose(None); t.transpose(-1) is 1-d
+        return _math().transpose(self, None if axes is None or not len(axes) else tuple(axes))
 
     @property
     def T(self):
@@ -265,10 +268,8 @@ def _math():
 
 
 def _ones_like(d):
-    if isinstance(d, DistArray):
-        out = d.copy()
-        out.local[...] = 1
-        return out
+    if isinstance(d, DistArray):  # (a 0-d ufunc result's block can be a NumPy scalar)
+        return DistArray(d.xp.ones(np.shape(d.local), dtype=d.dtype), d.distribution, d.grid)
     return array_module(d).ones_like(d)
 
 
