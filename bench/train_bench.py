@@ -9,7 +9,8 @@
 2. Throughput: samples/s of the step on all ranks vs on rank 0 alone (a one-rank grid over
    ``COMM_SELF`` while the other ranks sleep in a polling barrier), same global batch.
 3. Memory: peak bytes NumPy allocates during forward + backward of one sample (tracemalloc)
-   per rank on the spatial grid vs on one rank (the reason spatial parallelism exists).
+   per rank on a spatial grid (depth x height) vs on one rank (the reason spatial parallelism
+   exists).
 
     mpiexec -n 2 python -m mpi4py bench/train_bench.py [--size 32] [--widths 16,32,64,128]
 """
@@ -121,11 +122,12 @@ def main(argv=None):
         f"{n / t['one']:.2f} on 1 rank; speed-up {t['one'] / t['all']:.2f}x, parallel "
         f"efficiency {t['one'] / t['all'] / size:.2f}")
 
-    mine = peak_bytes(grid, args)
+    mgrid = dt.ProcessGrid((1,) + tuple(MPI.Compute_dims(size, 2)) + (1,))
+    mine = peak_bytes(mgrid, args)
     peak_all = comm.allreduce(mine, op=MPI.MAX)
     ref = peak_bytes(dt.ProcessGrid((1, 1, 1, 1), comm=MPI.COMM_SELF), args) \
         if comm.rank == 0 else 0
-    say(f"memory: peak forward+backward bytes per rank on {size} ranks (spatial) "
+    say(f"memory: peak forward+backward bytes per rank on grid {mgrid.dims} "
         f"{peak_all / 2 ** 20:.1f} MiB vs 1 rank {ref / 2 ** 20:.1f} MiB: ratio "
         f"{peak_all / max(ref, 1):.3f}")
 

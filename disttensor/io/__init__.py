@@ -21,13 +21,14 @@ from .dataset import SampleDataset
 
 __all__ = ["read_hdf5", "write_hdf5", "hdf5_driver_available", "SampleDataset",
            "save_checkpoint", "load_checkpoint", "generate_synthetic", "synthetic_sample",
+           "synthetic_segmentation_sample",
            "DatasetNotFoundError", "NotHDF5FileError", "HDF5UnavailableError"]
 
 
 def __getattr__(name):
     # imported lazily so that ``python -m disttensor.io.synthetic`` does not find the module
     # already imported by its package (runpy's warning)
-    if name in ("generate_synthetic", "synthetic_sample"):
+    if name in ("generate_synthetic", "synthetic_sample", "synthetic_segmentation_sample"):
         import importlib
         return getattr(importlib.import_module(__name__ + ".synthetic"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
