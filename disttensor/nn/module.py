@@ -47,6 +47,9 @@ class Module:
     def __setattr__(self, name, value):
         if "_parameters" not in self.__dict__:
             raise AttributeError("call Module.__init__() before assigning attributes")
+        if name in self._buffers and not isinstance(value, (Parameter, Module)):
+            self._buffers[name] = value  # a registered buffer stays one (as in PyTorch)
+            return
         for d in (self._parameters, self._buffers, self._modules):
             d.pop(name, None)
         if isinstance(value, Parameter):
