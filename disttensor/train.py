@@ -347,11 +347,8 @@ def run(argv=None, comm=None, on_step=None) -> TrainResult:
     _check_args(args, comm)
     rank0 = comm.rank == 0
     progress = _Progress(rank0 and not args.quiet)
-    train_src, val_src = _split_files(args.data, args.val, args.val_fraction) \
-        if args.val is not None or os.path.isdir(args.data) else (args.data, args.val)
-    if val_src is None:
-        with collective(comm):
-            raise ValueError("give validation samples with --val")
+    with collective(comm):
+        train_src, val_src = _split_files(args.data, args.val, args.val_fraction)
     segmentation = args.model == "unet3d"
     yname = "labels" if segmentation else "unitPar"
 

@@ -31,14 +31,7 @@ def _zeros_like(d: DistArray) -> DistArray:
     return DistArray(d.xp.zeros(np.shape(d.local), dtype=d.dtype), d.distribution, d.grid)
 
 
-def _grid_of(*values):
-    for v in values:
-        if isinstance(v, DistArray):
-            return v.grid
-    return None
-
-
-def unbroadcast(g, like, grid=None):
+def unbroadcast(g, like):
     """Sum ``g`` (the gradient of a broadcast result) down to the shape of ``like`` and give
     it ``like``'s kind and distribution.  Collective when ``g`` is a DistArray."""
     if g is None:

@@ -79,9 +79,6 @@ class _Bucket:
         self.missing = len(params)
         self.request = None
 
-    def nbytes(self) -> int:
-        return self.buffer.nbytes
-
 
 class GradientReducer:
     """Sum the gradients of ``params`` over every rank of ``grid`` in buckets of about

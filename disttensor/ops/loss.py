@@ -20,13 +20,15 @@ __all__ = ["mse_forward", "mse_backward", "MSESaved", "cross_entropy_forward",
            "cross_entropy_backward", "CrossEntropySaved"]
 
 
-def _aligned(target: DistArray, like_dist, what: str) -> DistArray:
-    if target.distribution == like_dist:
+def _aligned(target: DistArray, like_dist, grid, what: str) -> DistArray:
+    """``target`` distributed like the prediction (``like_dist`` on ``grid``; the target may
+    live on another grid over the same ranks)."""
+    if target.distribution == like_dist and target.grid is grid:
         return target
     if target.shape != like_dist.shape:
         raise ValueError(f"{what}: target shape {target.shape} != prediction shape "
                          f"{like_dist.shape}")
-    return target.redistribute(distribution=like_dist)
+    return target.redistribute(grid=grid, distribution=like_dist)
 
 
 @dataclass
@@ -38,7 +40,7 @@ class MSESaved:
 
 def mse_forward(x: DistArray, target: DistArray):
     """``mean((x - target)**2)`` over all elements (collective).  Returns ``(loss, saved)``."""
-    t = _aligned(target, x.distribution, "mse")
+    t = _aligned(target, x.distribution, x.grid, "mse")
     diff = x.local - t.local.astype(x.dtype, copy=False)
     xp = array_module(diff)
     part = xp.asarray([(diff.astype(xp.float64) ** 2).sum()], dtype=xp.float64)
@@ -66,7 +68,7 @@ def cross_entropy_forward(logits: DistArray, labels: DistArray):
     ``logits`` ``(N, C, *S)`` and integer ``labels`` ``(N, *S)`` in ``[0, C)`` (collective;
     out-of-range labels raise on every rank).  Returns ``(loss, saved)``."""
     check_layout(logits, "cross_entropy", min_spatial=0)
-    lab = _aligned(labels, logits.distribution.drop_axes([1]), "cross_entropy")
+    lab = _aligned(labels, logits.distribution.drop_axes([1]), logits.grid, "cross_entropy")
     k = kernels_for(logits.local)
     xp = logits.xp
     c = logits.shape[1]

@@ -30,9 +30,12 @@ _GUARD_TIMEOUT = float(os.environ.get("DISTTENSOR_SYNC_TIMEOUT", "120"))
 
 def guarded(fn):
     """:func:`checks.collective_checks`, and: when the body raises, wait (up to
-    ``DISTTENSOR_SYNC_TIMEOUT`` s) for every rank to raise too; a rank that raised alone
-    (the others wait in a collective it left) prints its traceback and aborts the job, instead
-    of hypothesis running further examples out of step with the other ranks."""
+    ``DISTTENSOR_SYNC_TIMEOUT`` s) for every rank to raise too.  An exception raised by an op
+    on some ranks only (say in a local kernel, while ranks owning nothing went on into the op's
+    halo exchange) would otherwise leave those ranks in the collective while hypothesis runs
+    (and shrinks) further examples on the others, and the job would hang until the outer
+    timeout; here the rank that raised alone prints its traceback and aborts the job.  Shared
+    by the ops, autograd and nn tests."""
     body = collective_checks(fn)
 
     @functools.wraps(fn)

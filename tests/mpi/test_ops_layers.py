@@ -13,14 +13,12 @@ settled with one collective assertion per example (:mod:`checks`).
 """
 from __future__ import annotations
 
-import functools
 import itertools
-import os
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -34,8 +32,9 @@ from disttensor.ops import (ACTIVATIONS, activation_backward, activation_forward
                            softmax_backward, softmax_forward, upsample_backward,
                            upsample_forward)
 
-from checks import COMM, SIZE, collective_checks, examples, expect, grid
-from conftest import _abort, assert_allclose_all, assert_all_ranks, assert_raises_all
+from checks import COMM, SIZE, examples, expect, grid
+from gradchecks import guarded
+from conftest import assert_allclose_all, assert_all_ranks, assert_raises_all
 from strategies import block_sizes, grid_dims, splits
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -44,41 +43,6 @@ import reference as ref  # noqa: E402
 RTOL = 1e-10
 ATOL = 1e-12
 EPS = 1e-5
-
-
-# -- a rank-local exception must not hang the job ----------------------------------------------
-_GUARD = COMM.Dup() if SIZE > 1 else None  # collective at import: every rank imports this file
-_GUARD_TIMEOUT = float(os.environ.get("DISTTENSOR_SYNC_TIMEOUT", "120"))
-
-
-def guarded(fn):
-    """:func:`checks.collective_checks`, and: if the test body raises, wait (up to
-    ``DISTTENSOR_SYNC_TIMEOUT`` seconds) for every rank to raise too.  An exception raised by
-    an op on some ranks only (say in a local kernel, while ranks owning nothing went on into
-    the op's halo exchange) would otherwise leave those ranks in the collective while
-    hypothesis goes on to run (and shrink) further examples on the others, and the job would
-    hang until the outer timeout; here the rank prints its traceback and aborts the job."""
-    body = collective_checks(fn)
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return body(*args, **kwargs)
-        except Exception as e:
-            if _GUARD is None:
-                raise
-            req = _GUARD.Ibarrier()
-            t0, delay = time.monotonic(), 1e-4
-            while not req.Test():
-                if time.monotonic() - t0 > _GUARD_TIMEOUT:
-                    import traceback
-                    _abort(COMM, f"{fn.__name__}: raised on this rank while some other rank "
-                                 f"did not (it waits in a collective):\n"
-                                 + "".join(traceback.format_exception(e))[-4000:])
-                time.sleep(delay)
-                delay = min(2 * delay, 0.02)
-            raise
-    return wrapper
 
 
 # -- layouts and scatter ---------------------------------------------------------------------
@@ -779,3 +743,20 @@ def test_concat_channels_across_grids():
                      and gb_.distribution == xb.distribution)
     assert_allclose_all(COMM, ga_.to_numpy(), dy[:, :2])
     assert_allclose_all(COMM, gb_.to_numpy(), dy[:, 2:])
+
+
+@pytest.mark.skipif(SIZE < 2, reason="needs grids of two shapes")
+@guarded
+def test_loss_targets_on_another_grid():
+    """A target (labels) on a grid of another shape over the same ranks is redistributed to
+    the prediction's layout, for MSE and cross-entropy alike."""
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((SIZE, 3, 4, 5))
+    t = rng.standard_normal(a.shape)
+    lab = rng.integers(0, 3, (SIZE, 4, 5))
+    g1, g2 = grid((SIZE, 1)), grid((1, SIZE))
+    x = dt.from_global(a, grid=g1, split=(0, None, 1, None))
+    loss, _ = mse_forward(x, dt.from_global(t, grid=g2, split=(None, None, None, 1)))
+    close(loss, ((a - t) ** 2).mean(), "mse with the target on another grid")
+    ce, _ = cross_entropy_forward(x, dt.from_global(lab, grid=g2, split=(None, 1, None)))
+    close(ce, ref.cross_entropy(a, lab), "cross-entropy with labels on another grid")
