@@ -19,16 +19,11 @@ from .. import manipulation
 from ..array import DistArray
 from ..backend import array_module
 from ..indexing import setitem
-from .tensor import Tensor, make_result, param_share, unwrap
+from .tensor import Tensor, filled_like, make_result, param_share, unwrap
 
 __all__ = ["add", "subtract", "multiply", "divide", "negative", "power", "exp", "log", "sqrt",
            "absolute", "sum", "mean", "reshape", "transpose", "getitem", "concatenate",
            "redistribute", "unbroadcast"]
-
-
-def _zeros_like(d: DistArray) -> DistArray:
-    # (a 0-d ufunc result's block can be a NumPy scalar, which takes no item assignment)
-    return DistArray(d.xp.zeros(np.shape(d.local), dtype=d.dtype), d.distribution, d.grid)
 
 
 def unbroadcast(g, like):
@@ -151,7 +146,7 @@ def _expand(g, xv, axes, keepdims):
         if isinstance(g, DistArray) and not keepdims:
             kshape = tuple(1 if i in axes else n for i, n in enumerate(xv.shape))
             g = manipulation.reshape(g, kshape)
-        return np.add(_zeros_like(xv), g)
+        return np.add(filled_like(xv, 0), g)
     xp = array_module(xv)
     if not isinstance(g, numbers.Number) and not keepdims:
         g = xp.expand_dims(g, axes)
@@ -221,7 +216,7 @@ def getitem(x, key):
 
     def backward(g):
         if isinstance(xv, DistArray):
-            out = _zeros_like(xv)
+            out = filled_like(xv, 0)
             setitem(out, key, g)
             return (out,)
         out = array_module(xv).zeros_like(xv)

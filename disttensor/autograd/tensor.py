@@ -267,10 +267,14 @@ def _math():
     return math
 
 
+def filled_like(d: DistArray, value) -> DistArray:
+    """A DistArray distributed like ``d`` holding ``value`` everywhere (a new block: a 0-d
+    ufunc result's block can be a NumPy scalar, which takes no item assignment)."""
+    return DistArray(d.xp.full(np.shape(d.local), value, dtype=d.dtype), d.distribution, d.grid)
+
+
 def _ones_like(d):
-    if isinstance(d, DistArray):  # (a 0-d ufunc result's block can be a NumPy scalar)
-        return DistArray(d.xp.ones(np.shape(d.local), dtype=d.dtype), d.distribution, d.grid)
-    return array_module(d).ones_like(d)
+    return filled_like(d, 1) if isinstance(d, DistArray) else array_module(d).ones_like(d)
 
 
 def unwrap(x):
