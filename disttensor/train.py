@@ -382,7 +382,7 @@ def run(argv=None, comm=None, on_step=None) -> TrainResult:
                                  f"training samples {sample_shape}")
             model = build_model(args, sample_shape, nn.init.manual_seed(args.seed))
         return _train(args, comm, grid, train_ds, val_ds, model, progress, segmentation,
-                      train_src, yname, sample_shape, on_step)
+                      yname, sample_shape, on_step)
     finally:
         train_ds.close()
         val_ds.close()
@@ -403,8 +403,8 @@ def _num_classes(ds, comm) -> int:
     return comm.bcast(out, root=0)
 
 
-def _train(args, comm, grid, train_ds, val_ds, model, progress, segmentation, train_src,
-           yname, sample_shape, on_step) -> TrainResult:
+def _train(args, comm, grid, train_ds, val_ds, model, progress, segmentation, yname,
+           sample_shape, on_step) -> TrainResult:
     ddp = nn.DistributedDataParallel(model, grid, bucket_bytes=int(args.bucket_mb * 2 ** 20),
                                      overlap=not args.no_overlap)
     params = list(model.parameters())
@@ -445,7 +445,7 @@ def _train(args, comm, grid, train_ds, val_ds, model, progress, segmentation, tr
             model.train()
             t0, seen = time.perf_counter(), 0
             halt = signalled = False
-            batches = train_ds.batch_indices(epoch)
+            nbatches = len(train_ds)
             it = _batches(train_ds, epoch, skip)
             for k, (x, y) in enumerate(it, start=skip):
                 xt = Tensor(x if x.dtype == dtype else x.astype(dtype))
@@ -464,14 +464,14 @@ def _train(args, comm, grid, train_ds, val_ds, model, progress, segmentation, tr
                 result.losses.append(float(loss.item()))
                 seen += args.batch_size
                 rate = seen / max(time.perf_counter() - t0, 1e-9)
-                progress.update(f"epoch {epoch + 1}/{args.epochs} step {k + 1}/{len(batches)}"
+                progress.update(f"epoch {epoch + 1}/{args.epochs} step {k + 1}/{nbatches}"
                                 f" loss {loss.item():.5f} {rate:.1f} samples/s")
                 if on_step is not None:
                     on_step(result.steps)
                 signalled = bool(comm.allreduce(stop.raised, op=MPI.LOR))
                 halt = signalled or (args.max_steps is not None and
                                      result.steps >= args.max_steps)
-                if halt and k + 1 < len(batches):  # stopping inside an epoch
+                if halt and k + 1 < nbatches:  # stopping inside an epoch
                     if not args.no_checkpoint:
                         _save(ckpt, grid, model, opt, sched, result, epoch, k + 1, config,
                               scaler)

@@ -34,7 +34,7 @@ from disttensor.nn import GradientReducer
 from disttensor.nn import functional as F
 
 from checks import COMM, SIZE, examples, expect, grid
-from conftest import assert_all_ranks, assert_raises_all
+from conftest import assert_raises_all
 from gradchecks import close, directional_check, guarded, like, scatter, value_of
 from strategies import layouts
 
