@@ -30,7 +30,9 @@ from . import redistribute as _redistribute_module  # noqa: F401
 from .array import DistArray
 from .creation import (arange, empty, empty_like, from_global, full, full_like, linspace, ones,
                        ones_like, zeros, zeros_like)
+from .agreement import ArgumentMismatchError
 from .comm import CollectiveError
+from . import watchdog as _watchdog  # noqa: F401  (DISTTENSOR_COLLECTIVE_TIMEOUT, at import)
 from .distribution import Distribution
 from .grid import ProcessGrid, get_default_grid, set_default_grid
 from .halo import HaloExchange

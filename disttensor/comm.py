@@ -17,6 +17,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .backend import array_module, to_host
+from .watchdog import waiting
 
 __all__ = ["CollectiveError", "collective", "check_same", "any_true", "mpi_type",
            "allreduce", "host_staging", "cuda_aware_mpi", "private_comm",
@@ -38,12 +39,23 @@ def _rebuild(exc_type: type, msg: str) -> BaseException:
 
 
 @contextlib.contextmanager
-def collective(comm: MPI.Comm):
+def collective(comm: MPI.Comm, call: str | None = None, /, **args):
     """Run a block on every rank; if it raised on any rank, raise on all ranks.
 
     All ranks raise an exception of the type raised on the lowest failing rank, with its
     message (plus which rank it came from, when it is not this one).  Costs one small
-    all-reduce when nothing failed."""
+    all-reduce when nothing failed.
+
+    With ``call`` (the name of a collective entry point) and its metadata ``args``, the same
+    all-reduce also agrees the arguments across ranks (see :mod:`disttensor.agreement`): if
+    they differ, every rank raises :class:`~disttensor.agreement.ArgumentMismatchError`
+    naming them, in preference to any validation error the block raised (a rank-dependent
+    argument is the cause then).  Put the argument validation inside the block, so that no
+    data moves before the ranks agree."""
+    from . import agreement
+    dig = None
+    if call is not None and comm is not None and comm.size > 1:
+        dig = agreement.enter(call, args)
     err: BaseException | None = None
     try:
         yield
@@ -53,7 +65,9 @@ def collective(comm: MPI.Comm):
         if err is not None:
             raise err
         return
-    failed = comm.allreduce(err is not None, op=MPI.LOR)
+    failed, differ = agreement.status_allreduce(comm, err is not None, dig)
+    if differ:
+        raise agreement.mismatch_error(comm, call, args) from err
     if not failed:
         return
     infos = comm.allgather(None if err is None else (type(err), str(err)))
@@ -65,12 +79,16 @@ def collective(comm: MPI.Comm):
 
 
 def check_same(comm: MPI.Comm, value, what: str) -> None:
-    """Raise ``ValueError`` on every rank unless ``value`` is equal on all ranks."""
-    if comm.size == 1:
+    """Raise ``ValueError`` (an :class:`~disttensor.agreement.ArgumentMismatchError`) on every
+    rank unless ``value`` is equal on all ranks (compared by digest: one small all-reduce; the
+    values are gathered only to word the error)."""
+    if comm is None or comm.size == 1:
         return
-    values = comm.allgather(value)
-    if any(v != values[0] for v in values[1:]):
-        raise ValueError(f"{what} differ between ranks: {values}")
+    from . import agreement
+    _, differ = agreement.status_allreduce(comm, False, agreement.digest(what, {"value": value}))
+    if differ:
+        values = comm.allgather(value)
+        raise agreement.ArgumentMismatchError(f"{what} differ between ranks: {values}")
 
 
 def any_true(comm: MPI.Comm, flag: bool) -> bool:
@@ -160,7 +178,8 @@ def allreduce(comm: MPI.Comm, arr, op: str):
         top = np.array(1 << (8 * unsigned.itemsize - 1), dtype=unsigned)
         work = np.ascontiguousarray(work ^ top).view(f"i{unsigned.itemsize}")
     out = np.empty_like(work)
-    comm.Allreduce(work, out, op=_OPS[op])
+    with waiting(comm, f"MPI_Allreduce ({op})"):
+        comm.Allreduce(work, out, op=_OPS[op])
     if top is not None:
         out = out.view(unsigned) ^ top
     if op in ("min", "max") and work.dtype.kind in "fc":
@@ -362,7 +381,8 @@ class PieceExchange:
     def finish(self) -> None:
         if not self._active:
             raise RuntimeError("finish() without a matching start()")
-        MPI.Request.Waitall(self._reqs)
+        with waiting(self.comm, "MPI_Waitall (point-to-point exchange)"):
+            MPI.Request.Waitall(self._reqs)
         self._reqs, self._keep, self._active = [], [], False
         for (_, _, v), s in zip(self.recvs, self._recv_scratch):
             if s is None:

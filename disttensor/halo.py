@@ -22,7 +22,6 @@ scratch.
 """
 from __future__ import annotations
 
-import zlib
 from functools import lru_cache
 
 import numpy as np
@@ -62,28 +61,6 @@ def normalize_boundary(boundary, ndim: int) -> tuple[bool, ...]:
     return tuple(one(b) for b in boundary)
 
 
-def _agree(comm: MPI.Comm, err: Exception | None, args) -> None:
-    """Collective: raise ``err`` on its rank and the same exception type elsewhere if any rank
-    failed, or ``ValueError`` everywhere if ``args`` differ between ranks.  One 3-integer
-    all-reduce when all is well (the split-phase object is made once and reused, but the
-    one-shot ``x.exchange_halo()`` pays it each call)."""
-    if comm.size == 1:
-        if err is not None:
-            raise err
-        return
-    h = zlib.crc32(repr(args).encode())
-    flags = np.array([err is not None, h, -h], dtype=np.int64)
-    comm.Allreduce(MPI.IN_PLACE, flags, op=MPI.MAX)
-    if not flags[0] and flags[1] == -flags[2]:
-        return
-    with collective(comm):
-        if err is not None:
-            raise err
-    everyone = comm.allgather(args)
-    raise ValueError("halo widths (lo, hi) and periodic boundary flags must be the same on "
-                     f"every rank, got by rank: {everyone}")
-
-
 class HaloExchange:
     """A reusable, split-phase halo exchange of ``x``'s buffer (collective).
 
@@ -99,8 +76,11 @@ class HaloExchange:
         hi = tuple(h[1] for h in x.halo)
         # Validate before the first message, and agree on it: the widths and the boundary are
         # per-rank arguments, and a rank whose plan differs would leave its peers waiting.
-        err: Exception | None = None
-        try:
+        try:  # agree on the meaning ('zero' and 'zeros' are the same), else on the spelling
+            bnd = normalize_boundary(boundary, x.ndim)
+        except ValueError:
+            bnd = boundary
+        with collective(self.comm, "halo_exchange", x=x, boundary=bnd):
             self.periodic = normalize_boundary(boundary, x.ndim)
             for t, (a, b, per) in enumerate(zip(lo, hi, self.periodic)):
                 if not per and max(a, b) > dist.shape[t]:
@@ -108,9 +88,6 @@ class HaloExchange:
                         f"halo ({a}, {b}) on axis {t} is wider than its global extent "
                         f"{dist.shape[t]} and the axis is not periodic")
             self.plan = plan(dist, self.comm.rank, lo, hi, self.periodic)
-        except Exception as e:  # noqa: BLE001 - re-raised on every rank by _agree
-            err = e
-        _agree(self.comm, err, (lo, hi, getattr(self, "periodic", None)))
         self.pcomm: MPI.Comm = private_comm(self.comm, "halo") if self.comm.size > 1 else self.comm
         self._forward: PieceExchange | None = None
         self._reverse: PieceExchange | None = None
