@@ -190,8 +190,18 @@ def status_allreduce(comm: MPI.Comm, failed: bool, dig: tuple[int, int] | None
 def mismatch_error(comm: MPI.Comm, call: str, args: dict) -> ArgumentMismatchError:
     """Collective (all-gather of the readable arguments): the error every rank raises when the
     digests of a call differed."""
-    mine = (call, {k: describe(v) for k, v in args.items()},
-            {k: repr(token(v)) for k, v in args.items()})
+    def flat(args):  # sequences element-wise, so a long argument list names the item
+        out = {}
+        for k, v in args.items():
+            if isinstance(v, (list, tuple)) and 8 < len(v) <= 256:
+                out.update({f"{k}[{i}]": e for i, e in enumerate(v)})
+                out[f"len({k})"] = len(v)
+            else:
+                out[k] = v
+        return out
+    mine = flat(args)
+    mine = (call, {k: describe(v, 400) for k, v in mine.items()},
+            {k: repr(token(v)) for k, v in mine.items()})
     everyone = comm.allgather(mine)
     calls = [c for c, _, _ in everyone]
     if len(set(calls)) > 1:

@@ -40,12 +40,14 @@ from mpi4py import MPI
 
 from . import nn
 from .autograd import Tensor, no_grad
-from .comm import check_same, collective
+from .agreement import agree
+from .comm import collective
 from .grid import ProcessGrid
 from .io import SampleDataset, load_checkpoint, save_checkpoint
 from .nn import functional as F
 from .nn.models import CosmoFlow, UNet3D
 from .nn.optim import flatten_state, unflatten_state
+from .nn.parallel import check_replicas
 from .ops._spatial import param_comm
 
 __all__ = ["main", "run", "parse_args", "choose_grid", "TrainResult"]
@@ -286,8 +288,7 @@ class _StopFlag:
 
 
 def _check_args(args, comm):
-    """Validate what can be validated from the arguments alone, the same on every rank."""
-    check_same(comm, sorted(vars(args).items()), "training arguments")
+    """Validate what can be validated from the arguments alone (agreed by :func:`run`)."""
     with collective(comm):
         if args.batch_size < 1:
             raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
@@ -328,6 +329,7 @@ def _restore(path, grid, model, opt, sched, result, config, scaler):
                              f"this run:   {config}")
     model.load_state_dict({k[len("model/"):]: v for k, v in host.items()
                            if k.startswith("model/")})
+    check_replicas(model, grid.cart, f"model loaded from {path!r}")
     opt.load_state_dict(unflatten_state(
         {k[len("optimizer/"):]: v for k, v in host.items() if k.startswith("optimizer/")},
         {k[len("optimizer."):]: v for k, v in scalars.items() if k.startswith("optimizer.")}))
@@ -342,8 +344,12 @@ def _restore(path, grid, model, opt, sched, result, config, scaler):
 def run(argv=None, comm=None, on_step=None) -> TrainResult:
     """Parse ``argv`` and train (collective over ``comm``, default ``COMM_WORLD``).
     ``on_step(step)``, if given, runs on every rank after each training step."""
-    args = parse_args(argv)
     comm = MPI.COMM_WORLD if comm is None else comm
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    # agreed before parsing: an option that makes argparse exit on one rank only would
+    # leave the others waiting
+    agree(comm, "disttensor.train", argv=argv)
+    args = parse_args(argv)
     _check_args(args, comm)
     rank0 = comm.rank == 0
     progress = _Progress(rank0 and not args.quiet)

@@ -13,8 +13,9 @@ communicator while the rest of backward runs; the end of backward waits for the 
 adds the sums into ``.grad``.
 
 :class:`DistributedDataParallel` wraps a model with a reducer, and checks at construction that
-every rank holds the same parameters and buffers (a digest all-gather; a mismatch raises on
-every rank, naming the parameter).
+every rank holds the same parameters and buffers (one digest all-reduce; a mismatch raises on
+every rank, naming the parameter); ``DISTTENSOR_CHECK_REPLICAS=N`` repeats the check every N
+training forwards.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from mpi4py import MPI
 
 from ..backend import array_module, to_host
 from ..comm import collective
+from ..watchdog import waiting
 from ..grid import ProcessGrid
 from ..autograd.tensor import queue_post_backward
 from .module import Module
@@ -46,12 +48,25 @@ def _digest(a) -> str:
 
 def check_replicas(module: Module, comm: MPI.Comm, what: str = "model") -> None:
     """Raise ``ValueError`` on every rank unless each parameter and buffer of ``module`` is
-    bit-identical on all ranks of ``comm`` (one all-gather of 16-byte digests per array)."""
+    bit-identical on all ranks of ``comm`` (collective).
+
+    Cheap: each array is reduced to a 16-byte digest of its bytes, the digests of all arrays to
+    one, and a single small all-reduce compares that across ranks (see
+    :mod:`disttensor.agreement`); only on a mismatch are the per-array digests gathered to
+    name the arrays that differ.  With ``DISTTENSOR_DEBUG=1`` every value is compared too
+    (an element-wise min/max all-reduce per array), and the error gives the largest
+    difference between ranks."""
+    from .. import agreement
     names, digests = [], []
     for name, a in list(module.state_dict().items()):
         names.append(name)
         digests.append(_digest(a))
     if comm.size == 1:
+        return
+    _, differ = agreement.status_allreduce(
+        comm, False, agreement.digest("check_replicas", {"names": names, "digests": digests}))
+    spread = _value_spread(module, comm) if agreement.DEBUG else {}
+    if not differ and not any(spread.values()):
         return
     everyone = comm.allgather((names, digests))
     if any(n != names for n, _ in everyone):
@@ -59,11 +74,27 @@ def check_replicas(module: Module, comm: MPI.Comm, what: str = "model") -> None:
                          f"(rank 0: {everyone[0][0]})")
     for i, name in enumerate(names):
         vals = [d[i] for _, d in everyone]
-        if any(v != vals[0] for v in vals):
+        if any(v != vals[0] for v in vals) or spread.get(name):
             differ = [r for r, v in enumerate(vals) if v != vals[0]]
+            extra = (f"; largest difference between ranks {spread[name]:.6g}"
+                     if spread.get(name) else "")
             raise ValueError(f"{what}: {name!r} differs between ranks (ranks {differ} differ "
-                             "from rank 0); build the model with the same seed on every rank "
-                             "or load the same state")
+                             f"from rank 0{extra}); build the model with the same seed on "
+                             "every rank or load the same state")
+
+
+def _value_spread(module: Module, comm: MPI.Comm) -> dict:
+    """``DISTTENSOR_DEBUG``: per array, the largest difference between the ranks' values
+    (element-wise max minus min over ranks; NaN counts as a difference).  Collective."""
+    from ..comm import allreduce
+    out = {}
+    for name, a in module.state_dict().items():
+        host = np.asarray(to_host(a) if array_module(a) is not np else a, dtype=np.float64)
+        hi = allreduce(comm, host, "max")
+        lo = allreduce(comm, host, "min")
+        d = np.abs(hi - lo)
+        out[name] = float(np.nanmax(np.where(np.isnan(d), np.inf, d))) if d.size else 0.0
+    return out
 
 
 class _Bucket:
@@ -96,9 +127,14 @@ class GradientReducer:
         self.params = [p for p in params if p.requires_grad]
         self.grid = grid
         self.overlap = bool(overlap)
+        # the bucket layout follows from these: ranks that disagree would sum unrelated
+        # gradients (or wait for buckets the others never start)
+        with collective(grid.cart, "GradientReducer",
+                        params=[(tuple(p.data.shape), p.data.dtype.str) for p in self.params],
+                        bucket_bytes=bucket_bytes, overlap=self.overlap):
+            if bucket_bytes < 1:
+                raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
         self.comm = grid.cart.Dup()
-        if bucket_bytes < 1:
-            raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
         self.buckets: list[_Bucket] = []
         self._where: dict[int, tuple[_Bucket, int]] = {}
         cur, cur_bytes, cur_dtype = [], 0, None
@@ -167,7 +203,8 @@ class GradientReducer:
         while self._next_start < len(self.buckets):
             self._start(self.buckets[self._next_start])
             self._next_start += 1
-        MPI.Request.Waitall([b.request for b in self.buckets])
+        with waiting(self.comm, "MPI_Waitall (gradient all-reduce buckets)"):
+            MPI.Request.Waitall([b.request for b in self.buckets])
         for b in self.buckets:
             for p, off in zip(b.params, b.offsets):
                 xp = array_module(p.data)

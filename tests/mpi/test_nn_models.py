@@ -262,6 +262,47 @@ def test_check_replicas_different_parameter_sets():
     assert_raises_all(COMM, ValueError, "different sets", lambda: check_replicas(m, COMM))
 
 
+@needs_two
+def test_check_replicas_debug_reports_the_largest_difference(monkeypatch):
+    """DISTTENSOR_DEBUG: every value is compared and the error gives the largest spread."""
+    import disttensor.agreement as agreement
+    monkeypatch.setattr(agreement, "DEBUG", True)
+    g = grid((1, SIZE, 1, 1))
+    m = cosmoflow()
+    check_replicas(m, g.cart)  # identical: no error, also by value
+    if COMM.rank == SIZE - 1:
+        m.state_dict()["head.1.bias"][0] += 0.25
+    assert_raises_all(COMM, ValueError, r"'head[.]1[.]bias' differs .*largest difference "
+                      r"between ranks 0[.]25", lambda: check_replicas(m, g.cart))
+
+
+@needs_two
+def test_replicas_rechecked_every_n_forwards(monkeypatch):
+    """DISTTENSOR_CHECK_REPLICAS=N: a replica that drifts after construction is caught at the
+    N-th training forward, naming the parameter."""
+    monkeypatch.setenv("DISTTENSOR_CHECK_REPLICAS", "2")
+    g = grid((1, SIZE, 1, 1))
+    ddp = DistributedDataParallel(cosmoflow(), g)
+    try:
+        x = dt.from_global(batch("cosmoflow", (8, 8, 8))[0], grid=g, split=(0, None, 1))
+        ddp(Tensor(x))  # forward 1: not checked
+        if COMM.rank == SIZE - 1:
+            ddp.module.state_dict()["features.0.weight"].reshape(-1)[0] += 1.0
+        assert_raises_all(COMM, ValueError, r"'features[.]0[.]weight' differs",
+                          lambda: ddp(Tensor(x)))
+    finally:
+        ddp.reducer.release()
+
+
+@needs_two
+def test_reducer_bucket_layout_must_agree():
+    g = grid((SIZE, 1, 1, 1))
+    m = cosmoflow()
+    bucket = 1024 if COMM.rank == SIZE - 1 else 4096
+    assert_raises_all(COMM, ValueError, "GradientReducer: arguments differ between ranks.*"
+                      "bucket_bytes", lambda: DistributedDataParallel(m, g, bucket_bytes=bucket))
+
+
 def test_ddp_rejects_non_module():
     g = grid((SIZE, 1, 1, 1))
     assert_raises_all(COMM, TypeError, "wraps a Module",
