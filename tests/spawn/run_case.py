@@ -2,7 +2,7 @@
 
     mpiexec -n 2 .venv/bin/python tests/spawn/run_case.py core.redistribute_split
 
-Each rank prints one line ``CASE <name> rank=<r> outcome=<raised|returned|error> type=<T>
+Each rank prints (and writes to ``$DISTTENSOR_SPAWN_TMP/result-rank<r>.txt``) one line ``CASE <name> rank=<r> outcome=<raised|returned|error> type=<T>
 secs=<s> msg=<first line>`` and exits 0 when the case did what it should on this rank (raised
 the expected exception in time); the pytest side (``test_rank_mismatch.py``) checks the lines
 of every rank.  ``--list`` prints the case names and their rank counts.
@@ -46,8 +46,12 @@ def main(argv):
             traceback.print_exc()
     secs = time.perf_counter() - t0
     first = msg.splitlines()[0] if msg else ""
-    print(f"CASE {c.name} rank={comm.rank} outcome={outcome} type={typ} secs={secs:.2f} "
-          f"msg={first[:400]}", flush=True)
+    line = (f"CASE {c.name} rank={comm.rank} outcome={outcome} type={typ} secs={secs:.2f} "
+            f"msg={first[:400]}")
+    print(line, flush=True)
+    # the launcher may interleave the ranks' output mid-line: the test reads these files
+    with open(os.path.join(base, f"result-rank{comm.rank}.txt"), "w") as f:
+        f.write(line + "\n")
     return 0 if outcome == "raised" and secs <= c.limit else 1
 
 
