@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import threading
 from functools import lru_cache
 
@@ -52,6 +53,7 @@ __all__ = ["ArgumentMismatchError", "agree", "token", "digest", "status_allreduc
 DEBUG = os.environ.get("DISTTENSOR_DEBUG", "0").lower() not in ("", "0", "false", "no")
 
 _state = threading.local()
+_ADDRESS = re.compile(r"at 0x[0-9a-fA-F]+")
 
 
 class ArgumentMismatchError(ValueError):
@@ -90,7 +92,9 @@ def _array_token(a) -> tuple:
 def token(value):
     """A hashable, rank-independent description of ``value`` for agreement: equal on two ranks
     exactly when the two values count as the same argument of a collective call."""
-    if value is None or isinstance(value, (bool, int, str, bytes)):
+    if isinstance(value, bool):
+        return ("bool", value)  # not True == 1: the digest cache would merge them
+    if value is None or isinstance(value, (int, str, bytes)):
         return value
     if isinstance(value, float):
         return ("float", repr(value))  # exact; -0.0 != 0.0 and nan == nan, as for a repr
@@ -125,7 +129,8 @@ def token(value):
     if callable(value):
         return ("callable", getattr(value, "__module__", ""), getattr(value, "__qualname__",
                                                                        repr(value)))
-    return (type(value).__qualname__, repr(value))
+    # a default repr carries the object's address, which differs between processes
+    return (type(value).__qualname__, _ADDRESS.sub("at 0x?", repr(value)))
 
 
 def _digest_of(tokens) -> tuple[int, int]:

@@ -2,6 +2,9 @@
 # The whole test suite (what CI runs, through .ci/run):
 #   0. scripts/setup.sh  (idempotent: apt MPICH + parallel HDF5, .venv, mpi4py/h5py from source)
 #   1. tests/unit        plain pytest, no MPI launcher (no tests collected counts as a failure)
+#   1b. tests/spawn      plain pytest that launches one small mpiexec job per case (2 and 3
+#                        ranks, each under a timeout): arguments that differ between ranks
+#                        raise on every rank, never hang; the collective-wait watchdog
 #   2. tests/mpi         under mpiexec -n 1, 2, 3, 4 (3 gives uneven splits), each run wrapped
 #                        in a timeout so a deadlock fails instead of hanging
 #   3. CUDA sources      every disttensor/**/*.cu compiled with nvcc (skipped without nvcc)
@@ -98,6 +101,19 @@ case $rc in
   0) record "tests/unit" PASS "$secs" ;;
   5) record "tests/unit" "FAIL(no tests)" "$secs" ;;
   *) record "tests/unit" "FAIL(rc=$rc)" "$secs" ;;
+esac
+
+# --- 1b. rank-mismatch cases and the watchdog (one mpiexec per case, each under a timeout) ----
+banner "tests/spawn (pytest launching one mpiexec per case)"
+t0=$(date +%s)
+timeout -k 10 "$MPI_TIMEOUT" "$PY" -m pytest tests/spawn -q
+rc=$?
+secs=$(( $(date +%s) - t0 ))
+case $rc in
+  0) record "tests/spawn" PASS "$secs" ;;
+  5) record "tests/spawn" "FAIL(no tests)" "$secs" ;;
+  124|137) record "tests/spawn" "TIMEOUT(${MPI_TIMEOUT}s)" "$secs" ;;
+  *) record "tests/spawn" "FAIL(rc=$rc)" "$secs" ;;
 esac
 
 # --- 2. MPI tests ------------------------------------------------------------------------------
