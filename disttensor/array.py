@@ -21,19 +21,138 @@ is then redistributed to match: its non-broadcast axes get the result's split an
 its broadcast (length-1) axes are replicated.  NumPy arrays and scalars are treated as
 replicated values (every rank must pass the same).  Operands must live on grids over the same
 ranks; a different grid shape is fine (the data is redistributed).
+
+Argument agreement
+------------------
+Every public collective entry point (creation, data movement, reductions, ufuncs, shape
+manipulation, indexing, random) is decorated with :func:`collective_entry` and validates its
+arguments inside an :func:`agreed` block, before any data moves: one small all-reduce makes the
+ranks agree on the call and its metadata arguments and on any validation failure (see
+:mod:`disttensor.agreement`), so an argument that differs between ranks raises
+:class:`~disttensor.agreement.ArgumentMismatchError` on every rank instead of hanging.  Entry
+points called *inside* another entry point (``mean`` calling ``sum``, ``reshape`` calling
+``redistribute``) skip their agreement: their arguments are pure functions of the agreed ones.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import numbers
+import threading
 
 import numpy as np
 
-from .backend import array_module, device_of, to_host, xp_for
+from .backend import array_module, device_of, normalize_device, to_host, xp_for
+from .comm import collective
 from .distribution import Distribution
 from .grid import ProcessGrid, get_default_grid
 
-__all__ = ["DistArray", "default_split", "normalize_halo", "make_distribution"]
+__all__ = ["DistArray", "default_split", "normalize_halo", "make_distribution",
+           "collective_entry", "agreed", "canon", "dtype_key", "halo_key", "split_key",
+           "device_key", "operand_key"]
+
+
+# -- collective entry points and their argument agreement -------------------------------------------
+class _Nesting(threading.local):
+    depth = 0
+
+
+_NESTING = _Nesting()
+
+
+def collective_entry(fn):
+    """Mark ``fn`` as a collective entry point (its body runs one level deeper): an
+    :func:`agreed` block agrees only in the outermost entry point of a thread, so entry points
+    that ``fn`` calls with arguments derived from its own (already agreed) ones add no
+    all-reduce."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        _NESTING.depth += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _NESTING.depth -= 1
+    return wrapper
+
+
+@contextlib.contextmanager
+def agreed(comm, call: str, /, *, rank_local: bool = False, **args):
+    """The validation block of a collective entry point ``call`` over ``comm``.
+
+    In the outermost entry point (see :func:`collective_entry`) this is
+    ``comm.collective(comm, call, **args)``: one all-reduce agrees ``args`` across the ranks
+    (:class:`~disttensor.agreement.ArgumentMismatchError` on every rank if they differ) and
+    any exception the block raised (raised on every rank).  Nested in another entry point, or
+    with agreement :func:`~disttensor.agreement.disabled`, the block runs plainly, since its
+    checks depend only on agreed, replicated metadata; with ``rank_local=True`` (checks that
+    read rank-local data, such as a local block's shape) failures are still agreed."""
+    from . import agreement
+    multi = comm is not None and comm.size > 1
+    if multi and _NESTING.depth <= 1 and agreement.enabled():
+        with collective(comm, call, **args):
+            yield
+    elif multi and rank_local:
+        with collective(comm):
+            yield
+    else:
+        yield
+
+
+def canon(v):
+    """Lists as tuples and NumPy integers as ints, recursively (never raises): two spellings
+    of one argument agree."""
+    if isinstance(v, (list, tuple)):
+        return tuple(canon(e) for e in v)
+    if isinstance(v, np.integer):
+        return int(v)
+    return v
+
+
+def dtype_key(dtype, default=None):
+    """``np.dtype(dtype)`` (``default`` for ``None``), or ``dtype`` itself if it is not one."""
+    if dtype is None and default is None:
+        return None
+    try:
+        return np.dtype(default if dtype is None else dtype)
+    except Exception:  # noqa: BLE001 - invalid: agree on the spelling, validation raises
+        return dtype
+
+
+def halo_key(halo, ndim: int):
+    try:
+        return normalize_halo(halo, ndim)
+    except Exception:  # noqa: BLE001
+        return canon(halo)
+
+
+def split_key(split, ndim: int):
+    """A single int ``s`` as ``make_distribution`` reads it; sequences as tuples."""
+    if isinstance(split, numbers.Integral) and not isinstance(split, bool) \
+            and -ndim <= split < ndim:
+        s = [None] * ndim
+        s[split] = 0
+        return tuple(s)
+    return canon(split)
+
+
+def device_key(device):
+    try:
+        return normalize_device(device)
+    except Exception:  # noqa: BLE001
+        return device
+
+
+def operand_key(x):
+    """What must agree about an operand: a DistArray's metadata, a NumPy/CuPy array's shape and
+    dtype, a scalar's type (its value is data; compared under ``DISTTENSOR_DEBUG``)."""
+    if isinstance(x, (bool, int, float, complex)):
+        return ("scalar", type(x).__name__, np.asarray(x))
+    if isinstance(x, np.generic):
+        return ("scalar", np.asarray(x))
+    if isinstance(x, list):
+        return tuple(operand_key(e) for e in x)
+    return x
 
 
 def default_split(ndim: int, grid: ProcessGrid) -> tuple[int | None, ...]:
@@ -104,52 +223,66 @@ class DistArray:
 
     # -- construction helpers -----------------------------------------------------------------
     @classmethod
+    @collective_entry
     def from_local(cls, local, grid: ProcessGrid | None = None, split=None, sizes=None,
                    distribution: Distribution | None = None) -> "DistArray":
         """Collective: wrap per-rank blocks.  Without ``sizes``/``distribution`` the ownership
         sizes are taken from the blocks' extents along the split axes (allgathered), and the
-        global shape follows.  Raises on every rank if the blocks do not fit together."""
-        from .comm import collective
+        global shape follows.  Raises on every rank if the blocks do not fit together.
+
+        The ranks agree on ``grid``, ``split``, ``sizes``, ``distribution`` and the blocks'
+        number of axes, dtype and device (the blocks themselves are rank-local)."""
+        from .distribution import rank_to_coords
         grid = get_default_grid() if grid is None else grid
         local_shape = tuple(local.shape)
-        with collective(grid.cart):
+        nd = len(local_shape)
+        with agreed(grid.cart, "from_local", rank_local=True, grid=grid,
+                    split=split_key(split, nd), sizes=canon(sizes), distribution=distribution,
+                    ndim=nd, dtype=dtype_key(getattr(local, "dtype", None)),
+                    device=device_of(local)):
             if distribution is None:
                 if split is None:
-                    split = default_split(len(local_shape), grid)
-                split = tuple(split) + (None,) * (len(local_shape) - len(tuple(split)))
+                    split = default_split(nd, grid)
+                elif isinstance(split, numbers.Integral):
+                    split = split_key(split, nd)
+                split = tuple(split) + (None,) * (nd - len(tuple(split)))
+            else:
+                want = distribution.block_shape(grid.coords)
+                if local_shape != want:
+                    raise ValueError(f"local block of shape {local_shape} does not match the "
+                                     f"distribution's block {want} on rank {grid.rank}")
         if distribution is None:
+            # every rank checks every block (the same gathered shapes): no further agreement
             shapes = grid.cart.allgather(local_shape)
-            from .distribution import rank_to_coords
-            with collective(grid.cart):
-                if any(len(s) != len(local_shape) for s in shapes):
-                    raise ValueError(f"local blocks have different numbers of axes: {shapes}")
-                glob, all_sizes = [], []
-                for t, g in enumerate(split):
-                    if g is None:
-                        ext = {s[t] for s in shapes}
-                        if len(ext) != 1:
-                            raise ValueError(f"axis {t} is not split but the local extents "
-                                             f"differ between ranks: {sorted(ext)}")
-                        glob.append(ext.pop())
-                        all_sizes.append(None)
-                    else:
-                        per = {}
-                        for r, s in enumerate(shapes):
-                            c = rank_to_coords(r, grid.dims)[g]
-                            if per.setdefault(c, s[t]) != s[t]:
-                                raise ValueError(f"ranks at grid coordinate {c} along grid axis {g}"
-                                                 f" hold different extents of tensor axis {t}")
-                        sz = [per[c] for c in range(grid.dims[g])]
-                        glob.append(sum(sz))
-                        all_sizes.append(sz)
-                # explicit ownership sizes are checked against the blocks (below), not ignored
-                distribution = Distribution(glob, grid.dims, split,
-                                            all_sizes if sizes is None else sizes)
-        with collective(grid.cart):
-            want = distribution.block_shape(grid.coords)
-            if local_shape != want:
-                raise ValueError(f"local block of shape {local_shape} does not match the "
-                                 f"distribution's block {want} on rank {grid.rank}")
+            if any(len(s) != nd for s in shapes):
+                raise ValueError(f"local blocks have different numbers of axes: {shapes}")
+            glob, all_sizes = [], []
+            for t, g in enumerate(split):
+                if g is None:
+                    ext = {s[t] for s in shapes}
+                    if len(ext) != 1:
+                        raise ValueError(f"axis {t} is not split but the local extents "
+                                         f"differ between ranks: {sorted(ext)}")
+                    glob.append(ext.pop())
+                    all_sizes.append(None)
+                else:
+                    per = {}
+                    for r, s in enumerate(shapes):
+                        c = rank_to_coords(r, grid.dims)[g]
+                        if per.setdefault(c, s[t]) != s[t]:
+                            raise ValueError(f"ranks at grid coordinate {c} along grid axis {g}"
+                                             f" hold different extents of tensor axis {t}")
+                    sz = [per[c] for c in range(grid.dims[g])]
+                    glob.append(sum(sz))
+                    all_sizes.append(sz)
+            # explicit ownership sizes are checked against the blocks (below), not ignored
+            distribution = Distribution(glob, grid.dims, split,
+                                        all_sizes if sizes is None else sizes)
+            for r, s in enumerate(shapes):
+                want = distribution.block_shape(rank_to_coords(r, grid.dims))
+                if s != want:
+                    raise ValueError(f"local block of shape {s} does not match the "
+                                     f"distribution's block {want} on rank {r}")
         return cls(local, distribution, grid)
 
     def _new(self, local, distribution: Distribution | None = None) -> "DistArray":
@@ -233,10 +366,13 @@ class DistArray:
                 f"grid={self._grid.dims}, device={self.device!r})")
 
     # -- halo ---------------------------------------------------------------------------------
+    @collective_entry
     def with_halo(self, halo) -> "DistArray":
         """A copy of this array whose buffer has ``halo`` cells (an int, per-axis ints, or
-        per-axis ``(lo, hi)`` pairs); halo cells are zero until exchanged."""
-        h = normalize_halo(halo, self.ndim)
+        per-axis ``(lo, hi)`` pairs); halo cells are zero until exchanged (collective: the
+        ranks agree on ``halo``)."""
+        with agreed(self._grid.cart, "with_halo", x=self, halo=halo_key(halo, self.ndim)):
+            h = normalize_halo(halo, self.ndim)
         shape = tuple(lo + n + hi for (lo, hi), n in zip(h, self.local_shape))
         buf = self.xp.zeros(shape, dtype=self.dtype)
         out = DistArray(buf, self._dist, self._grid, h)
@@ -269,6 +405,7 @@ class DistArray:
         return self
 
     # -- data movement ------------------------------------------------------------------------
+    @collective_entry
     def redistribute(self, grid: ProcessGrid | None = None, split=None, sizes=None,
                      distribution: Distribution | None = None) -> "DistArray":
         """This array under another block distribution, possibly on another grid over the
@@ -276,34 +413,47 @@ class DistArray:
         :mod:`disttensor.redistribute`)."""
         from .redistribute import redistribute_blocks
         grid = self._grid if grid is None else grid
-        if distribution is None:
-            if split is None and sizes is None and grid is self._grid:
-                split = self.split
-            grid, distribution = make_distribution(self.shape, grid, split, sizes)
-        _check_grids(self._grid, grid)
-        if distribution.shape != self.shape:
-            raise ValueError(f"target distribution has shape {distribution.shape}, array has {self.shape}")
-        if grid.dims != distribution.grid_dims:
-            raise ValueError(f"distribution grid {distribution.grid_dims} != grid {grid.dims}")
+        with agreed(self._grid.cart, "redistribute", x=self, grid=grid,
+                    split=split_key(split, self.ndim), sizes=canon(sizes),
+                    distribution=distribution):
+            if distribution is None:
+                if split is None and sizes is None and grid is self._grid:
+                    split = self.split
+                grid, distribution = make_distribution(self.shape, grid, split, sizes)
+            if not isinstance(grid, ProcessGrid):
+                raise TypeError(f"grid must be a ProcessGrid, got {type(grid).__name__}")
+            _check_grids(self._grid, grid)
+            if distribution.shape != self.shape:
+                raise ValueError(f"target distribution has shape {distribution.shape}, array has {self.shape}")
+            if grid.dims != distribution.grid_dims:
+                raise ValueError(f"distribution grid {distribution.grid_dims} != grid {grid.dims}")
         if distribution == self._dist and grid is self._grid:
             return self.copy()
         local = redistribute_blocks(grid.cart, self._local, self._dist, distribution)
         return DistArray(local, distribution, grid)
 
+    @collective_entry
     def redistribute_adjoint(self, like: "DistArray") -> "DistArray":
         """Adjoint of ``like.redistribute(...)`` applied to this array (collective): a DistArray
         with ``like``'s distribution (see :mod:`disttensor.redistribute`)."""
         from .redistribute import redistribute_adjoint_blocks
-        _check_grids(self._grid, like._grid)
+        with agreed(self._grid.cart, "redistribute_adjoint", x=self, like=like):
+            if not isinstance(like, DistArray):
+                raise TypeError(f"like must be a DistArray, got {type(like).__name__}")
+            _check_grids(self._grid, like._grid)
+            if like.shape != self.shape:
+                raise ValueError(f"like has shape {like.shape}, the array has {self.shape}")
         local = redistribute_adjoint_blocks(self._grid.cart, self._local, like._dist, self._dist)
         return DistArray(local, like._dist, like._grid)
 
+    @collective_entry
     def gather(self, root: int = 0):
         """Collective: the global array (NumPy) on ``root``, ``None`` elsewhere."""
         from .redistribute import redistribute_blocks
         comm = self._grid.cart
-        if not 0 <= root < comm.size:
-            raise ValueError(f"root {root} outside 0..{comm.size - 1}")
+        with agreed(comm, "gather", x=self, root=root):
+            if not isinstance(root, numbers.Integral) or not 0 <= root < comm.size:
+                raise ValueError(f"root {root} outside 0..{comm.size - 1}")
         local = to_host(self._local)
         if self.ndim == 0:
             return np.array(local) if comm.rank == root else None
@@ -313,9 +463,12 @@ class DistArray:
         out = redistribute_blocks(comm, np.ascontiguousarray(local), self._dist, target)
         return out if comm.rank == root else None
 
+    @collective_entry
     def to_numpy(self) -> np.ndarray:
         """Collective: the global array as NumPy on every rank."""
         from .redistribute import redistribute_blocks
+        with agreed(self._grid.cart, "to_numpy", x=self):
+            pass
         if self.ndim == 0:
             return np.array(to_host(self._local))
         local = np.ascontiguousarray(to_host(self._local))
@@ -345,20 +498,32 @@ class DistArray:
             raise TypeError("only integer arrays can be used as an index")
         return int(self.item())
 
+    @collective_entry
     def to_device(self, device: str) -> "DistArray":
-        """A copy of this array with its blocks on ``device`` (``'cpu'`` or ``'cuda'``)."""
-        xp = xp_for(device if device != "gpu" else "cuda")
+        """A copy of this array with its blocks on ``device`` (``'cpu'`` or ``'cuda'``;
+        collective: the ranks agree on ``device``)."""
+        # rank_local: whether a GPU is there is a property of the node, not of the arguments
+        with agreed(self._grid.cart, "to_device", rank_local=True, x=self,
+                    device=device_key(device)):
+            xp = xp_for(device if device != "gpu" else "cuda")
         buf = to_host(self._buffer) if xp is np else xp.asarray(self._buffer)
         if buf is self._buffer:
             buf = buf.copy()
         return DistArray(buf, self._dist, self._grid, self._halo)
 
     # -- copies and casts ---------------------------------------------------------------------
+    @collective_entry
     def copy(self) -> "DistArray":
+        """A copy (collective, as every call on a DistArray)."""
+        with agreed(self._grid.cart, "copy", x=self):
+            pass
         return self._new(self._local.copy())
 
+    @collective_entry
     def astype(self, dtype, copy: bool = True) -> "DistArray":
-        dtype = np.dtype(dtype)
+        """This array cast to ``dtype`` (collective: the ranks agree on ``dtype``)."""
+        with agreed(self._grid.cart, "astype", x=self, dtype=dtype_key(dtype), copy=bool(copy)):
+            dtype = np.dtype(dtype)
         if dtype == self.dtype and not copy:
             return self
         return self._new(self._local.astype(dtype))

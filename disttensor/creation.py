@@ -6,21 +6,58 @@ from __future__ import annotations
 
 import numpy as np
 
-from .array import DistArray, make_distribution, normalize_halo
+from .array import (DistArray, agreed, canon, collective_entry, device_key, dtype_key, halo_key,
+                    make_distribution, normalize_halo, split_key)
 from .backend import normalize_device, to_host, xp_for
-from .comm import collective
+from .grid import ProcessGrid, get_default_grid
 
 __all__ = ["empty", "zeros", "ones", "full", "empty_like", "zeros_like", "ones_like",
            "full_like", "arange", "linspace", "from_global", "local_index_grid"]
 
 
-def _alloc(shape, dtype, grid, split, sizes, device, halo, fill):
-    grid, dist = make_distribution(shape, grid, split, sizes)
-    xp = xp_for(normalize_device(device))
-    h = normalize_halo(halo, dist.ndim)
+def _grid(grid) -> ProcessGrid:
+    g = get_default_grid() if grid is None else grid
+    if not isinstance(g, ProcessGrid):
+        raise TypeError(f"grid must be a ProcessGrid, got {type(g).__name__}")
+    return g
+
+
+def shape_key(shape):
+    """``n`` as ``(n,)``, sequences as tuples (for agreement; never raises)."""
+    if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
+        return (int(shape),)
+    return canon(shape)
+
+
+def layout_args(shape, grid: ProcessGrid, split, sizes, device="cpu", halo=None,
+                ndim: int | None = None) -> dict:
+    """The layout arguments of a creation call as the ranks agree on them (``shape=None``
+    with ``ndim``: a shape that follows from other agreed arguments)."""
+    out = {}
+    if shape is not None:
+        out["shape"] = shape = shape_key(shape)
+        ndim = len(shape) if isinstance(shape, tuple) else 0
+    out.update(grid=grid, split=split_key(split, ndim), sizes=canon(sizes),
+               device=device_key(device))
+    if halo is not None:
+        out["halo"] = halo_key(halo, ndim)
+    return out
+
+
+def _alloc(call, shape, dtype, grid, split, sizes, device, halo, fill, fill_value=None):
+    g = _grid(grid)
+    # device availability is rank-local (a node without a GPU): its failure is agreed even
+    # when nested in another entry point
+    with agreed(g.cart, call, rank_local=device_key(device) != "cpu",
+                dtype=dtype_key(dtype, float),
+                **layout_args(shape, g, split, sizes, device, halo),
+                **({} if fill_value is None else {"fill_value": np.asarray(fill_value)})):
+        grid, dist = make_distribution(shape, g, split, sizes)
+        xp = xp_for(normalize_device(device))
+        h = normalize_halo(halo, dist.ndim)
+        dtype = np.dtype(float if dtype is None else dtype)
     block = dist.block_shape(grid.coords)
     bshape = tuple(lo + n + hi for (lo, hi), n in zip(h, block))
-    dtype = np.dtype(float if dtype is None else dtype)
     if fill is None:
         buf = xp.empty(bshape, dtype=dtype)
     elif fill == 0:
@@ -33,47 +70,62 @@ def _alloc(shape, dtype, grid, split, sizes, device, halo, fill):
     return DistArray(buf, dist, grid, h)
 
 
+@collective_entry
 def empty(shape, dtype=None, grid=None, split=None, sizes=None, device="cpu", halo=None) -> DistArray:
-    return _alloc(shape, dtype, grid, split, sizes, device, halo, None)
+    return _alloc("empty", shape, dtype, grid, split, sizes, device, halo, None)
 
 
+@collective_entry
 def zeros(shape, dtype=None, grid=None, split=None, sizes=None, device="cpu", halo=None) -> DistArray:
-    return _alloc(shape, dtype, grid, split, sizes, device, halo, 0)
+    return _alloc("zeros", shape, dtype, grid, split, sizes, device, halo, 0)
 
 
+@collective_entry
 def ones(shape, dtype=None, grid=None, split=None, sizes=None, device="cpu", halo=None) -> DistArray:
-    return _alloc(shape, dtype, grid, split, sizes, device, halo, 1)
+    return _alloc("ones", shape, dtype, grid, split, sizes, device, halo, 1)
 
 
+@collective_entry
 def full(shape, fill_value, dtype=None, grid=None, split=None, sizes=None, device="cpu",
          halo=None) -> DistArray:
+    """The fill value is data: the ranks agree on its type (on its value too under
+    ``DISTTENSOR_DEBUG``), and on the dtype it gives."""
     if dtype is None:
         dtype = np.asarray(fill_value).dtype
-    return _alloc(shape, dtype, grid, split, sizes, device, halo, fill_value)
+    return _alloc("full", shape, dtype, grid, split, sizes, device, halo, fill_value,
+                  fill_value)
 
 
-def _like(x: DistArray, dtype, fill):
+def _like(call, x: DistArray, dtype, fill):
+    if not isinstance(x, DistArray):
+        raise TypeError(f"{call} needs a DistArray, got {type(x).__name__}")
+    with agreed(x.grid.cart, call, x=x, dtype=dtype_key(dtype),
+                **({} if fill is None else {"fill_value": np.asarray(fill)})):
+        dtype = x.dtype if dtype is None else np.dtype(dtype)
     xp = x.xp
-    dtype = x.dtype if dtype is None else np.dtype(dtype)
     shape = x.local_shape
     buf = xp.empty(shape, dtype) if fill is None else xp.full(shape, fill, dtype)
     return DistArray(buf, x.distribution, x.grid)
 
 
+@collective_entry
 def empty_like(x: DistArray, dtype=None) -> DistArray:
-    return _like(x, dtype, None)
+    return _like("empty_like", x, dtype, None)
 
 
+@collective_entry
 def zeros_like(x: DistArray, dtype=None) -> DistArray:
-    return _like(x, dtype, 0)
+    return _like("zeros_like", x, dtype, 0)
 
 
+@collective_entry
 def ones_like(x: DistArray, dtype=None) -> DistArray:
-    return _like(x, dtype, 1)
+    return _like("ones_like", x, dtype, 1)
 
 
+@collective_entry
 def full_like(x: DistArray, fill_value, dtype=None) -> DistArray:
-    return _like(x, dtype, fill_value)
+    return _like("full_like", x, dtype, fill_value)
 
 
 def local_index_grid(x: DistArray):
@@ -88,6 +140,7 @@ def local_index_grid(x: DistArray):
     return out
 
 
+@collective_entry
 def arange(start, stop=None, step=1, dtype=None, grid=None, split=None, sizes=None,
            device="cpu") -> DistArray:
     """Like ``numpy.arange``, with NumPy's formula: the first two elements are ``start`` and
@@ -95,11 +148,15 @@ def arange(start, stop=None, step=1, dtype=None, grid=None, split=None, sizes=No
     in the dtype (float32 for float16), so the values are bit-identical to NumPy's."""
     if stop is None:
         start, stop = 0, start
-    if step == 0:
-        raise ZeroDivisionError("arange step cannot be zero")
-    out_dtype = np.arange(start, start, step, dtype=dtype).dtype  # NumPy's dtype rule
-    n = max(0, int(np.ceil((stop - start) / step)))
-    x = empty((n,), dtype=out_dtype, grid=grid, split=split, sizes=sizes, device="cpu")
+    g = _grid(grid)
+    with agreed(g.cart, "arange", start=start, stop=stop, step=step, dtype=dtype_key(dtype),
+                **layout_args(None, g, split, sizes, device, ndim=1)):
+        if step == 0:
+            raise ZeroDivisionError("arange step cannot be zero")
+        out_dtype = np.arange(start, start, step, dtype=dtype).dtype  # NumPy's dtype rule
+        n = max(0, int(np.ceil((stop - start) / step)))
+        normalize_device(device)
+    x = empty((n,), dtype=out_dtype, grid=g, split=split, sizes=sizes, device="cpu")
     (i,) = local_index_grid(x)
     if out_dtype.kind in "iu" and all(isinstance(v, (int, np.integer)) for v in (start, step)):
         vals = start + i * step  # exact (no wrap-around in int64 for sane ranges)
@@ -114,15 +171,20 @@ def arange(start, stop=None, step=1, dtype=None, grid=None, split=None, sizes=No
     return x.to_device(device) if device != "cpu" else x
 
 
+@collective_entry
 def linspace(start, stop, num=50, endpoint=True, dtype=None, grid=None, split=None, sizes=None,
              device="cpu") -> DistArray:
     """Like ``numpy.linspace`` (same formula: ``start + i * step``, last point ``stop``)."""
-    num = int(num)
-    if num < 0:
-        raise ValueError(f"Number of samples, {num}, must be non-negative.")
+    g = _grid(grid)
+    with agreed(g.cart, "linspace", start=start, stop=stop, num=num, endpoint=bool(endpoint),
+                dtype=dtype_key(dtype), **layout_args(None, g, split, sizes, device, ndim=1)):
+        num = int(num)
+        if num < 0:
+            raise ValueError(f"Number of samples, {num}, must be non-negative.")
+        dt = np.result_type(start, stop, float(num)) if dtype is None else np.dtype(dtype)
+        normalize_device(device)
     div = (num - 1) if endpoint else num
-    dt = np.result_type(start, stop, float(num)) if dtype is None else np.dtype(dtype)
-    x = empty((num,), dtype=dt, grid=grid, split=split, sizes=sizes, device="cpu")
+    x = empty((num,), dtype=dt, grid=g, split=split, sizes=sizes, device="cpu")
     (i,) = local_index_grid(x)
     delta = np.float64(stop) - np.float64(start)
     if div > 0:
@@ -136,37 +198,53 @@ def linspace(start, stop, num=50, endpoint=True, dtype=None, grid=None, split=No
     return x.to_device(device) if device != "cpu" else x
 
 
+@collective_entry
 def from_global(a, grid=None, split=None, sizes=None, root=None, device="cpu", halo=None) -> DistArray:
     """Distribute a global array (collective).
 
     With ``root=None`` every rank passes the same global array and keeps its block (no
-    messages).  With ``root=r`` only rank ``r`` needs the array (others may pass ``None``):
-    its shape and dtype are broadcast and the blocks are scattered by one redistribution."""
-    from .grid import get_default_grid
+    messages; the ranks agree on its shape and dtype, on its values too under
+    ``DISTTENSOR_DEBUG``).  With ``root=r`` only rank ``r`` needs the array (others may pass
+    ``None``, and what they pass is ignored): its shape and dtype are broadcast and the blocks
+    are scattered by one redistribution."""
     from .distribution import Distribution
     from .redistribute import redistribute_blocks
-    g = get_default_grid() if grid is None else grid
+    g = _grid(grid)
     comm = g.cart
     if root is None:
-        host = to_host(a) if not np.isscalar(a) else np.asarray(a)
-        host = np.asarray(host)
-        grid_, dist = make_distribution(host.shape, g, split, sizes)
-        from .comm import check_same
-        check_same(comm, (host.shape, host.dtype.str), "global array shapes/dtypes passed to from_global")
+        err = None
+        try:
+            host = np.asarray(to_host(a) if not np.isscalar(a) else np.asarray(a))
+        except Exception as e:  # noqa: BLE001 - raised inside the agreement block
+            host, err = None, e
+        nd = host.ndim if host is not None else 0
+        with agreed(comm, "from_global", a=host, root=None, grid=g, split=split_key(split, nd),
+                    sizes=canon(sizes), device=device_key(device),
+                    halo=None if halo is None else halo_key(halo, nd)):
+            if err is not None:
+                raise err
+            grid_, dist = make_distribution(host.shape, g, split, sizes)
+            normalize_device(device)
+            if halo is not None:
+                normalize_halo(halo, dist.ndim)
         # always a copy (never alias the caller's array); `...` keeps 0-d blocks arrays
         local = np.array(host[dist.block_slices(g.coords) + (Ellipsis,)], copy=True, order="C")
     else:
-        with collective(comm):
-            if not 0 <= root < comm.size:
+        # the array's number of axes is known on the root only: split and halo agree as given
+        with agreed(comm, "from_global", rank_local=True, root=root, grid=g, split=canon(split),
+                    sizes=canon(sizes), device=device_key(device), halo=canon(halo)):
+            if not isinstance(root, (int, np.integer)) or not 0 <= root < comm.size:
                 raise ValueError(f"root {root} outside 0..{comm.size - 1}")
-            if comm.rank == root and a is None:
-                raise ValueError("from_global: the root rank must pass the array")
-        meta = None
-        if comm.rank == root:
-            host = np.asarray(to_host(a))
-            meta = (host.shape, host.dtype.str)
+            meta = None
+            if comm.rank == root:
+                if a is None:
+                    raise ValueError("from_global: the root rank must pass the array")
+                host = np.asarray(to_host(a))
+                meta = (host.shape, host.dtype.str)
         shape, dtype = comm.bcast(meta, root=root)
+        # pure functions of agreed arguments and the broadcast shape: the same on every rank
         grid_, dist = make_distribution(shape, g, split, sizes)
+        normalize_device(device)
         if len(shape) == 0:
             val = comm.bcast(host if comm.rank == root else None, root=root)
             local = np.array(val, dtype=dtype)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .array import DistArray
+from .array import DistArray, agreed, canon, collective_entry, operand_key
 from .backend import array_module, to_host
 from .distribution import Distribution
 
@@ -115,11 +115,17 @@ def _selection(x: DistArray, sels):
     return local, dist
 
 
+@collective_entry
 def flip(x: DistArray, axis) -> DistArray:
     """Reverse ``x`` along ``axis`` (int or tuple).  Along a split axis the block of grid
     coordinate ``c`` goes to ``p-1-c`` and the ownership sizes are reversed."""
     from numpy.lib.array_utils import normalize_axis_tuple
-    axes = normalize_axis_tuple(axis, x.ndim)  # AxisError / repeated-axis ValueError as NumPy
+    if not isinstance(x, DistArray):
+        raise TypeError(f"expected a DistArray, got {type(x).__name__}")
+    if isinstance(axis, range):
+        axis = tuple(axis)
+    with agreed(x.grid.cart, "flip", x=x, axis=canon(axis)):
+        axes = normalize_axis_tuple(axis, x.ndim)  # AxisError / repeated-axis ValueError as NumPy
     y = x
     for t in axes:
         idx = [slice(None)] * y.ndim
@@ -149,8 +155,11 @@ def flip(x: DistArray, axis) -> DistArray:
     return y
 
 
+@collective_entry
 def getitem(x: DistArray, key) -> DistArray:
-    sels, new_axes = normalize_key(key, x.shape)
+    """``x[key]`` (collective: the ranks agree on the key; a rank-dependent index raises)."""
+    with agreed(x.grid.cart, "getitem", x=x, key=key):
+        sels, new_axes = normalize_key(key, x.shape)
     local_sl, dist = _selection(x, sels)
     y = DistArray(x.local[local_sl + (Ellipsis,)].copy(), dist, x.grid)  # `...`: 0-d stays an array
     flips = [t for t, s in enumerate(sels) if s.flip]
@@ -182,23 +191,30 @@ def _insert_axes(y: DistArray, positions) -> DistArray:
     return DistArray(y.local.reshape(nd.block_shape(y.grid.coords)), nd, y.grid)
 
 
+@collective_entry
 def setitem(x: DistArray, key, value) -> None:
+    """``x[key] = value`` (collective: the ranks agree on the key and on the value's
+    metadata; a scalar value is data, agreed by type)."""
+    from .array import _check_grids
     from .ufuncs import align, operand_shape
     if isinstance(value, (list, tuple)):  # nested sequences are arrays, as in NumPy
         value = np.asarray(value)
-    sels, new_axes = normalize_key(key, x.shape)
+    with agreed(x.grid.cart, "setitem", x=x, key=key, value=operand_key(value)):
+        sels, new_axes = normalize_key(key, x.shape)
+        # shape the value must broadcast to (NumPy's result shape of x[key])
+        res_shape = [s.count for s in sels if not s.drop]
+        for p in sorted(new_axes):
+            res_shape.insert(p, 1)
+        vshape = operand_shape(value)
+        try:
+            if np.broadcast_shapes(vshape, tuple(res_shape)) != tuple(res_shape):
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"could not broadcast input array from shape {vshape} into shape "
+                             f"{tuple(res_shape)}") from None
+        if isinstance(value, DistArray):
+            _check_grids(value.grid, x.grid)
     local_sl, dist = _selection(x, sels)
-    # shape the value must broadcast to (NumPy's result shape of x[key])
-    res_shape = [s.count for s in sels if not s.drop]
-    for p in sorted(new_axes):
-        res_shape.insert(p, 1)
-    vshape = operand_shape(value)
-    try:
-        if np.broadcast_shapes(vshape, tuple(res_shape)) != tuple(res_shape):
-            raise ValueError
-    except ValueError:
-        raise ValueError(f"could not broadcast input array from shape {vshape} into shape "
-                         f"{tuple(res_shape)}") from None
     if not vshape:  # scalar or 0-d
         v = value.item() if isinstance(value, DistArray) else value
         x.local[local_sl] = v

@@ -14,7 +14,7 @@ import numbers
 
 import numpy as np
 
-from .array import DistArray
+from .array import DistArray, agreed, canon, collective_entry, dtype_key, operand_key
 from .backend import array_module
 from .distribution import Distribution, balanced_sizes, offsets_from_sizes
 
@@ -22,36 +22,53 @@ __all__ = ["transpose", "moveaxis", "swapaxes", "reshape", "concatenate", "where
            "reshape_groups"]
 
 
+def _check(x) -> None:
+    if not isinstance(x, DistArray):
+        raise TypeError(f"expected a DistArray, got {type(x).__name__}")
+
+
+@collective_entry
 def transpose(x: DistArray, axes=None) -> DistArray:
     from numpy.lib.array_utils import normalize_axis_index
+    _check(x)
     nd = x.ndim
-    if axes is None:
-        axes = tuple(reversed(range(nd)))
-    else:
-        axes = tuple(axes)
-        if len(axes) != nd:
-            raise ValueError("axes don't match array")
-        axes = tuple(normalize_axis_index(int(a), nd) for a in axes)  # AxisError as NumPy
-    if sorted(axes) != list(range(nd)):
-        raise ValueError("repeated axis in transpose")
+    with agreed(x.grid.cart, "transpose", x=x, axes=canon(axes)):
+        if axes is None:
+            axes = tuple(reversed(range(nd)))
+        else:
+            axes = tuple(axes)
+            if len(axes) != nd:
+                raise ValueError("axes don't match array")
+            axes = tuple(normalize_axis_index(int(a), nd) for a in axes)  # AxisError as NumPy
+        if sorted(axes) != list(range(nd)):
+            raise ValueError("repeated axis in transpose")
     return DistArray(x.local.transpose(axes), x.distribution.transpose(axes), x.grid)
 
 
+@collective_entry
 def moveaxis(x: DistArray, source, destination) -> DistArray:
     from numpy.lib.array_utils import normalize_axis_tuple
-    src = normalize_axis_tuple(source, x.ndim, "source")
-    dst = normalize_axis_tuple(destination, x.ndim, "destination")
-    if len(src) != len(dst):
-        raise ValueError("`source` and `destination` arguments must have the same number of elements")
+    _check(x)
+    with agreed(x.grid.cart, "moveaxis", x=x, source=canon(source),
+                destination=canon(destination)):
+        src = normalize_axis_tuple(source, x.ndim, "source")
+        dst = normalize_axis_tuple(destination, x.ndim, "destination")
+        if len(src) != len(dst):
+            raise ValueError("`source` and `destination` arguments must have the same number "
+                             "of elements")
     order = [n for n in range(x.ndim) if n not in src]
     for d, s in sorted(zip(dst, src)):
         order.insert(d, s)
     return transpose(x, order)
 
 
+@collective_entry
 def swapaxes(x: DistArray, a: int, b: int) -> DistArray:
     from numpy.lib.array_utils import normalize_axis_index
-    a, b = normalize_axis_index(a, x.ndim, "axis1"), normalize_axis_index(b, x.ndim, "axis2")
+    _check(x)
+    with agreed(x.grid.cart, "swapaxes", x=x, axis1=canon(a), axis2=canon(b)):
+        a = normalize_axis_index(a, x.ndim, "axis1")
+        b = normalize_axis_index(b, x.ndim, "axis2")
     order = list(range(x.ndim))
     order[a], order[b] = order[b], order[a]
     return transpose(x, order)
@@ -95,8 +112,19 @@ def _normalize_shape(shape, size) -> tuple[int, ...]:
     return tuple(shape)
 
 
+def _shape_key(shape):
+    if isinstance(shape, numbers.Integral) and not isinstance(shape, bool):
+        return (int(shape),)
+    return canon(shape)
+
+
+@collective_entry
 def reshape(x: DistArray, shape) -> DistArray:
-    new = _normalize_shape(shape, x.size)
+    _check(x)
+    with agreed(x.grid.cart, "reshape", x=x, shape=_shape_key(shape)):
+        new = _normalize_shape(shape, x.size)
+        if x.size:
+            reshape_groups(x.shape, new)  # ValueError for shapes that do not pair up
     old = x.shape
     if new == old:
         return x.copy()
@@ -155,37 +183,47 @@ def reshape(x: DistArray, shape) -> DistArray:
     return DistArray(loc, nd, x.grid)
 
 
+@collective_entry
 def concatenate(arrays, axis=0, dtype=None) -> DistArray:
     arrays = list(arrays)
-    if not arrays:
-        raise ValueError("need at least one array to concatenate")
-    if not all(isinstance(a, DistArray) for a in arrays):
-        raise TypeError("concatenate of DistArrays needs every operand to be a DistArray")
-    first = arrays[0]
-    nd = first.ndim
-    if nd == 0:
-        raise ValueError("zero-dimensional arrays cannot be concatenated")
-    for i, a in enumerate(arrays[1:], 1):
-        if a.ndim != nd:
-            raise ValueError(f"all the input arrays must have same number of dimensions, but the array "
-                             f"at index 0 has {nd} dimension(s) and the array at index {i} has {a.ndim} dimension(s)")
+    anchor = next((a for a in arrays if isinstance(a, DistArray)), None)
+    with agreed(None if anchor is None else anchor.grid.cart, "concatenate",
+                arrays=tuple(operand_key(a) for a in arrays), axis=canon(axis),
+                dtype=dtype_key(dtype)):
+        if not arrays:
+            raise ValueError("need at least one array to concatenate")
+        if not all(isinstance(a, DistArray) for a in arrays):
+            raise TypeError("concatenate of DistArrays needs every operand to be a DistArray")
+        first = arrays[0]
+        nd = first.ndim
+        if nd == 0:
+            raise ValueError("zero-dimensional arrays cannot be concatenated")
+        for i, a in enumerate(arrays[1:], 1):
+            if a.ndim != nd:
+                raise ValueError(f"all the input arrays must have same number of dimensions, but the array "
+                                 f"at index 0 has {nd} dimension(s) and the array at index {i} has {a.ndim} dimension(s)")
+            if not a.grid.compatible(first.grid):
+                raise ValueError("the two grids are over different communicators; data cannot "
+                                 "move between them")
+        if axis is not None:
+            if not -nd <= axis < nd:
+                raise np.exceptions.AxisError(axis, nd)
+            for i, a in enumerate(arrays[1:], 1):
+                for t in range(nd):
+                    if t != axis % nd and a.shape[t] != first.shape[t]:
+                        raise ValueError(
+                            "all the input array dimensions except for the concatenation axis "
+                            f"must match exactly, but along dimension {t}, the array at index 0 "
+                            f"has size {first.shape[t]} and the array at index {i} has size "
+                            f"{a.shape[t]}")
+        devices = {a.device for a in arrays}
+        if len(devices) > 1:
+            raise ValueError("operands live on different devices")
+        out_dtype = np.dtype(dtype) if dtype is not None else np.result_type(*[a.dtype for a in arrays])
     if axis is None:
         arrays = [a.reshape(-1) for a in arrays]
         return concatenate(arrays, 0, dtype)
-    if not -nd <= axis < nd:
-        raise np.exceptions.AxisError(axis, nd)
     axis %= nd
-    for i, a in enumerate(arrays[1:], 1):
-        for t in range(nd):
-            if t != axis and a.shape[t] != first.shape[t]:
-                raise ValueError(
-                    "all the input array dimensions except for the concatenation axis must match "
-                    f"exactly, but along dimension {t}, the array at index 0 has size "
-                    f"{first.shape[t]} and the array at index {i} has size {a.shape[t]}")
-    devices = {a.device for a in arrays}
-    if len(devices) > 1:
-        raise ValueError("operands live on different devices")
-    out_dtype = np.dtype(dtype) if dtype is not None else np.result_type(*[a.dtype for a in arrays])
     d = first.distribution
     total = sum(a.shape[axis] for a in arrays)
     shape = list(d.shape)
@@ -207,14 +245,23 @@ def concatenate(arrays, axis=0, dtype=None) -> DistArray:
     return DistArray(loc, res, first.grid)
 
 
+@collective_entry
 def where(condition, x=None, y=None) -> DistArray:
+    from .array import _check_grids
     from .ufuncs import align, operand_shape, result_layout, _device_of_operands
-    if x is None or y is None:
-        raise TypeError("where(condition) without x and y (nonzero) is not supported for DistArray")
     ops = [np.asarray(o) if isinstance(o, (list, tuple)) else o for o in (condition, x, y)]
-    shape = np.broadcast_shapes(*[operand_shape(o) for o in ops])
-    grid, dist = result_layout(ops, shape)
-    device = _device_of_operands([o for o in ops if isinstance(o, DistArray)])
+    anchor = next((o for o in ops if isinstance(o, DistArray)), None)
+    with agreed(None if anchor is None else anchor.grid.cart, "where",
+                condition=operand_key(ops[0]), x=operand_key(ops[1]), y=operand_key(ops[2])):
+        if x is None or y is None:
+            raise TypeError("where(condition) without x and y (nonzero) is not supported for "
+                            "DistArray")
+        shape = np.broadcast_shapes(*[operand_shape(o) for o in ops])
+        grid, dist = result_layout(ops, shape)
+        device = _device_of_operands([o for o in ops if isinstance(o, DistArray)])
+        for o in ops:
+            if isinstance(o, DistArray):
+                _check_grids(o.grid, grid)
     locs = [align(o, grid, dist, device) for o in ops]
     xp = np if device == "cpu" else array_module(next(l for l in locs if hasattr(l, "shape")))
     r = xp.where(*locs)

@@ -9,11 +9,13 @@ independent.  ``normal`` uses the Box-Muller transform on two such streams.
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
-from .array import DistArray
-from .backend import array_module
-from .creation import empty, local_index_grid
+from .array import DistArray, agreed, collective_entry, device_key, dtype_key
+from .backend import array_module, normalize_device, xp_for
+from .creation import _grid, empty, layout_args, local_index_grid
 
 __all__ = ["Generator", "default_rng"]
 
@@ -44,6 +46,21 @@ class Generator:
         self.seed = int(seed)
         self.counter = 0
 
+    @contextlib.contextmanager
+    def _agreed(self, call, shape, dtype, grid, split, sizes, device, **params):
+        """Agreement of a draw: the seed and the stream counter (a rank that drew more or
+        fewer arrays before is out of step) with the layout and the distribution's
+        parameters."""
+        g = _grid(grid)
+        gpu = device_key(device) != "cpu"
+        with agreed(g.cart, f"Generator.{call}", rank_local=gpu, seed=self.seed,
+                    stream=self.counter, dtype=dtype_key(dtype), **params,
+                    **layout_args(shape, g, split, sizes, device)):
+            np.dtype(dtype)
+            if gpu:
+                xp_for(normalize_device(device))  # a node without a GPU fails here
+            yield
+
     def _bits(self, shape, grid, split, sizes, device, streams=1):
         x = empty(shape, dtype=np.float64, grid=grid, split=split, sizes=sizes, device="cpu")
         idx = np.zeros(x.local_shape, dtype=np.uint64)
@@ -70,31 +87,45 @@ class Generator:
     def _wrap(self, x, vals, dtype):
         return DistArray(vals.astype(dtype), x.distribution, x.grid)
 
+    @collective_entry
     def random(self, shape, dtype="float64", grid=None, split=None, sizes=None, device="cpu"):
         """Uniform in [0, 1)."""
+        with self._agreed("random", shape, dtype, grid, split, sizes, device):
+            pass
         x, (b,), xp = self._bits(shape, grid, split, sizes, device)
         return self._wrap(x, self._unit(b, xp), dtype)
 
+    @collective_entry
     def uniform(self, low=0.0, high=1.0, shape=(), dtype="float64", grid=None, split=None,
                 sizes=None, device="cpu"):
+        with self._agreed("uniform", shape, dtype, grid, split, sizes, device, low=low,
+                          high=high):
+            pass
         x, (b,), xp = self._bits(shape, grid, split, sizes, device)
         return self._wrap(x, low + (high - low) * self._unit(b, xp), dtype)
 
+    @collective_entry
     def normal(self, loc=0.0, scale=1.0, shape=(), dtype="float64", grid=None, split=None,
                sizes=None, device="cpu"):
+        with self._agreed("normal", shape, dtype, grid, split, sizes, device, loc=loc,
+                          scale=scale):
+            pass
         x, (b1, b2), xp = self._bits(shape, grid, split, sizes, device, streams=2)
         u1 = 1.0 - self._unit(b1, xp)  # (0, 1]
         u2 = self._unit(b2, xp)
         z = xp.sqrt(-2.0 * xp.log(u1)) * xp.cos(2.0 * np.pi * u2)
         return self._wrap(x, loc + scale * z, dtype)
 
+    @collective_entry
     def integers(self, low, high=None, shape=(), dtype="int64", grid=None, split=None,
                  sizes=None, device="cpu"):
         """Integers in ``[low, high)`` (range below 2**53)."""
         if high is None:
             low, high = 0, low
-        if high <= low:
-            raise ValueError(f"high <= low ({low}, {high})")
+        with self._agreed("integers", shape, dtype, grid, split, sizes, device, low=low,
+                          high=high):
+            if high <= low:
+                raise ValueError(f"high <= low ({low}, {high})")
         x, (b,), xp = self._bits(shape, grid, split, sizes, device)
         v = xp.floor(self._unit(b, xp) * (high - low)).astype(xp.int64) + low
         return self._wrap(x, v, dtype)

@@ -9,11 +9,12 @@ returns a 0-d DistArray (replicated; ``float(r)``/``r.item()`` give the value).
 from __future__ import annotations
 
 import builtins
+import contextlib
 import operator
 
 import numpy as np
 
-from .array import DistArray
+from .array import DistArray, agreed, canon, collective_entry, dtype_key
 from .backend import array_module, to_host
 from .comm import allreduce, mpi_type
 from .distribution import Distribution
@@ -81,12 +82,32 @@ def _sum_prod(x: DistArray, axis, dtype, keepdims, op: str) -> DistArray:
     return r
 
 
+def _check(x) -> None:
+    if not isinstance(x, DistArray):
+        raise TypeError(f"expected a DistArray, got {type(x).__name__}")
+
+
+@contextlib.contextmanager
+def _agreed(call: str, x: DistArray, axis, keepdims, **more):
+    """The agreement block of reduction ``call`` (over the whole grid, not only the reduced
+    grid axes: ranks reducing different axes would wait on different communicators)."""
+    _check(x)
+    with agreed(x.grid.cart, call, x=x, axis=canon(axis), keepdims=bool(keepdims), **more):
+        yield
+
+
+@collective_entry
 def sum(x: DistArray, axis=None, dtype=None, keepdims=False) -> DistArray:
-    return _sum_prod(x, axis, dtype, keepdims, "sum")
+    with _agreed("sum", x, axis, keepdims, dtype=dtype_key(dtype)):
+        axes = _axes(x, axis)
+    return _sum_prod(x, axes, dtype, keepdims, "sum")
 
 
+@collective_entry
 def prod(x: DistArray, axis=None, dtype=None, keepdims=False) -> DistArray:
-    return _sum_prod(x, axis, dtype, keepdims, "prod")
+    with _agreed("prod", x, axis, keepdims, dtype=dtype_key(dtype)):
+        axes = _axes(x, axis)
+    return _sum_prod(x, axes, dtype, keepdims, "prod")
 
 
 def _count(x: DistArray, axes) -> int:
@@ -106,19 +127,23 @@ def _mean_dtype(x: DistArray, dtype):
     return x.dtype, x.dtype
 
 
+@collective_entry
 def mean(x: DistArray, axis=None, dtype=None, keepdims=False) -> DistArray:
-    axes = _axes(x, axis)
-    out_dt, acc_dt = _mean_dtype(x, dtype)
+    with _agreed("mean", x, axis, keepdims, dtype=dtype_key(dtype)):
+        axes = _axes(x, axis)
+        out_dt, acc_dt = _mean_dtype(x, dtype)
     s = sum(x, axis=axes, dtype=acc_dt, keepdims=True)
     with np.errstate(invalid="ignore", divide="ignore"):
         m = s.local / _count(x, axes)
     return _finish(x, m.astype(out_dt, copy=False), axes, keepdims)
 
 
+@collective_entry
 def var(x: DistArray, axis=None, dtype=None, ddof=0, keepdims=False) -> DistArray:
     """Two-pass variance (mean first, then the sum of squared deviations)."""
-    axes = _axes(x, axis)
-    out_dt, acc_dt = _mean_dtype(x, dtype)
+    with _agreed("var", x, axis, keepdims, dtype=dtype_key(dtype), ddof=ddof):
+        axes = _axes(x, axis)
+        out_dt, acc_dt = _mean_dtype(x, dtype)
     m = mean(x, axis=axes, dtype=acc_dt, keepdims=True)
     dev = x.local.astype(acc_dt, copy=False) - m.local
     xp = array_module(dev)
@@ -133,7 +158,10 @@ def var(x: DistArray, axis=None, dtype=None, ddof=0, keepdims=False) -> DistArra
     return _finish(x, v.astype(real_dt, copy=False), axes, keepdims)
 
 
+@collective_entry
 def std(x: DistArray, axis=None, dtype=None, ddof=0, keepdims=False) -> DistArray:
+    with _agreed("std", x, axis, keepdims, dtype=dtype_key(dtype), ddof=ddof):
+        _axes(x, axis)
     v = var(x, axis=axis, dtype=dtype, ddof=ddof, keepdims=keepdims)
     v.local[...] = array_module(v.local).sqrt(v.local)
     return v
@@ -151,10 +179,14 @@ def _extreme_identity(dtype: np.dtype, op: str):
 
 
 def _minmax(x: DistArray, axis, keepdims, op: str) -> DistArray:
-    axes = _axes(x, axis)
-    if _count(x, axes) == 0:
-        raise ValueError(f"zero-size array to reduction operation {'minimum' if op == 'min' else 'maximum'} "
-                         "which has no identity")
+    with _agreed(op, x, axis, keepdims):
+        axes = _axes(x, axis)
+        if _count(x, axes) == 0:
+            raise ValueError(f"zero-size array to reduction operation "
+                             f"{'minimum' if op == 'min' else 'maximum'} which has no identity")
+        if x.dtype.kind not in "biuf" and builtins.any(
+                x.split[t] is not None and x.grid.dims[x.split[t]] > 1 for t in axes):
+            raise TypeError(f"{op} over ranks is not supported for dtype {x.dtype}")
     loc = x.local
     if loc.size == 0:
         shape = tuple(1 if t in axes else n for t, n in enumerate(loc.shape))
@@ -164,21 +196,27 @@ def _minmax(x: DistArray, axis, keepdims, op: str) -> DistArray:
     return _reduce(x, axes, op, part, keepdims)
 
 
+@collective_entry
 def min(x: DistArray, axis=None, keepdims=False) -> DistArray:
     return _minmax(x, axis, keepdims, "min")
 
 
+@collective_entry
 def max(x: DistArray, axis=None, keepdims=False) -> DistArray:
     return _minmax(x, axis, keepdims, "max")
 
 
+@collective_entry
 def any(x: DistArray, axis=None, keepdims=False) -> DistArray:
-    axes = _axes(x, axis)
+    with _agreed("any", x, axis, keepdims):
+        axes = _axes(x, axis)
     return _reduce(x, axes, "lor", x.local.any(axis=axes, keepdims=True), keepdims)
 
 
+@collective_entry
 def all(x: DistArray, axis=None, keepdims=False) -> DistArray:
-    axes = _axes(x, axis)
+    with _agreed("all", x, axis, keepdims):
+        axes = _axes(x, axis)
     return _reduce(x, axes, "land", x.local.all(axis=axes, keepdims=True), keepdims)
 
 
@@ -200,15 +238,16 @@ def _better(op, v_new, i_new, v_best, i_best):
 
 
 def _arg(x: DistArray, axis, keepdims: bool, op: str) -> DistArray:
-    if axis is not None and not isinstance(axis, (int, np.integer)):
-        raise TypeError(f"'{type(axis).__name__}' object cannot be interpreted as an integer")
-    if axis is not None and x.ndim == 0:
-        _axes(x, axis)  # 0 and -1 are fine (as NumPy), anything else raises AxisError
-        axis = None
-    # NumPy raises only when the reduced axis (or the whole array) is empty; an empty result
-    # along other axes is fine
-    if (x.size == 0) if axis is None else (x.shape[_axes(x, axis)[0]] == 0):
-        raise ValueError(f"attempt to get arg{op} of an empty sequence")
+    with _agreed(f"arg{op}", x, axis, keepdims):
+        if axis is not None and not isinstance(axis, (int, np.integer)):
+            raise TypeError(f"'{type(axis).__name__}' object cannot be interpreted as an integer")
+        if axis is not None and x.ndim == 0:
+            _axes(x, axis)  # 0 and -1 are fine (as NumPy), anything else raises AxisError
+            axis = None
+        # NumPy raises only when the reduced axis (or the whole array) is empty; an empty
+        # result along other axes is fine
+        if (x.size == 0) if axis is None else (x.shape[_axes(x, axis)[0]] == 0):
+            raise ValueError(f"attempt to get arg{op} of an empty sequence")
     loc = to_host(x.local)
     box = x.distribution.block_box(x.grid.coords)
     if axis is None:
@@ -256,9 +295,11 @@ def _arg(x: DistArray, axis, keepdims: bool, op: str) -> DistArray:
     return _finish(x, xp.asarray(idx) if xp is not np else idx, axes, keepdims)
 
 
+@collective_entry
 def argmin(x: DistArray, axis=None, keepdims=False) -> DistArray:
     return _arg(x, axis, keepdims, "min")
 
 
+@collective_entry
 def argmax(x: DistArray, axis=None, keepdims=False) -> DistArray:
     return _arg(x, axis, keepdims, "max")

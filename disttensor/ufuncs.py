@@ -9,7 +9,7 @@ import numbers
 
 import numpy as np
 
-from .array import DistArray, _check_grids
+from .array import DistArray, _check_grids, agreed, collective_entry, operand_key
 from .backend import array_module, to_device
 from .distribution import Distribution
 from .grid import ProcessGrid
@@ -126,48 +126,74 @@ def array_ufunc(ufunc, method, inputs, kwargs):
             **({"dtype": kwargs["dtype"]} if "dtype" in kwargs and _REDUCE[ufunc] in ("sum", "prod") else {}))
     if method != "__call__":
         return NotImplemented
+    return _call(ufunc, inputs, kwargs)
+
+
+def _first_distarray(values):
+    for v in values:
+        if isinstance(v, DistArray):
+            return v
+        if isinstance(v, tuple):
+            d = _first_distarray(v)
+            if d is not None:
+                return d
+    return None
+
+
+@collective_entry
+def _call(ufunc, inputs, kwargs):
+    """``ufunc(*inputs, **kwargs)`` with at least one DistArray among the inputs, ``out=`` or
+    ``where=`` (collective: the ranks agree on the ufunc, the operands' metadata, the types
+    of scalar operands and the keyword arguments before any operand is redistributed)."""
     inputs = tuple(np.asarray(x) if isinstance(x, (list, tuple)) else x for x in inputs)
-    for x in inputs:
-        if not (isinstance(x, (DistArray, numbers.Number, np.generic, bool)) or _is_array_like(x)):
-            return NotImplemented
-    out = kwargs.pop("out", None)
-    if out is not None:
-        out = out if isinstance(out, tuple) else (out,)
-        if any(not isinstance(o, DistArray) for o in out if o is not None):
-            raise TypeError("out= of a ufunc on DistArrays must be DistArrays")
-    where = kwargs.pop("where", True)
-    shapes = [operand_shape(x) for x in inputs]
-    if where is not True:
-        shapes.append(operand_shape(where))
-    try:
-        shape = np.broadcast_shapes(*shapes)
-    except ValueError:
-        raise ValueError(f"operands could not be broadcast together with shapes "
-                         f"{' '.join(str(s) for s in shapes)}") from None
-    dists = [x for x in inputs if isinstance(x, DistArray)]
-    if out is not None:
-        dists += [o for o in out if o is not None]
-    device = _device_of_operands(dists)
-    if out is not None and out[0] is not None:
-        o = out[0]
-        if o.shape != tuple(shape):
-            raise ValueError(f"out has shape {o.shape} but the result has shape {tuple(shape)}")
-        grid, dist = o.grid, o.distribution
-    else:
-        grid, dist = result_layout(list(inputs) + ([where] if where is not True else []), shape)
+    supported = all(isinstance(x, (DistArray, numbers.Number, np.generic, bool))
+                    or _is_array_like(x) for x in inputs)
+    anchor = _first_distarray(inputs + tuple(kwargs.values()))
+    comm = anchor.grid.cart if anchor is not None else None
+    with agreed(comm, ufunc.__name__, inputs=tuple(operand_key(x) for x in inputs),
+                **{k: operand_key(v) if k == "where" else v for k, v in kwargs.items()}):
+        if not supported:
+            return_not_implemented = True
+        else:
+            return_not_implemented = False
+            out = kwargs.pop("out", None)
+            if out is not None:
+                out = out if isinstance(out, tuple) else (out,)
+                if any(not isinstance(o, DistArray) for o in out if o is not None):
+                    raise TypeError("out= of a ufunc on DistArrays must be DistArrays")
+            where = kwargs.pop("where", True)
+            shapes = [operand_shape(x) for x in inputs]
+            if where is not True:
+                shapes.append(operand_shape(where))
+            try:
+                shape = np.broadcast_shapes(*shapes)
+            except ValueError:
+                raise ValueError(f"operands could not be broadcast together with shapes "
+                                 f"{' '.join(str(s) for s in shapes)}") from None
+            dists = [x for x in inputs if isinstance(x, DistArray)]
+            if out is not None:
+                dists += [o for o in out if o is not None]
+            device = _device_of_operands(dists)
+            if out is not None and out[0] is not None:
+                o = out[0]
+                if o.shape != tuple(shape):
+                    raise ValueError(f"out has shape {o.shape} but the result has shape {tuple(shape)}")
+                grid, dist = o.grid, o.distribution
+            else:
+                grid, dist = result_layout(list(inputs) + ([where] if where is not True else []), shape)
+            for d in dists + ([where] if isinstance(where, DistArray) else []):
+                _check_grids(d.grid, grid)
+            if out is not None:
+                for o in out:
+                    if o is not None and (o.distribution != dist or o.grid.dims != grid.dims):
+                        raise ValueError("all out= arrays must share one distribution")
+    if return_not_implemented:
+        return NotImplemented
     locals_ = [align(x, grid, dist, device) for x in inputs]
     if where is not True:
         kwargs["where"] = align(where, grid, dist, device)
     if out is not None:
-        outs = []
-        for o in out:
-            if o is None:
-                outs.append(None)
-                continue
-            if o.distribution != dist or o.grid.dims != grid.dims:
-                raise ValueError("all out= arrays must share one distribution")
-            outs.append(o.local)
-        kwargs["out"] = tuple(outs)
+        kwargs["out"] = tuple(None if o is None else o.local for o in out)
     if _may_fail_on_data(ufunc, locals_):
         # a failure that depends on the values (an integer to a negative power, a floating
         # point error under np.seterr(...='raise')) may hit only some ranks: agree on it
