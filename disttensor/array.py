@@ -53,7 +53,7 @@ __all__ = ["DistArray", "default_split", "normalize_halo", "make_distribution",
            "device_key", "operand_key"]
 
 
-# -- collective entry points and their argument agreement -------------------------------------------
+# -- collective entry points and their argument agreement -----------------------------------------
 class _Nesting(threading.local):
     depth = 0
 
@@ -424,7 +424,8 @@ class DistArray:
                 raise TypeError(f"grid must be a ProcessGrid, got {type(grid).__name__}")
             _check_grids(self._grid, grid)
             if distribution.shape != self.shape:
-                raise ValueError(f"target distribution has shape {distribution.shape}, array has {self.shape}")
+                raise ValueError(f"target distribution has shape {distribution.shape}, array has "
+                                 f"{self.shape}")
             if grid.dims != distribution.grid_dims:
                 raise ValueError(f"distribution grid {distribution.grid_dims} != grid {grid.dims}")
         if distribution == self._dist and grid is self._grid:

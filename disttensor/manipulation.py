@@ -200,8 +200,9 @@ def concatenate(arrays, axis=0, dtype=None) -> DistArray:
             raise ValueError("zero-dimensional arrays cannot be concatenated")
         for i, a in enumerate(arrays[1:], 1):
             if a.ndim != nd:
-                raise ValueError(f"all the input arrays must have same number of dimensions, but the array "
-                                 f"at index 0 has {nd} dimension(s) and the array at index {i} has {a.ndim} dimension(s)")
+                raise ValueError(f"all the input arrays must have same number of dimensions, but "
+                                 f"the array at index 0 has {nd} dimension(s) and the array at "
+                                 f"index {i} has {a.ndim} dimension(s)")
             if not a.grid.compatible(first.grid):
                 raise ValueError("the two grids are over different communicators; data cannot "
                                  "move between them")
@@ -219,7 +220,8 @@ def concatenate(arrays, axis=0, dtype=None) -> DistArray:
         devices = {a.device for a in arrays}
         if len(devices) > 1:
             raise ValueError("operands live on different devices")
-        out_dtype = np.dtype(dtype) if dtype is not None else np.result_type(*[a.dtype for a in arrays])
+        out_dtype = (np.dtype(dtype) if dtype is not None
+                     else np.result_type(*[a.dtype for a in arrays]))
     if axis is None:
         arrays = [a.reshape(-1) for a in arrays]
         return concatenate(arrays, 0, dtype)

@@ -150,7 +150,8 @@ def _call(ufunc, inputs, kwargs):
                     or _is_array_like(x) for x in inputs)
     anchor = _first_distarray(inputs + tuple(kwargs.values()))
     comm = anchor.grid.cart if anchor is not None else None
-    with agreed(comm, ufunc.__name__, inputs=tuple(operand_key(x) for x in inputs),
+    # operands named as NumPy does (x1, x2, ...), so a mismatch message describes each alone
+    with agreed(comm, ufunc.__name__, **{f"x{i}": operand_key(x) for i, x in enumerate(inputs, 1)},
                 **{k: operand_key(v) if k == "where" else v for k, v in kwargs.items()}):
         if not supported:
             return_not_implemented = True
@@ -177,10 +178,12 @@ def _call(ufunc, inputs, kwargs):
             if out is not None and out[0] is not None:
                 o = out[0]
                 if o.shape != tuple(shape):
-                    raise ValueError(f"out has shape {o.shape} but the result has shape {tuple(shape)}")
+                    raise ValueError(f"out has shape {o.shape} but the result has shape "
+                                     f"{tuple(shape)}")
                 grid, dist = o.grid, o.distribution
             else:
-                grid, dist = result_layout(list(inputs) + ([where] if where is not True else []), shape)
+                grid, dist = result_layout(
+                    list(inputs) + ([where] if where is not True else []), shape)
             for d in dists + ([where] if isinstance(where, DistArray) else []):
                 _check_grids(d.grid, grid)
             if out is not None:
