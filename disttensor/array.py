@@ -100,12 +100,15 @@ def agreed(comm, call: str, /, *, rank_local: bool = False, **args):
 
 
 def canon(v):
-    """Lists as tuples and NumPy integers as ints, recursively (never raises): two spellings
-    of one argument agree."""
+    """Lists (and small NumPy arrays, which would otherwise compare by shape and dtype only)
+    as tuples and NumPy integers as ints, recursively (never raises): two spellings of one
+    metadata argument (a shape, split, ownership sizes, axes) agree."""
     if isinstance(v, (list, tuple)):
         return tuple(canon(e) for e in v)
     if isinstance(v, np.integer):
         return int(v)
+    if isinstance(v, np.ndarray) and v.size <= 4096 and v.dtype.kind in "biu":
+        return canon(v.tolist())
     return v
 
 

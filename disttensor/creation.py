@@ -218,7 +218,9 @@ def from_global(a, grid=None, split=None, sizes=None, root=None, device="cpu", h
         except Exception as e:  # noqa: BLE001 - raised inside the agreement block
             host, err = None, e
         nd = host.ndim if host is not None else 0
-        with agreed(comm, "from_global", a=host, root=None, grid=g, split=split_key(split, nd),
+        # rank_local: converting the array may fail on one rank only
+        with agreed(comm, "from_global", rank_local=True, a=host, root=None, grid=g,
+                    split=split_key(split, nd),
                     sizes=canon(sizes), device=device_key(device),
                     halo=None if halo is None else halo_key(halo, nd)):
             if err is not None:
