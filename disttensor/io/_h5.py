@@ -22,22 +22,39 @@
   trimmed when the file is closed.
 * Failures are made collective: every step runs inside :func:`disttensor.comm.collective`, and
   rank-local preparation is done (and agreed on) before entering a collective HDF5 call.
+* Arguments are agreed (:mod:`disttensor.agreement`): the sessions and :func:`atomic_update`
+  compare their file names, drivers, dataset specs and dataset names across the ranks before
+  any collective HDF5 call (a separate small all-reduce where the HDF5 call itself is
+  collective, i.e. with ``mpio``; folded into the failure all-reduce otherwise), so a
+  rank-dependent file or dataset raises :class:`~disttensor.agreement.ArgumentMismatchError`
+  on every rank instead of hanging in MPI-IO or corrupting the file.
+* Temporary files of atomic writes are named ``.{name}.{host}.{pid}.{random}.tmp`` next to the
+  target ``name`` (:func:`temp_path_for`); a write left behind by a killed process is removed
+  by the next write to the same path once it is stale (:func:`remove_stale_temps`: the writer
+  was on this host and its process is gone, or it was on another host and the file has not
+  been modified for ``DISTTENSOR_STALE_TMP_AGE`` seconds, default 3600).
 """
 from __future__ import annotations
 
 import errno
+import math
 import os
+import re
 import shutil
+import socket
+import stat
 import threading
+import time
 import uuid
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")
 
 import numpy as np  # noqa: E402
 
+from ..agreement import agree  # noqa: E402
 from ..comm import collective  # noqa: E402
 from .errors import DatasetNotFoundError, HDF5UnavailableError, NotHDF5FileError  # noqa: E402
 
@@ -50,7 +67,11 @@ except ImportError:  # pragma: no cover - h5py is a dependency
 __all__ = ["DRIVERS", "h5py_has_mpi", "resolve_driver", "open_file", "probe", "check_file",
            "DatasetSpec", "WriteSession", "ReadSession", "ordered", "temp_path_for",
            "replace_atomically", "remove_quietly", "check_space", "reserve_space", "trim",
-           "root_call", "storable_dtype", "atomic_update", "drain_background_reads"]
+           "root_call", "storable_dtype", "atomic_update", "drain_background_reads",
+           "TempName", "parse_temp_name", "temp_is_stale", "remove_stale_temps",
+           "stale_temp_age", "STALE_TMP_AGE_ENV", "DEFAULT_STALE_TMP_AGE",
+           "remove_stale_temps_for", "host_tag",
+           "arg_path", "arg_paths", "arg_dtype", "arg_attrs"]
 
 DRIVERS = ("mpio", "independent")
 TOKEN_TAG = 0x4844  # 'HD': tag of the ordered-write token
@@ -117,6 +138,41 @@ def open_file(path, mode: str, comm=None):
     if comm is not None:
         kw.update(driver="mpio", comm=comm)
     return h5py.File(os.fspath(path), mode, **kw)
+
+
+# -- arguments as the ranks compare them ------------------------------------------------------
+def arg_path(p):
+    """A path argument as it is agreed across ranks: ``str`` and ``os.PathLike`` alike (a
+    ``Path`` on one rank and the same ``str`` on another are the same file); anything else as
+    it is (validation reports it)."""
+    return os.fspath(p) if isinstance(p, (str, bytes, os.PathLike)) else p
+
+
+def arg_paths(source):
+    """:func:`arg_path` of a path or of each path of a list/tuple."""
+    if isinstance(source, (list, tuple)):
+        return [arg_path(s) for s in source]
+    return arg_path(source)
+
+
+def arg_dtype(dtype):
+    """A dtype argument as it is agreed (``'f4'``, ``np.float32`` and ``np.dtype('f4')`` are the
+    same); ``None`` and anything NumPy rejects as it is."""
+    if dtype is None:
+        return None
+    try:
+        return np.dtype(dtype).str
+    except Exception:  # noqa: BLE001 - validation reports it
+        return dtype
+
+
+def arg_attrs(attrs):
+    """HDF5 attributes as they are agreed: by value (small NumPy arrays as lists, since an
+    array argument is otherwise compared by shape and dtype only); anything else as it is."""
+    if not isinstance(attrs, dict):
+        return attrs
+    return {k: v.tolist() if isinstance(v, np.ndarray) and v.size <= 4096 and not v.dtype.hasobject
+            else v for k, v in attrs.items()}
 
 
 def c_contiguous(a) -> np.ndarray:
@@ -194,11 +250,15 @@ def probe(path, datasets: Sequence[str] = ()) -> dict[str, dict]:
         return {name: dataset_meta(get_dataset(f, name, p)) for name in datasets}
 
 
-def root_call(comm, fn: Callable[[], Any], root: int = 0):
+def root_call(comm, fn: Callable[[], Any], root: int = 0, call: str | None = None, **args):
     """Run ``fn`` on ``root`` only; its exception is raised on every rank, its result is
-    broadcast (collective)."""
+    broadcast (collective).  With ``call``, the same all-reduce agrees ``args`` across the
+    ranks (:func:`disttensor.comm.collective`): on a mismatch every rank raises
+    :class:`~disttensor.agreement.ArgumentMismatchError` and ``fn``'s result is not used.
+    ``fn`` has run by then, so give ``call`` only for an ``fn`` without side effects (a probe
+    of a file); agree first (:func:`disttensor.agreement.agree`) before one that writes."""
     res = None
-    with collective(comm):
+    with collective(comm, call, **args) if call is not None else collective(comm):
         if comm is None or comm.rank == root:
             res = fn()
     if comm is not None and comm.size > 1:
@@ -343,29 +403,46 @@ class WriteSession:
         drain_background_reads()
         mode = "w" if create else "r+"
         self.base_size = 0
+        args = {"target": self.target, "driver": driver, "create": bool(create),
+                "reserve": self.reserve}
         if driver == "mpio":
+            agree(comm, "WriteSession", **args)  # before the collective MPI-IO open
             with collective(comm):
                 self.f = open_file(self.target, mode, comm)
                 if self.root:
                     self.base_size = os.path.getsize(self.target)
         else:
-            with collective(comm):
+            with collective(comm, "WriteSession", **args):
                 if self.root:
                     open_file(self.target, mode).close()
 
-    def metadata(self, fn: Callable[[Any], None]) -> None:
-        """Run ``fn(h5file)`` as a metadata operation (same arguments on every rank)."""
+    def _gate(self, call: str, args: dict):
+        """The collective block of a metadata call: with ``mpio`` every rank makes the HDF5
+        call, so the arguments are agreed first (one all-reduce); otherwise rank 0 alone does
+        and the agreement rides on the block's failure all-reduce."""
         if self.driver == "mpio":
-            with collective(self.comm):
+            agree(self.comm, call, **args)
+            return collective(self.comm)
+        return collective(self.comm, call, **args)
+
+    def _metadata(self, fn, call: str, args: dict) -> None:
+        with self._gate(call, dict(args, target=self.target)):
+            if self.driver == "mpio":
                 fn(self.f)
-        else:
-            with collective(self.comm):
-                if self.root:
-                    with open_file(self.target, "r+") as f:
-                        fn(f)
+            elif self.root:
+                with open_file(self.target, "r+") as f:
+                    fn(f)
+
+    def metadata(self, fn: Callable[[Any], None]) -> None:
+        """Run ``fn(h5file)`` as a metadata operation (same arguments on every rank; ranks
+        that pass different functions raise)."""
+        self._metadata(fn, "WriteSession.metadata", {"fn": fn})
 
     def create(self, specs: Sequence[DatasetSpec], replace: bool = True) -> None:
-        self.metadata(lambda f: [_create(f, s, replace) for s in specs])
+        """Create the datasets ``specs`` (the same on every rank, agreed)."""
+        specs = list(specs)
+        self._metadata(lambda f: [_create(f, s, replace) for s in specs],
+                       "WriteSession.create", {"specs": specs, "replace": bool(replace)})
         self.flush()
 
     def flush(self) -> None:
@@ -376,8 +453,10 @@ class WriteSession:
 
     def write(self, parts: Sequence[tuple[str, tuple[int, ...], np.ndarray | None]]) -> None:
         """Write ``parts``: ``(dataset name, start, data or None)``, the names in the same order
-        on every rank (``None``: nothing to write on this rank)."""
-        with collective(self.comm):
+        on every rank (agreed before any data moves; ``None``: nothing to write on this
+        rank)."""
+        names = [p[0] if isinstance(p, (tuple, list)) and p else p for p in parts]
+        with collective(self.comm, "WriteSession.write", target=self.target, names=names):
             prepared = [(n, tuple(s), None if d is None or d.size == 0 else c_contiguous(d))
                         for n, s, d in parts]
         if self.driver == "mpio":
@@ -415,7 +494,7 @@ class WriteSession:
         """Close (collective); errors while flushing are raised on every rank."""
         f, self.f = self.f, None
         if f is not None:
-            with collective(self.comm):
+            with collective(self.comm, "WriteSession.close", target=self.target):
                 f.close()
 
     def abort(self) -> None:
@@ -437,8 +516,11 @@ class ReadSession:
         self.collective_io = self.mpio and collective_io
         self.f = None
         drain_background_reads()
+        args = {"path": self.path, "driver": driver, "collective_io": bool(collective_io)}
+        if self.mpio:
+            agree(comm, "ReadSession", **args)  # before the collective MPI-IO open
         try:
-            with collective(comm):
+            with collective(comm) if self.mpio else collective(comm, "ReadSession", **args):
                 try:
                     self.f = open_file(self.path, "r", comm if self.mpio else None)
                 except OSError:
@@ -451,15 +533,23 @@ class ReadSession:
             raise
 
     def meta(self, names: Sequence[str]) -> dict[str, dict]:
-        with collective(self.comm):
+        """Shape, dtype, chunks and compression of the datasets ``names`` (agreed)."""
+        names = list(names)
+        with collective(self.comm, "ReadSession.meta", path=self.path, names=names):
             return {n: dataset_meta(get_dataset(self.f, n, self.path)) for n in names}
 
     def read(self, parts: Sequence[tuple[str, Sequence[int], Sequence[int] | None, np.ndarray | None]]) -> None:
         """Read ``parts``: ``(dataset name, file start, file stride or None, out or None)``, the
         names in the same order on every rank; ``out`` (C-contiguous) gets the hyperslab of its
-        shape.  ``None``/empty ``out``: nothing to read on this rank."""
+        shape.  ``None``/empty ``out``: nothing to read on this rank.  The names are agreed
+        before any data moves (separately when the transfer is collective)."""
+        args = {"path": self.path, "names": [p[0] if isinstance(p, (tuple, list)) and p else p
+                                             for p in parts]}
         dxpl = _dxpl(self.collective_io)
-        with collective(self.comm):
+        if self.collective_io:
+            agree(self.comm, "ReadSession.read", **args)
+        with collective(self.comm) if self.collective_io else \
+                collective(self.comm, "ReadSession.read", **args):
             for name, start, stride, out in parts:
                 dset = get_dataset(self.f, name, self.path)
                 # HDF5 1.10's collective read of chunks compressed by a filter that is not
@@ -471,7 +561,7 @@ class ReadSession:
     def close(self) -> None:
         f, self.f = self.f, None
         if f is not None:
-            with collective(self.comm):
+            with collective(self.comm, "ReadSession.close", path=self.path):
                 f.close()
 
     def __enter__(self):
@@ -540,10 +630,200 @@ def trim(path) -> None:
     open_file(path, "r+").close()  # the POSIX driver truncates to the end of allocation
 
 
+# -- temporary files of atomic writes ----------------------------------------------------------
+#: Environment variable: seconds after its last modification when a temporary file written from
+#: another host (whose process cannot be checked) counts as abandoned.
+STALE_TMP_AGE_ENV = "DISTTENSOR_STALE_TMP_AGE"
+DEFAULT_STALE_TMP_AGE = 3600.0
+#: A live process that started more than this many seconds after the temporary file was last
+#: modified cannot have written it (its pid was reused after the writer died).
+_PID_REUSE_SLACK = 10.0
+
+_NEW_TEMP = re.compile(r"\.(?P<base>.+)\.(?P<host>[A-Za-z0-9_-]+)\.(?P<pid>[0-9]+)"
+                       r"\.(?P<rand>[0-9a-f]{12})\.tmp", re.S)
+_OLD_TEMP = re.compile(r"\.(?P<base>.+)\.(?P<rand>[0-9a-f]{12})\.tmp", re.S)
+
+_inflight: set[str] = set()  # temporary files this process is writing now (absolute paths)
+_inflight_lock = threading.Lock()
+_host_cache: list[str] = []
+
+
+def host_tag() -> str:
+    """This host's name as it appears in temporary file names: the host name with every
+    character but letters, digits, ``_`` and ``-`` replaced by ``_`` (no dots: the name
+    splits unambiguously), at most 40 characters."""
+    if not _host_cache:
+        tag = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname())[:40]
+        _host_cache.append(tag or "unknown")
+    return _host_cache[0]
+
+
+class TempName(NamedTuple):
+    """What a temporary file name says: the target's base name, the writer's host tag and pid
+    (``None`` for the older pattern ``.{name}.{random}.tmp``, which recorded no writer) and
+    the random part."""
+
+    base: str
+    host: str | None
+    pid: int | None
+    rand: str
+
+
+def parse_temp_name(name: str) -> TempName | None:
+    """The parts of a temporary file name of disttensor's own pattern, else ``None``:
+    ``.{base}.{host}.{pid}.{random}.tmp`` (``random``: 12 hex digits), or the older
+    ``.{base}.{random}.tmp`` (no writer recorded)."""
+    m = _NEW_TEMP.fullmatch(name)
+    if m:
+        return TempName(m["base"], m["host"], int(m["pid"]), m["rand"])
+    m = _OLD_TEMP.fullmatch(name)
+    if m:
+        return TempName(m["base"], None, None, m["rand"])
+    return None
+
+
 def temp_path_for(path) -> str:
-    """A fresh hidden name next to ``path`` (same directory, so ``os.replace`` is atomic)."""
+    """A fresh hidden name next to ``path`` (same directory, so ``os.replace`` is atomic):
+    ``.{name}.{host}.{pid}.{random}.tmp``.  The name is recorded as in flight in this process
+    (never stale to :func:`remove_stale_temps`) until :func:`replace_atomically` or
+    :func:`remove_quietly` ends it."""
     d, b = os.path.split(os.path.abspath(os.fspath(path)))
-    return os.path.join(d, f".{b}.{uuid.uuid4().hex[:12]}.tmp")
+    tmp = os.path.join(d, f".{b}.{host_tag()}.{os.getpid()}.{uuid.uuid4().hex[:12]}.tmp")
+    with _inflight_lock:
+        _inflight.add(tmp)
+    return tmp
+
+
+def _release(tmp) -> None:
+    with _inflight_lock:
+        _inflight.discard(os.path.abspath(os.fspath(tmp)))
+
+
+def stale_temp_age() -> float:
+    """Seconds from ``DISTTENSOR_STALE_TMP_AGE`` (default 3600; ``inf``, ``never`` or a
+    negative value: never by age).  ``ValueError`` for anything else."""
+    raw = os.environ.get(STALE_TMP_AGE_ENV, "").strip()
+    if not raw:
+        return DEFAULT_STALE_TMP_AGE
+    if raw.lower() in ("inf", "never", "off"):
+        return math.inf
+    try:
+        age = float(raw)
+    except ValueError:
+        raise ValueError(f"{STALE_TMP_AGE_ENV}={raw!r}: expected seconds (a number), 'inf' or "
+                         "'never'") from None
+    return math.inf if age < 0 or math.isnan(age) else age
+
+
+def _boot_time() -> float | None:
+    try:
+        with open("/proc/stat") as f:
+            for line in f:
+                if line.startswith("btime "):
+                    return float(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _writer_alive(pid: int, mtime: float) -> bool:
+    """Whether process ``pid`` of this host may still be writing a file last modified at
+    ``mtime``: it exists, is not a zombie, and (where ``/proc`` tells) started before that
+    modification (else the pid was reused).  Unknown counts as alive."""
+    if pid == os.getpid():
+        return True  # handled by the caller (the in-flight set)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists, another user's
+    except (OSError, OverflowError, ValueError):
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            line = f.read()
+        fields = line[line.rindex(")") + 2:].split()
+        if fields[0] in ("Z", "X", "x"):  # a zombie: dead, not yet reaped
+            return False
+        boot = _boot_time()
+        if boot is not None:
+            started = boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+            if started > mtime + _PID_REUSE_SLACK:
+                return False
+    except (OSError, ValueError, IndexError):
+        pass
+    return True
+
+
+def temp_is_stale(path, parsed: TempName | None = None, now: float | None = None,
+                  age: float | None = None) -> bool:
+    """Whether the temporary file ``path`` (of disttensor's naming pattern) is abandoned:
+
+    * written on this host (its host tag is this host's) by a process that no longer exists
+      (``os.kill(pid, 0)`` fails with ``ProcessLookupError``), is a zombie, or started after
+      the file was last modified (its pid was reused); by this very process: when no write of
+      this process has it in flight;
+    * written on another host, or by a version that did not record the writer: not modified
+      for more than ``age`` seconds (default :func:`stale_temp_age`).
+
+    Anything else (and anything that is not a regular file, or cannot be examined) is not
+    stale."""
+    p = os.path.abspath(os.fspath(path))
+    parsed = parse_temp_name(os.path.basename(p)) if parsed is None else parsed
+    if parsed is None:
+        return False
+    try:
+        st = os.lstat(p)
+    except OSError:
+        return False
+    if not stat.S_ISREG(st.st_mode):
+        return False
+    if parsed.host == host_tag() and parsed.pid is not None and parsed.pid > 0:
+        if parsed.pid == os.getpid():
+            with _inflight_lock:
+                return p not in _inflight
+        return not _writer_alive(parsed.pid, st.st_mtime)
+    now = time.time() if now is None else now
+    age = stale_temp_age() if age is None else age
+    return now - st.st_mtime > age
+
+
+def remove_stale_temps(directory, basenames) -> list[str]:
+    """Remove the stale (:func:`temp_is_stale`) temporary files of the targets ``basenames``
+    (file names in ``directory``) left by interrupted atomic writes; one scan of the
+    directory.  Only names of disttensor's own pattern for those targets are considered;
+    errors (a file that vanished, no permission) are ignored.  Returns the removed paths."""
+    d = os.path.abspath(os.fspath(directory))
+    bases = {basenames} if isinstance(basenames, str) else set(basenames)
+    removed: list[str] = []
+    if not bases:
+        return removed
+    age = stale_temp_age()
+    now = time.time()
+    try:
+        entries = list(os.scandir(d))
+    except OSError:
+        return removed
+    for e in entries:
+        if not e.name.startswith(".") or not e.name.endswith(".tmp"):
+            continue
+        parsed = parse_temp_name(e.name)
+        if parsed is None or parsed.base not in bases:
+            continue
+        try:
+            if temp_is_stale(e.path, parsed, now, age):
+                os.remove(e.path)
+                removed.append(e.path)
+        except OSError:
+            pass
+    return removed
+
+
+def remove_stale_temps_for(path) -> list[str]:
+    """:func:`remove_stale_temps` of the one target ``path``."""
+    d, b = os.path.split(os.path.abspath(os.fspath(path)))
+    return remove_stale_temps(d, {b})
 
 
 def fsync_path(path) -> None:
@@ -558,6 +838,7 @@ def replace_atomically(tmp, path) -> None:
     """Flush ``tmp`` to disk and rename it over ``path`` (one rank)."""
     fsync_path(tmp)
     os.replace(tmp, path)
+    _release(tmp)
     try:
         fsync_path(os.path.dirname(os.path.abspath(path)))
     except OSError:
@@ -565,10 +846,13 @@ def replace_atomically(tmp, path) -> None:
 
 
 def remove_quietly(path) -> None:
+    """Remove ``path`` ignoring errors (and end its in-flight record if it is a temporary
+    file of this process)."""
     try:
         os.remove(path)
     except OSError:
         pass
+    _release(path)
 
 
 def check_space(path, needed: int) -> None:
@@ -599,10 +883,14 @@ def atomic_update(comm, path, driver: str, mode: str, atomic: bool, needed: int,
     error; on any failure the temporary file is removed and ``path`` is untouched.  Without
     ``atomic`` ``path`` is written in place.  ``validate(path)`` runs on rank 0 before anything
     is written when the file exists (``'a'``/``'r+'``).  ``needed``: bytes of raw data, for the
-    free-space check."""
-    path = os.path.abspath(os.fspath(path))
-    if mode not in ("w", "a", "r+"):
-        raise ValueError(f"mode must be 'w', 'a' or 'r+', got {mode!r}")
+    free-space check.  The arguments are agreed across the ranks first (one small all-reduce),
+    and rank 0 removes the stale temporary files of earlier, interrupted writes to ``path``
+    (:func:`remove_stale_temps`) before it creates its own."""
+    with collective(comm, "atomic_update", path=arg_path(path), driver=driver, mode=mode,
+                    atomic=bool(atomic), needed=int(needed)):
+        path = os.path.abspath(os.fspath(path))
+        if mode not in ("w", "a", "r+"):
+            raise ValueError(f"mode must be 'w', 'a' or 'r+', got {mode!r}")
 
     def prep():
         d = os.path.dirname(path)
@@ -619,6 +907,9 @@ def atomic_update(comm, path, driver: str, mode: str, atomic: bool, needed: int,
             if validate is not None:
                 validate(path)
         copy = os.path.getsize(path) if keep and atomic else 0
+        # the temporary files of earlier writes to this path that were killed (their writer
+        # is gone): removed before this write claims space (never a live writer's)
+        remove_stale_temps_for(path)
         check_space(path, needed + copy)
         if not atomic:
             return path, not keep

@@ -13,9 +13,20 @@ File layout (format ``disttensor.checkpoint``, version 1)::
 
 Names may contain ``/`` (nested groups, e.g. ``"model/conv1/weight"``).
 
-Atomicity: the file is written to a temporary file in the same directory, flushed, and renamed
-over ``path`` by rank 0 only after every rank finished without error (``os.replace``), so a
-crash or error mid-write never loses the previous checkpoint at ``path``.
+Atomicity: the file is written to a temporary file in the same directory
+(``.{name}.{host}.{pid}.{random}.tmp``), flushed, and renamed over ``path`` by rank 0 only after
+every rank finished without error (``os.replace``), so a crash or error mid-write never loses
+the previous checkpoint at ``path``.  A save that was killed leaves its temporary file behind;
+the next save to the same path removes it (rank 0, before it creates its own) once it is stale:
+its writer ran on this host and that process is gone, or it ran on another host and the file
+has not been modified for ``DISTTENSOR_STALE_TMP_AGE`` seconds (default 3600).  Temporary files
+of a save still running are never touched.
+
+Agreement: both functions compare their arguments across the ranks before any file is opened
+(:mod:`disttensor.agreement`): path, driver, the array names with their distributions and
+dtypes, host array names with shapes and dtypes, scalar names and values (``save``); path,
+driver, device, grid and splits (``load``).  One that differs raises
+:class:`~disttensor.agreement.ArgumentMismatchError` on every rank.
 """
 from __future__ import annotations
 
@@ -27,7 +38,7 @@ import numpy as np
 
 from ..array import DistArray, default_split
 from ..backend import normalize_device, to_host, xp_for
-from ..comm import check_same, collective
+from ..comm import collective
 from ..distribution import Distribution
 from ..grid import ProcessGrid, get_default_grid
 from . import _h5
@@ -95,7 +106,8 @@ def save_checkpoint(path, arrays: dict | None = None, host: dict | None = None,
     if grid is None:
         grid = first.grid if isinstance(first, DistArray) else get_default_grid()
     comm = grid.cart
-    with collective(comm):
+    with collective(comm, "save_checkpoint", path=_h5.arg_path(path), arrays=arrays, host=host,
+                    scalars=scalars, grid=None if arrays else grid, driver=driver):
         driver = _h5.resolve_driver(driver)
         for kind, d in (("array", arrays), ("host array", host), ("scalar", scalars)):
             for n in d:
@@ -115,10 +127,6 @@ def save_checkpoint(path, arrays: dict | None = None, host: dict | None = None,
         for n, v in host_np.items():
             _h5.storable_dtype(v.dtype)
         svals = {n: _scalar_value(n, v) for n, v in scalars.items()}
-    meta = (sorted((n, repr(x.distribution), x.dtype.str) for n, x in arrays.items()),
-            sorted((n, v.shape, v.dtype.str) for n, v in host_np.items()),
-            sorted((n, repr(v)) for n, v in svals.items()), driver)
-    check_same(comm, meta, "save_checkpoint names, distributions, dtypes or scalar values")
 
     names = sorted(arrays)
     specs, parts = [], []
@@ -221,7 +229,8 @@ def load_checkpoint(path, grid: ProcessGrid | None = None, split: dict | None = 
         raise TypeError(f"grid must be a ProcessGrid, got {type(grid).__name__}")
     base = grid if grid is not None else get_default_grid()
     comm = base.cart
-    with collective(comm):
+    with collective(comm, "load_checkpoint", path=_h5.arg_path(path), grid=base, split=split,
+                    driver=driver, device=device):
         driver = _h5.resolve_driver(driver)
         device = normalize_device(device)
         if device != "cpu":
@@ -229,8 +238,6 @@ def load_checkpoint(path, grid: ProcessGrid | None = None, split: dict | None = 
         if split is not None and not isinstance(split, dict):
             raise TypeError("split must be None or a dict {array name: split}")
         path = os.fspath(path)
-    check_same(comm, (path, driver, device, sorted((split or {}).items(), key=str)),
-               "load_checkpoint arguments")
     ameta, hmeta, scalars = _h5.root_call(comm, lambda: _read_meta(path))
     with collective(comm):
         unknown = sorted(set(split or {}) - set(ameta))

@@ -56,6 +56,18 @@ batch ``b`` is used.  MPI from that thread:
 
 Either way, failures are agreed on in the main thread when a batch is handed out (one small
 all-reduce per batch), so an unreadable sample raises the same exception on every rank.
+
+Agreement
+---------
+Construction, :meth:`SampleDataset.epoch` and :meth:`SampleDataset.read_batch` compare their
+arguments across the ranks before any file is read (:mod:`disttensor.agreement`, folded into
+the failure all-reduce they make anyway): the source (directory, file or the whole file list),
+split, batch size, shuffling, seed, dataset names, driver and device at construction; the
+dataset (its files, batch size, seed, ...) and the epoch, or the sample indices, per call.  A
+file list, batch size, seed or epoch that differs between ranks raises
+:class:`~disttensor.agreement.ArgumentMismatchError` on every rank (never a hang, never batches
+made of different samples on different ranks).  The files of a directory are listed by rank 0
+only and broadcast, and dot-files (the temporary files of interrupted writes) are skipped.
 h5py holds the GIL during a read, so the overlap is with code that releases the GIL (NumPy,
 Numba, CuPy kernels, MPI waits).  The main thread's own collective HDF5 calls of
 :mod:`disttensor.io` first wait for any background read in flight (no two collective HDF5
@@ -63,6 +75,7 @@ operations of one rank can then wait on each other across ranks).
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -73,7 +86,7 @@ from mpi4py import MPI
 
 from ..array import DistArray
 from ..backend import normalize_device, xp_for
-from ..comm import check_same, collective
+from ..comm import collective
 from ..distribution import Distribution
 from ..grid import ProcessGrid, get_default_grid
 from . import _h5
@@ -103,6 +116,19 @@ def _list_files(source) -> list[str]:
         return files
     raise TypeError(f"source must be a path (file or directory) or a list of paths, got "
                     f"{type(source).__name__}")
+
+
+def _index_list(indices):
+    """Sample indices as they are agreed: by value (a tuple of ints; an array argument would be
+    compared by shape and dtype only).  Anything that is not a sequence of integers as it is
+    (validation reports it)."""
+    try:
+        a = np.asarray(indices)
+        if a.dtype.kind in "iu" or a.size == 0:
+            return tuple(int(i) for i in a.reshape(-1))
+    except Exception:  # noqa: BLE001
+        pass
+    return indices
 
 
 def _probe_layout(files, xname, yname, channels_last):
@@ -188,7 +214,13 @@ class SampleDataset:
                  collective_io: bool = True, device: str = "cpu"):
         grid = get_default_grid() if grid is None else grid
         comm = getattr(grid, "cart", None)
-        with collective(comm):
+        # the driver chosen for driver=None depends on the thread level and h5py's build too
+        with collective(comm, "SampleDataset", source=_h5.arg_paths(source), grid=grid,
+                        split=split, batch_size=batch_size, shuffle=shuffle, seed=seed,
+                        prefetch=prefetch, drop_last=drop_last, x_dataset=x_dataset,
+                        y_dataset=y_dataset, channels_last=channels_last, driver=driver,
+                        collective_io=collective_io, device=device,
+                        thread_level=MPI.Query_thread(), h5py_mpi=_h5.h5py_has_mpi()):
             if not isinstance(grid, ProcessGrid):
                 raise TypeError(f"grid must be a ProcessGrid, got {type(grid).__name__}")
             if split is None:
@@ -216,10 +248,6 @@ class SampleDataset:
                                      "background thread); use driver='independent' or "
                                      "prefetch=False")
                 resolved = "independent"
-        check_same(comm, (split, int(batch_size), bool(shuffle), int(seed), bool(prefetch),
-                          bool(drop_last), self.x_dataset, self.y_dataset, bool(channels_last),
-                          resolved, bool(collective_io), self.device),
-                   "SampleDataset arguments")
         self.grid = grid
         self.split = split
         self.batch_size = int(batch_size)
@@ -242,6 +270,15 @@ class SampleDataset:
         self.dtype: np.dtype = meta["dtype"]
         self.target_dtype: np.dtype = meta["ydtype"]
         self._meta = meta
+        # what identifies this dataset in the agreement of its per-epoch and per-batch calls
+        # (the file list is rank 0's on every rank; a digest keeps a long list cheap)
+        listing = hashlib.blake2b("\0".join(self.files).encode(), digest_size=8).hexdigest()
+        first = self.files[0] if self.files else ""
+        self._ident = {
+            "dataset": f"{len(self.files)} file(s) {first!r}.. #{listing}",
+            "datasets": (self.x_dataset, self.y_dataset), "num_samples": self.num_samples,
+            "batch_size": self.batch_size, "shuffle": self.shuffle, "seed": self.seed,
+            "drop_last": self.drop_last, "split": self.split}
         # the ranks that read the same samples: all grid axes but the sample axis
         s0 = split[0]
         group = grid.sub_comm([g for g in range(grid.ndim) if g != s0]) if s0 is not None \
@@ -277,8 +314,10 @@ class SampleDataset:
         return dx, dy
 
     def read_batch(self, indices: Sequence[int]) -> tuple[DistArray, DistArray]:
-        """Read the samples ``indices`` (in that order) as one batch now (collective)."""
-        with collective(self.grid.cart):
+        """Read the samples ``indices`` (in that order) as one batch now (collective; the
+        indices are agreed across the ranks)."""
+        with collective(self.grid.cart, "SampleDataset.read_batch", **self._ident,
+                        indices=_index_list(indices)):
             self._check_open()
             idx = np.asarray(indices, dtype=np.int64).reshape(-1)
             if idx.size and (idx.min() < 0 or idx.max() >= self.num_samples):
@@ -291,8 +330,9 @@ class SampleDataset:
     def epoch(self, e: int) -> Iterator[tuple[DistArray, DistArray]]:
         """Iterate over the batches ``(x, y)`` of epoch ``e`` (collective: every rank must
         consume the same number of batches).  Leaving the loop early waits for the batch being
-        read in the background."""
-        with collective(self.grid.cart):
+        read in the background.  The epoch is agreed across the ranks when the iteration
+        starts."""
+        with collective(self.grid.cart, "SampleDataset.epoch", **self._ident, epoch=e):
             self._check_open()
             if not isinstance(e, (int, np.integer)) or e < 0:
                 raise ValueError(f"epoch must be a non-negative int, got {e!r}")

@@ -21,7 +21,17 @@ existing file is never left half-written (see :func:`write_hdf5`).
 
 Every function here is collective over the grid's communicator; bad arguments, missing files or
 datasets, mismatching shapes or dtypes and I/O errors on any rank raise the same exception on
-every rank.
+every rank.  The metadata arguments (path, dataset name, driver, mode, storage options, the
+array's distribution, ...) are agreed across the ranks before any file is opened: one that
+differs between ranks raises :class:`~disttensor.agreement.ArgumentMismatchError` (a
+``ValueError`` naming the argument and its value on every rank) on every rank, in preference to
+any other error (see :mod:`disttensor.agreement`).
+
+Temporary files: an atomic write works on ``.{name}.{host}.{pid}.{random}.tmp`` next to the
+target ``name``.  A write killed before its rename leaves that file behind; the next write to
+the same path removes it once it is stale (its writer was on this host and its process is
+gone, or it was on another host and the file has not been modified for
+``DISTTENSOR_STALE_TMP_AGE`` seconds, default 3600).  See :mod:`disttensor.io`.
 """
 from __future__ import annotations
 
@@ -32,7 +42,7 @@ import numpy as np
 
 from ..array import DistArray, make_distribution
 from ..backend import normalize_device, to_host, xp_for
-from ..comm import check_same, collective
+from ..comm import collective
 from ..grid import get_default_grid
 from . import _h5
 from .layout import check_dataset_name, file_hyperslab, is_writer, normalize_selection, \
@@ -84,7 +94,10 @@ def read_hdf5(path, dataset: str, grid=None, split=None, sizes=None, slices=None
     grid = (out.grid if isinstance(out, DistArray) else None) if grid is None else grid
     grid = get_default_grid() if grid is None else grid
     comm = getattr(grid, "cart", None)
-    with collective(comm):
+    with collective(comm, "read_hdf5", path=_h5.arg_path(path), dataset=dataset, grid=grid,
+                    split=split, sizes=sizes, slices=slices, driver=driver, device=device,
+                    dtype=_h5.arg_dtype(dtype), shape=shape, out=out,
+                    collective_io=collective_io):
         if comm is None:
             raise TypeError(f"grid must be a ProcessGrid, got {type(grid).__name__}")
         if out is not None:
@@ -100,8 +113,6 @@ def read_hdf5(path, dataset: str, grid=None, split=None, sizes=None, slices=None
         if dtype is not None:
             dtype = np.dtype(dtype)
         path = os.fspath(path)
-    check_same(comm, (path, name, driver, bool(collective_io), device),
-               "read_hdf5 path, dataset, driver, collective_io, device")
 
     # every rank opens the file and checks the metadata itself (no extra serial probe: a
     # failed open is diagnosed on every rank, see ReadSession)
@@ -173,7 +184,10 @@ def write_hdf5(x: DistArray, path, dataset: str, driver: str | None = None, *, m
     """
     _h5.drain_background_reads()
     comm = getattr(getattr(x, "grid", None), "cart", None)
-    with collective(comm):
+    with collective(comm, "write_hdf5", x=x, path=_h5.arg_path(path), dataset=dataset,
+                    driver=driver, mode=mode, atomic=atomic, chunks=chunks,
+                    compression=compression, compression_opts=compression_opts,
+                    shuffle=shuffle, attrs=_h5.arg_attrs(attrs)):
         if not isinstance(x, DistArray):
             raise TypeError(f"write_hdf5 needs a DistArray, got {type(x).__name__}")
         name = check_dataset_name(dataset)
@@ -188,9 +202,6 @@ def write_hdf5(x: DistArray, path, dataset: str, driver: str | None = None, *, m
                                  f"the array (shape {x.shape})")
         path = os.fspath(path)
         attrs = dict(attrs or {})
-    check_same(comm, (path, name, driver, mode, bool(atomic), chunks, compression,
-                      compression_opts, bool(shuffle), sorted(attrs)),
-               "write_hdf5 arguments")
 
     dist = x.distribution
     writer = is_writer(dist, x.grid.coords)

@@ -295,16 +295,24 @@ def generate_synthetic(out, samples: int, size: int = 32, channels: int = 4, see
     ``layout='files'``: ``out`` is a directory (created if missing) that receives
     ``sample_%06d.h5`` per sample; returns the sorted list of paths.  ``layout='stacked'``:
     ``out`` is the file to write; returns its path.  Samples are dealt round-robin over the
-    ranks; every file is written atomically (temporary name, then rename).  The result is the
-    same for any number of ranks."""
+    ranks; every file is written atomically (temporary name, then rename; the writer of a file
+    first removes the stale temporary files an interrupted run left for it, see
+    :mod:`disttensor.io`).  The result is the same for any number of ranks.
+
+    Collective: the arguments are agreed across the ranks before anything is written (one that
+    differs raises :class:`~disttensor.agreement.ArgumentMismatchError` on every rank)."""
     from mpi4py import MPI
 
-    from ..comm import check_same, collective
+    from ..comm import collective
     from . import _h5
     from .layout import check_dataset_name
 
     comm = MPI.COMM_WORLD if comm is None else comm
-    with collective(comm):
+    with collective(comm, "generate_synthetic", out=_h5.arg_path(out), samples=samples,
+                    size=size, channels=channels, seed=seed, layout=layout,
+                    dtype=_h5.arg_dtype(dtype), driver=driver, x_dataset=x_dataset,
+                    y_dataset=y_dataset, task=task,
+                    classes=classes if task == "segmentation" else None):
         for name, v in (("samples", samples), ("size", size), ("channels", channels),
                         ("seed", seed)):
             if not isinstance(v, (int, np.integer)) or v < (0 if name in ("samples", "seed") else 1):
@@ -331,8 +339,6 @@ def generate_synthetic(out, samples: int, size: int = 32, channels: int = 4, see
             raise ValueError(f"x_dataset and y_dataset must differ, both are {xname!r}")
         driver = _h5.resolve_driver(driver)
         out = os.path.abspath(os.fspath(out))
-    check_same(comm, (out, samples, size, channels, seed, layout, dtype.str, driver, xname,
-                      yname, task, classes), "generate_synthetic arguments")
     attrs = _file_attrs(size, channels, seed, samples, task, classes)
     mine = range(comm.rank, samples, comm.size)
 
@@ -347,6 +353,9 @@ def generate_synthetic(out, samples: int, size: int = 32, channels: int = 4, see
         _h5.root_call(comm, mkdir)
         paths = [os.path.join(out, f"sample_{i:06d}.h5") for i in range(samples)]
         with collective(comm):
+            # each rank writes its own files: it removes the stale temporary files of those
+            # (left by a killed run), one scan of the directory
+            _h5.remove_stale_temps(out, {os.path.basename(paths[i]) for i in mine})
             for i in mine:
                 x, y = make(i)
                 tmp = _h5.temp_path_for(paths[i])

@@ -11,6 +11,7 @@ from mpi4py import MPI
 
 import disttensor as dt
 from disttensor import io
+from disttensor.agreement import ArgumentMismatchError
 from disttensor.io import _h5
 from conftest import assert_all_ranks, assert_allclose_all, assert_raises_all
 
@@ -199,4 +200,106 @@ def test_checkpoint_errors(comm, shared_tmp_path):
     assert_raises_all(comm, TypeError, "split must be None or a dict",
                        lambda: io.load_checkpoint(shared_tmp_path / "ck_ok.h5", grid=g,
                                                   split=(0,)))
+    g.free()
+
+
+def _listing(comm, d):
+    return _h5.root_call(comm, lambda: sorted(os.listdir(d)))
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_rank_dependent_arguments_raise_before_anything_is_written(comm, shared_tmp_path,
+                                                                   driver):
+    """save_checkpoint / load_checkpoint with an argument that differs on the last rank raise
+    ArgumentMismatchError on every rank, naming it; the previous checkpoint is untouched and no
+    temporary file is left."""
+    if SIZE == 1:
+        pytest.skip("needs ranks that can disagree")
+    g = dt.ProcessGrid((SIZE,))
+    path = shared_tmp_path / "ck.h5"
+    a = {"w": dt.from_global(np.arange(6.0), grid=g), "b": dt.zeros((3,), grid=g)}
+    io.save_checkpoint(path, a, {"h": np.arange(3)}, {"step": 1}, driver=driver)
+    last = comm.rank == SIZE - 1
+
+    def per_rank(bad, good):
+        return bad if last else good
+
+    w_f4 = dt.from_global(np.arange(6.0, dtype="float32"), grid=g)
+    w_rep = dt.from_global(np.arange(6.0), grid=g, split=(None,))
+    save = lambda arrays=a, host={"h": np.arange(3)}, scalars={"step": 2}, p=path, **kw: \
+        lambda: io.save_checkpoint(p, arrays, host, scalars, driver=driver, **kw)  # noqa: E731
+    cases = [
+        ("path", save(p=per_rank(shared_tmp_path / "other.h5", path))),
+        ("arrays", save(arrays=per_rank({"w": a["w"]}, a))),  # a different name set
+        ("arrays", save(arrays=per_rank({"w": w_f4, "b": a["b"]}, a))),  # dtype
+        ("arrays", save(arrays=per_rank({"w": w_rep, "b": a["b"]}, a))),  # distribution
+        ("host", save(host=per_rank({"h": np.arange(4)}, {"h": np.arange(3)}))),
+        ("host", save(host=per_rank({}, {"h": np.arange(3)}))),
+        ("scalars", save(scalars={"step": per_rank(3, 2)})),
+        ("scalars", save(scalars=per_rank({"step": 2, "lr": 0.1}, {"step": 2}))),
+        ("scalars", save(scalars={"step": per_rank([1], 2)})),  # invalid on one rank only
+        ("driver", lambda: io.save_checkpoint(path, a, driver=per_rank("posix", driver))),
+    ]
+    for what, fn in cases:
+        assert_raises_all(comm, ArgumentMismatchError,
+                          rf"save_checkpoint: arguments differ between ranks.*'{what}' "
+                          r"\(rank 0: ", fn)
+        assert_all_ranks(comm, _listing(comm, shared_tmp_path) == ["ck.h5"],
+                         f"{what}: {_listing(comm, shared_tmp_path)}")
+    load = lambda p=path, **kw: lambda: io.load_checkpoint(p, grid=g, **{"driver": driver, **kw})  # noqa: E731,E501
+    for what, fn in [("path", load(p=per_rank(shared_tmp_path / "none.h5", path))),
+                     ("split", load(split=per_rank({"w": (None,)}, None))),
+                     ("split", load(split={"w": per_rank((None,), (0,))})),
+                     ("device", load(device=per_rank("cuda", "cpu"))),
+                     ("driver", load(driver=per_rank("posix", driver)))]:
+        assert_raises_all(comm, ArgumentMismatchError,
+                          rf"load_checkpoint: arguments differ between ranks.*'{what}' "
+                          r"\(rank 0: ", fn)
+    arrays, host, scalars = io.load_checkpoint(per_rank(str(path), path), grid=g, driver=driver)
+    assert_all_ranks(comm, scalars == {"step": 1} and sorted(arrays) == ["b", "w"])
+    assert_allclose_all(comm, arrays["w"].to_numpy(), np.arange(6.0))
+    g.free()
+
+
+def _dead_pid() -> int:
+    import subprocess
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+def test_save_removes_stale_temporary_files(comm, shared_tmp_path, monkeypatch):
+    """A checkpoint save removes the temporary files that killed saves to the same path left
+    (this host: writer gone; another host: older than DISTTENSOR_STALE_TMP_AGE), keeps those
+    of live or recent writers, and leaves exactly the checkpoint and those."""
+    g = dt.ProcessGrid((SIZE,))
+    d = shared_tmp_path
+    here = _h5.host_tag()
+    monkeypatch.setenv("DISTTENSOR_STALE_TMP_AGE", "120")
+
+    def plant():
+        def mk(host, pid, age=0):
+            n = f".ck.h5.{host}.{pid}.{os.urandom(6).hex()}.tmp"
+            (d / n).write_bytes(b"partial checkpoint")
+            if age:
+                t = (d / n).stat().st_mtime - age
+                os.utime(d / n, (t, t))
+            return n
+        stale = [mk(here, _dead_pid()), mk(here, _dead_pid(), 10), mk("node-b", 77, 300)]
+        kept = [mk(here, os.getppid()), mk("node-b", 77, 60)]
+        return stale, kept
+    stale, kept = _h5.root_call(comm, plant)
+    x = dt.from_global(np.arange(5.0), grid=g)
+    io.save_checkpoint(d / "ck.h5", {"x": x}, scalars={"step": 7})
+    left = _listing(comm, d)
+    assert_all_ranks(comm, left == sorted(kept + ["ck.h5"]), f"{left}; stale {stale}")
+    monkeypatch.setenv("DISTTENSOR_STALE_TMP_AGE", "30")  # now the foreign one is old enough
+    io.save_checkpoint(d / "ck.h5", {"x": x}, scalars={"step": 8})
+    left = _listing(comm, d)
+    assert_all_ranks(comm, left == sorted([kept[0], "ck.h5"]), f"{left}")
+    monkeypatch.setenv("DISTTENSOR_STALE_TMP_AGE", "soon")
+    assert_raises_all(comm, ValueError, "DISTTENSOR_STALE_TMP_AGE='soon'",
+                      lambda: io.save_checkpoint(d / "ck.h5", {"x": x}))
+    _, _, s = io.load_checkpoint(d / "ck.h5", grid=g)
+    assert_all_ranks(comm, s == {"step": 8})
     g.free()

@@ -15,6 +15,7 @@ from mpi4py import MPI
 
 import disttensor as dt
 from disttensor import io
+from disttensor.agreement import ArgumentMismatchError
 from disttensor.io import _h5
 from conftest import assert_all_ranks, assert_allclose_all, assert_raises_all
 from strategies import explicit_sizes, grid_dims, shapes, splits
@@ -266,21 +267,157 @@ def test_errors_are_collective(comm, shared_tmp_path, driver):
     g.free()
 
 
-def test_rank_dependent_bad_arguments_do_not_hang(comm, shared_tmp_path):
-    """Arguments that differ between ranks raise on every rank."""
+def _listing(comm, d):
+    """Sorted names in ``d`` as rank 0 sees them (broadcast)."""
+    return _h5.root_call(comm, lambda: sorted(os.listdir(d)))
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_rank_dependent_write_arguments_raise_before_anything_is_written(comm, shared_tmp_path,
+                                                                         driver):
+    """Every metadata argument of write_hdf5 that differs on the last rank raises
+    ArgumentMismatchError on every rank, naming it, before any file is created (also where the
+    value is invalid on that rank only: the mismatch is reported, not the validation error)."""
+    if SIZE == 1:
+        pytest.skip("needs ranks that can disagree")
+    g = dt.ProcessGrid((SIZE,))
+    x = dt.zeros((4, 6), grid=g)
+    x_cols = dt.zeros((4, 6), grid=g, split=(None, 0))
+    x_f4 = dt.zeros((4, 6), grid=g, dtype="float32")
+    d = shared_tmp_path / "w"
+    _h5.root_call(comm, lambda: os.makedirs(d))
+    last = comm.rank == SIZE - 1
+
+    def per_rank(bad, good):
+        return bad if last else good
+
+    def wr(**kw):
+        kw = {"y": x, "path": d / "a.h5", "dataset": "x", "driver": driver, **kw}
+        return lambda: io.write_hdf5(kw.pop("y"), kw.pop("path"), kw.pop("dataset"), **kw)
+
+    cases = [
+        ("path", wr(path=d / per_rank("b.h5", "a.h5"))),
+        ("dataset", wr(dataset=per_rank("y", "x"))),
+        ("dataset", wr(dataset=per_rank("a//b", "x"))),  # invalid on one rank only
+        ("mode", wr(mode=per_rank("w", "a"))),
+        ("atomic", wr(atomic=per_rank(False, True))),
+        ("chunks", wr(chunks=per_rank((2, 3), (2, 2)))),
+        ("compression", wr(compression=per_rank("gzip", None))),
+        ("compression_opts", wr(compression="gzip", compression_opts=per_rank(4, 5))),
+        ("shuffle", wr(shuffle=per_rank(True, False))),
+        ("attrs", wr(attrs={"unit": per_rank("m", "cm")})),
+        ("attrs", wr(attrs={"v": np.array(per_rank([1, 2], [1, 3]))})),  # by value
+        ("driver", wr(driver=per_rank("posix", driver))),
+        ("x", wr(y=per_rank(x_cols, x))),
+        ("x", wr(y=per_rank(x_f4, x))),
+    ]
+    for what, fn in cases:
+        assert_raises_all(comm, ArgumentMismatchError,
+                          rf"write_hdf5: arguments differ between ranks.*'{what}' \(rank 0: ",
+                          fn)
+        assert_all_ranks(comm, _listing(comm, d) == [], f"{what}: {_listing(comm, d)}")
+    # the same path as a str on one rank and a Path on another is the same argument
+    io.write_hdf5(x, per_rank(str(d / "a.h5"), d / "a.h5"), "x", driver=driver)
+    assert_all_ranks(comm, _listing(comm, d) == ["a.h5"])
+    g.free()
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_rank_dependent_read_arguments_raise_on_every_rank(comm, shared_tmp_path, driver):
+    if SIZE == 1:
+        pytest.skip("needs ranks that can disagree")
+    g = dt.ProcessGrid((SIZE,))
+    p = shared_tmp_path / "r.h5"
+    a = _values((4, 6), "float64")
+    io.write_hdf5(dt.from_global(a, grid=g), p, "x", mode="w")
+    io.write_hdf5(dt.from_global(a, grid=g), p, "y")
+    out1 = dt.zeros((4, 6), grid=g)
+    out2 = dt.zeros((4, 6), grid=g, split=(None, 0))
+    last = comm.rank == SIZE - 1
+
+    def per_rank(bad, good):
+        return bad if last else good
+
+    def rd(**kw):
+        kw = {"path": p, "dataset": "x", "driver": driver, **kw}
+        if "out" not in kw:
+            kw.setdefault("grid", g)
+        return lambda: io.read_hdf5(kw.pop("path"), kw.pop("dataset"), **kw)
+
+    cases = [
+        ("path", rd(path=per_rank(shared_tmp_path / "none.h5", p))),  # missing on one rank
+        ("dataset", rd(dataset=per_rank("y", "x"))),
+        ("split", rd(split=per_rank((None, 0), (0, None)))),
+        ("sizes", rd(sizes=per_rank([[4] + [0] * (SIZE - 1), None], None))),
+        ("slices", rd(slices=per_rank((slice(0, 2),), (slice(0, 3),)))),
+        ("dtype", rd(dtype=per_rank("float32", "float64"))),
+        ("shape", rd(shape=per_rank((4, 5), (4, 6)))),
+        ("collective_io", rd(collective_io=per_rank(False, True))),
+        ("out", rd(out=per_rank(out2, out1))),
+    ]
+    for what, fn in cases:
+        assert_raises_all(comm, ArgumentMismatchError,
+                          rf"read_hdf5: arguments differ between ranks.*'{what}' \(rank 0: ", fn)
+    y = io.read_hdf5(per_rank(str(p), p), "x", grid=g, dtype=per_rank(np.float64, "f8"))
+    assert_allclose_all(comm, y.to_numpy(), a, rtol=0)
+    g.free()
+
+
+def test_single_rank_validation_errors_without_disagreement(comm, shared_tmp_path):
+    """An invalid argument passed alike on every rank is reported as itself."""
     g = dt.ProcessGrid((SIZE,))
     x = dt.zeros((4,), grid=g)
-    if SIZE > 1:
-        assert_raises_all(comm, ValueError, "differ between ranks",
-                           lambda: io.write_hdf5(x, shared_tmp_path / f"r{comm.rank}.h5", "x"))
-        assert_raises_all(comm, ValueError, "differ between ranks",
-                           lambda: io.write_hdf5(x, shared_tmp_path / "r.h5",
-                                                 "x" if comm.rank else "y"))
-    name = "x" if comm.rank == SIZE - 1 else "ok"
-    # a bad name on the last rank only
     assert_raises_all(comm, ValueError, "invalid dataset name",
-                       lambda: io.write_hdf5(x, shared_tmp_path / "r.h5",
-                                             "a//b" if name == "x" else "ok"))
+                      lambda: io.write_hdf5(x, shared_tmp_path / "r.h5", "a//b"))
+    assert_all_ranks(comm, _listing(comm, shared_tmp_path) == [])
+    g.free()
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has ended (and was reaped)."""
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+def _plant(d, base, host, pid, age_s=0.0):
+    name = f".{base}.{host}.{pid}.{os.urandom(6).hex()}.tmp"
+    f = d / name
+    f.write_bytes(b"partial")
+    if age_s:
+        t = f.stat().st_mtime - age_s
+        os.utime(f, (t, t))
+    return name
+
+
+@pytest.mark.parametrize("atomic", [True, False])
+def test_write_removes_stale_temporary_files_of_its_path(comm, shared_tmp_path, atomic):
+    """Temporary files of killed writes to the same path (dead writer on this host, or another
+    host's untouched for longer than DISTTENSOR_STALE_TMP_AGE) are removed by the next write;
+    a live writer's, a recent foreign one and other paths' are kept."""
+    g = dt.ProcessGrid((SIZE,))
+    d = shared_tmp_path
+    here = _h5.host_tag()
+
+    def plant():
+        dead = _dead_pid()
+        stale = [_plant(d, "f.h5", here, dead), _plant(d, "f.h5", "elsewhere", 4242, 7200),
+                 f".f.h5.{os.urandom(6).hex()}.tmp"]  # the older pattern, old
+        (d / stale[2]).write_bytes(b"old")
+        t = (d / stale[2]).stat().st_mtime - 7200
+        os.utime(d / stale[2], (t, t))
+        kept = [_plant(d, "f.h5", here, os.getppid()),  # a live process (the launcher)
+                _plant(d, "f.h5", "elsewhere", 4242, 60),  # recent: maybe being written
+                _plant(d, "g.h5", here, dead),  # another target
+                _plant(d, "f.h5.bak", here, dead),  # another target, whose name extends ours
+                ".f.h5.tmp", "f.h5.tmp"]  # not our pattern
+        for n in kept[-2:]:
+            (d / n).write_bytes(b"user")
+        return stale, kept
+    stale, kept = _h5.root_call(comm, plant)
+    io.write_hdf5(dt.zeros((4,), grid=g), d / "f.h5", "x", atomic=atomic)
+    left = _listing(comm, d)
+    assert_all_ranks(comm, sorted(kept + ["f.h5"]) == left, f"{left} (stale: {stale})")
     g.free()
 
 
