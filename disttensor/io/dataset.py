@@ -118,6 +118,17 @@ def _list_files(source) -> list[str]:
                     f"{type(source).__name__}")
 
 
+def _source_args(source) -> dict:
+    """The ``source`` argument as it is agreed: a path, or a list of paths (``str`` and
+    ``os.PathLike`` alike).  A short list is agreed item by item (``source[i]``), so that a
+    mismatch names the differing file even when long paths fill the message (longer lists
+    are named item by item by the agreement itself)."""
+    src = _h5.arg_paths(source)
+    if isinstance(src, list) and 0 < len(src) <= 8:
+        return {"len(source)": len(src), **{f"source[{i}]": p for i, p in enumerate(src)}}
+    return {"source": src}
+
+
 def _index_list(indices):
     """Sample indices as they are agreed: by value (a tuple of ints; an array argument would be
     compared by shape and dtype only).  Anything that is not a sequence of integers as it is
@@ -215,7 +226,7 @@ class SampleDataset:
         grid = get_default_grid() if grid is None else grid
         comm = getattr(grid, "cart", None)
         # the driver chosen for driver=None depends on the thread level and h5py's build too
-        with collective(comm, "SampleDataset", source=_h5.arg_paths(source), grid=grid,
+        with collective(comm, "SampleDataset", **_source_args(source), grid=grid,
                         split=split, batch_size=batch_size, shuffle=shuffle, seed=seed,
                         prefetch=prefetch, drop_last=drop_last, x_dataset=x_dataset,
                         y_dataset=y_dataset, channels_last=channels_last, driver=driver,

@@ -425,3 +425,86 @@ def test_bad_label_shapes_raise_on_every_rank(comm, seg_data, shared_tmp_path, d
         gs.free()
     settle()
     g.free()
+
+
+# -- arguments that differ between ranks ----------------------------------------------------
+def test_rank_dependent_arguments_raise_on_every_rank(comm, data_dir):
+    """A file list, batch size, seed, ... that differs on the last rank raises
+    ArgumentMismatchError on every rank at construction; an epoch, sample indices or a
+    different dataset object per rank raise when the iteration starts / the batch is read."""
+    if SIZE == 1:
+        pytest.skip("needs ranks that can disagree")
+    from disttensor.agreement import ArgumentMismatchError
+    d, files, stacked = data_dir
+    g = dt.ProcessGrid((SIZE,))
+    last = comm.rank == SIZE - 1
+
+    def per_rank(bad, good):
+        return bad if last else good
+
+    def make(**kw):
+        kw = {"source": files, "grid": g, "split": (None, None, 0), "batch_size": 2,
+              "seed": 1, **kw}
+        return lambda: io.SampleDataset(kw.pop("source"), **kw).close()
+
+    for what, fn in [
+            (r"len\(source\)", make(source=per_rank(files[:-1], files))),  # one file fewer
+            (r"source\[0\]", make(source=per_rank(files[::-1], files))),  # another order
+            ("source", make(source=per_rank(os.path.join(d, "files"), files))),  # dir vs list
+            ("source", make(source=per_rank(stacked, os.path.join(d, "files")))),
+            (r"source\[7\]", make(source=per_rank(files + [os.path.join(d, "none.h5")],
+                                                    files))),
+            ("batch_size", make(batch_size=per_rank(3, 2))),
+            ("batch_size", make(batch_size=per_rank(0, 2))),  # invalid on one rank only
+            ("seed", make(seed=per_rank(2, 1))),
+            ("shuffle", make(shuffle=per_rank(False, True))),
+            ("drop_last", make(drop_last=per_rank(True, False))),
+            ("split", make(split=per_rank((0,), (None, None, 0)))),
+            ("y_dataset", make(y_dataset=per_rank("full", "unitPar"))),
+            ("prefetch", make(prefetch=per_rank(False, True)))]:
+        assert_raises_all(comm, ArgumentMismatchError,
+                          rf"SampleDataset: arguments differ between ranks.*'{what}' \(rank 0: ",
+                          fn)
+    # a file list names the differing item (short lists by the dataset, long ones by the
+    # agreement: 7 and 14 files)
+    for src in (files, files * 2):
+        assert_raises_all(comm, ArgumentMismatchError,
+                          rf"'source\[3\]' \(rank 0: '.*sample_000003.h5', .*rank {SIZE - 1}: "
+                          r"'.*sample_000004",
+                          make(source=per_rank(src[:3] + src[4:] + src[3:4], src)))
+    with io.SampleDataset(files, g, split=(None, None, 0), batch_size=2, seed=1) as ds, \
+            io.SampleDataset(files, g, split=(None, None, 0), batch_size=3, seed=1) as other:
+        consume = lambda ds, e: [None for _ in ds.epoch(e)]  # noqa: E731
+        assert_raises_all(comm, ArgumentMismatchError,
+                          r"SampleDataset.epoch: arguments differ.*'epoch' \(rank 0: 0, ",
+                          lambda: consume(ds, per_rank(1, 0)))
+        assert_raises_all(comm, ArgumentMismatchError,
+                          r"SampleDataset.epoch: arguments differ.*'batch_size'",
+                          lambda: consume(per_rank(other, ds), 0))
+        assert_raises_all(comm, ArgumentMismatchError,
+                          r"SampleDataset.read_batch: arguments differ.*'indices' \(rank 0: ",
+                          lambda: ds.read_batch(per_rank([1, 2], [1, 3])))
+        assert_raises_all(comm, ArgumentMismatchError, r"read_batch: arguments differ",
+                          lambda: ds.read_batch(per_rank(np.array([9]), np.array([1]))))
+        # still usable, with equal arguments given in different forms
+        x, y = ds.read_batch(per_rank(np.array([1, 3]), [1, 3]))
+        assert_allclose_all(comm, x.to_numpy(), _serial(files, False, [1, 3])[0], rtol=0)
+        assert_all_ranks(comm, len(consume(ds, 0)) == math.ceil(N / 2))
+    from pathlib import Path
+    with io.SampleDataset(per_rank([Path(f) for f in files], files), g, batch_size=N) as ds:
+        assert_all_ranks(comm, ds.num_samples == N)
+    g.free()
+
+
+def test_temporary_files_are_not_samples(comm, shared_tmp_path):
+    """A directory holding the temporary file of an interrupted write lists its samples only."""
+    d = shared_tmp_path / "ds"
+    files = io.generate_synthetic(d, 3, size=4, channels=1, seed=0)
+    if comm.rank == 0:
+        (d / f".sample_000001.h5.{_h5.host_tag()}.{os.getpid()}.0123456789ab.tmp").write_bytes(
+            open(files[1], "rb").read())
+    comm.Barrier()
+    g = dt.ProcessGrid((SIZE,))
+    with io.SampleDataset(str(d), g, split=(None, None, 0)) as ds:
+        assert_all_ranks(comm, ds.num_samples == 3 and ds.files == files, f"{ds.files}")
+    g.free()

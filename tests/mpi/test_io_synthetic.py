@@ -11,7 +11,7 @@ from mpi4py import MPI
 from disttensor import io
 from disttensor.io import _h5
 from disttensor.io.synthetic import main, synthetic_sample, synthetic_segmentation_sample
-from conftest import assert_all_ranks
+from conftest import assert_all_ranks, assert_raises_all
 
 SIZE = MPI.COMM_WORLD.Get_size()
 DRIVERS = [d for d in ("mpio", "independent") if io.hdf5_driver_available(d)]
@@ -133,3 +133,61 @@ def test_bad_arguments(comm, shared_tmp_path):
         except exc:
             ok = True
         assert_all_ranks(comm, ok, str(kw))
+
+
+def test_rank_dependent_arguments_raise_before_anything_is_written(comm, shared_tmp_path):
+    if SIZE == 1:
+        pytest.skip("needs ranks that can disagree")
+    from disttensor.agreement import ArgumentMismatchError
+    last = comm.rank == SIZE - 1
+
+    def per_rank(bad, good):
+        return bad if last else good
+
+    d = shared_tmp_path
+    for what, kw in [("out", {"out": per_rank(d / "b", d / "a")}),
+                     ("samples", {"samples": per_rank(3, 2)}),
+                     ("size", {"size": per_rank(5, 4)}),
+                     ("channels", {"channels": per_rank(1, 2)}),
+                     ("seed", {"seed": per_rank(1, 0)}),
+                     ("layout", {"layout": per_rank("stacked", "files")}),
+                     ("dtype", {"dtype": per_rank("float64", "float32")}),
+                     ("task", {"task": per_rank("segmentation", "regression")}),
+                     ("classes", {"task": "segmentation", "classes": per_rank(4, 3)}),
+                     ("y_dataset", {"y_dataset": per_rank("t", None)}),
+                     ("samples", {"samples": per_rank(-1, 2)})]:  # invalid on one rank only
+        args = {"out": d / "a", "samples": 2, "size": 4, "channels": 2, **kw}
+        assert_raises_all(comm, ArgumentMismatchError,
+                          rf"generate_synthetic: arguments differ between ranks.*'{what}' "
+                          r"\(rank 0: ", lambda: io.generate_synthetic(**args))
+        left = _h5.root_call(comm, lambda: sorted(os.listdir(d)))
+        assert_all_ranks(comm, left == [], f"{what}: {left}")
+    # equal arguments in different forms agree
+    paths = io.generate_synthetic(per_rank(str(d / "a"), d / "a"), 2, size=4, channels=1,
+                                  dtype=per_rank(np.float32, "f4"))
+    assert_all_ranks(comm, len(paths) == 2)
+
+
+def test_files_layout_removes_stale_temporary_files(comm, shared_tmp_path):
+    """A generation killed mid-way leaves temporary sample files; the next run removes those of
+    dead writers on this host (each rank those of its own samples) and nothing else."""
+    import subprocess
+    d = shared_tmp_path / "f"
+    n = 2 * SIZE + 1
+
+    def plant():
+        os.makedirs(d)
+        p = subprocess.Popen(["true"])
+        p.wait()
+        here = _h5.host_tag()
+        stale = [f".sample_{i:06d}.h5.{here}.{p.pid}.{os.urandom(6).hex()}.tmp" for i in range(n)]
+        kept = [f".sample_{n:06d}.h5.{here}.{p.pid}.{os.urandom(6).hex()}.tmp",  # not written
+                f".sample_000000.h5.{here}.{os.getppid()}.{os.urandom(6).hex()}.tmp"]  # live
+        for name in stale + kept:
+            (d / name).write_bytes(b"partial")
+        return kept
+    kept = _h5.root_call(comm, plant)
+    io.generate_synthetic(d, n, size=4, channels=1, seed=0)
+    left = _h5.root_call(comm, lambda: sorted(os.listdir(d)))
+    want = sorted(kept + [f"sample_{i:06d}.h5" for i in range(n)])
+    assert_all_ranks(comm, left == want, f"{left}")
