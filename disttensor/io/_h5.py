@@ -36,6 +36,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import math
 import os
@@ -171,8 +172,8 @@ def arg_attrs(attrs):
     array argument is otherwise compared by shape and dtype only); anything else as it is."""
     if not isinstance(attrs, dict):
         return attrs
-    return {k: v.tolist() if isinstance(v, np.ndarray) and v.size <= 4096 and not v.dtype.hasobject
-            else v for k, v in attrs.items()}
+    return {k: v.tolist() if isinstance(v, np.ndarray) and v.size <= 4096
+            and not v.dtype.hasobject else v for k, v in attrs.items()}
 
 
 def c_contiguous(a) -> np.ndarray:
@@ -250,15 +251,11 @@ def probe(path, datasets: Sequence[str] = ()) -> dict[str, dict]:
         return {name: dataset_meta(get_dataset(f, name, p)) for name in datasets}
 
 
-def root_call(comm, fn: Callable[[], Any], root: int = 0, call: str | None = None, **args):
+def root_call(comm, fn: Callable[[], Any], root: int = 0):
     """Run ``fn`` on ``root`` only; its exception is raised on every rank, its result is
-    broadcast (collective).  With ``call``, the same all-reduce agrees ``args`` across the
-    ranks (:func:`disttensor.comm.collective`): on a mismatch every rank raises
-    :class:`~disttensor.agreement.ArgumentMismatchError` and ``fn``'s result is not used.
-    ``fn`` has run by then, so give ``call`` only for an ``fn`` without side effects (a probe
-    of a file); agree first (:func:`disttensor.agreement.agree`) before one that writes."""
+    broadcast (collective)."""
     res = None
-    with collective(comm, call, **args) if call is not None else collective(comm):
+    with collective(comm):
         if comm is None or comm.rank == root:
             res = fn()
     if comm is not None and comm.size > 1:
@@ -390,10 +387,18 @@ class WriteSession:
     ``create=True`` creates (truncates) ``target``; otherwise it must exist.  With the
     ``independent`` driver, metadata (datasets, attributes) is written by rank 0 alone and data
     in rank order; with ``mpio`` every rank makes the same metadata calls and data moves in one
-    collective transfer per dataset."""
+    collective transfer per dataset.
 
-    def __init__(self, target, comm, driver: str, create: bool, reserve: int = 0):
+    The arguments of every call (file, driver, dataset specs and names) are agreed across the
+    ranks: folded into the failure all-reduce of the call where only rank 0 touches the file,
+    else (``mpio``: the HDF5 call is collective) by a small all-reduce before it, which
+    ``agreed=True`` skips: the caller guarantees that everything it passes to this session
+    derives from arguments it has agreed already (the entry points of :mod:`disttensor.io`)."""
+
+    def __init__(self, target, comm, driver: str, create: bool, reserve: int = 0, *,
+                 agreed: bool = False):
         self.target = os.fspath(target)
+        self.agreed = bool(agreed)
         self.comm = comm
         self.driver = driver
         self.f = None
@@ -406,7 +411,8 @@ class WriteSession:
         args = {"target": self.target, "driver": driver, "create": bool(create),
                 "reserve": self.reserve}
         if driver == "mpio":
-            agree(comm, "WriteSession", **args)  # before the collective MPI-IO open
+            if not self.agreed:
+                agree(comm, "WriteSession", **args)  # before the collective MPI-IO open
             with collective(comm):
                 self.f = open_file(self.target, mode, comm)
                 if self.root:
@@ -421,7 +427,8 @@ class WriteSession:
         call, so the arguments are agreed first (one all-reduce); otherwise rank 0 alone does
         and the agreement rides on the block's failure all-reduce."""
         if self.driver == "mpio":
-            agree(self.comm, call, **args)
+            if not self.agreed:
+                agree(self.comm, call, **args)
             return collective(self.comm)
         return collective(self.comm, call, **args)
 
@@ -507,17 +514,20 @@ class WriteSession:
 
 class ReadSession:
     """A file open for reading on every rank of ``comm`` (``comm=None``: this process alone,
-    no MPI calls at all).  Collective to create, to read, and to close."""
+    no MPI calls at all).  Collective to create, to read, and to close.  Arguments are agreed
+    as for :class:`WriteSession` (``agreed=True``: the caller agreed them already)."""
 
-    def __init__(self, path, comm, driver: str, collective_io: bool = True):
+    def __init__(self, path, comm, driver: str, collective_io: bool = True, *,
+                 agreed: bool = False):
         self.path = os.fspath(path)
+        self.agreed = bool(agreed)
         self.comm = comm
         self.mpio = driver == "mpio" and comm is not None
         self.collective_io = self.mpio and collective_io
         self.f = None
         drain_background_reads()
         args = {"path": self.path, "driver": driver, "collective_io": bool(collective_io)}
-        if self.mpio:
+        if self.mpio and not self.agreed:
             agree(comm, "ReadSession", **args)  # before the collective MPI-IO open
         try:
             with collective(comm) if self.mpio else collective(comm, "ReadSession", **args):
@@ -546,7 +556,7 @@ class ReadSession:
         args = {"path": self.path, "names": [p[0] if isinstance(p, (tuple, list)) and p else p
                                              for p in parts]}
         dxpl = _dxpl(self.collective_io)
-        if self.collective_io:
+        if self.collective_io and not self.agreed:
             agree(self.comm, "ReadSession.read", **args)
         with collective(self.comm) if self.collective_io else \
                 collective(self.comm, "ReadSession.read", **args):
@@ -873,7 +883,8 @@ def check_space(path, needed: int) -> None:
 
 def atomic_update(comm, path, driver: str, mode: str, atomic: bool, needed: int,
                   body: Callable[[WriteSession], None],
-                  validate: Callable[[str], None] | None = None) -> None:
+                  validate: Callable[[str], None] | None = None, *,
+                  agreed: bool = False) -> None:
     """Write ``path`` through ``body(session)`` so that it changes all at once (collective).
 
     ``mode``: ``'w'`` (the file gets only what ``body`` writes), ``'a'`` (keep the rest of an
@@ -883,11 +894,12 @@ def atomic_update(comm, path, driver: str, mode: str, atomic: bool, needed: int,
     error; on any failure the temporary file is removed and ``path`` is untouched.  Without
     ``atomic`` ``path`` is written in place.  ``validate(path)`` runs on rank 0 before anything
     is written when the file exists (``'a'``/``'r+'``).  ``needed``: bytes of raw data, for the
-    free-space check.  The arguments are agreed across the ranks first (one small all-reduce),
-    and rank 0 removes the stale temporary files of earlier, interrupted writes to ``path``
-    (:func:`remove_stale_temps`) before it creates its own."""
+    free-space check.  The arguments are agreed across the ranks first (one small all-reduce;
+    ``agreed=True``: the caller agreed them, and everything ``body`` passes to the session,
+    already), and rank 0 removes the stale temporary files of earlier, interrupted writes to
+    ``path`` (:func:`remove_stale_temps`) before it creates its own."""
     with collective(comm, "atomic_update", path=arg_path(path), driver=driver, mode=mode,
-                    atomic=bool(atomic), needed=int(needed)):
+                    atomic=atomic, needed=needed) if not agreed else contextlib.nullcontext():
         path = os.path.abspath(os.fspath(path))
         if mode not in ("w", "a", "r+"):
             raise ValueError(f"mode must be 'w', 'a' or 'r+', got {mode!r}")
@@ -925,7 +937,7 @@ def atomic_update(comm, path, driver: str, mode: str, atomic: bool, needed: int,
     target, create = root_call(comm, prep)
     sess = None
     try:
-        sess = WriteSession(target, comm, driver, create, reserve=needed)
+        sess = WriteSession(target, comm, driver, create, reserve=needed, agreed=agreed)
         body(sess)
         s, sess = sess, None
         s.close()

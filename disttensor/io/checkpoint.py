@@ -161,7 +161,7 @@ def save_checkpoint(path, arrays: dict | None = None, host: dict | None = None,
 
     needed = sum(math.prod(arrays[n].shape) * arrays[n].dtype.itemsize for n in names) + \
         sum(v.nbytes for v in host_np.values())
-    _h5.atomic_update(comm, path, driver, "w", True, needed, body)
+    _h5.atomic_update(comm, path, driver, "w", True, needed, body, agreed=True)
 
 
 def _read_meta(path):
@@ -280,7 +280,7 @@ def load_checkpoint(path, grid: ProcessGrid | None = None, split: dict | None = 
     with collective(comm):
         hosts = {n: np.empty(m["shape"], dtype=m["dtype"]) for n, m in hmeta.items()}
 
-    sess = _h5.ReadSession(path, comm, driver)
+    sess = _h5.ReadSession(path, comm, driver, agreed=True)
     try:
         sess.read([("arrays/" + n, start, None, local) for n, _, _, start, local in plan] +
                   [("host/" + n, (0,) * a.ndim, None, a) for n, a in sorted(hosts.items())])

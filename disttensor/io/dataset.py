@@ -448,7 +448,8 @@ class SampleDataset:
         comm = self._io_comm
         m = self._meta
         if self.stacked:
-            with _h5.ReadSession(self.files[0], comm, self.driver, self.collective_io) as sess:
+            with _h5.ReadSession(self.files[0], comm, self.driver, self.collective_io,
+                                 agreed=True) as sess:
                 for j, s in enumerate(mine):
                     out = tmp[None] if self.channels_last else xl[j:j + 1]
                     sess.read([(self.x_dataset, (int(s),) + fstart, None, out),
@@ -458,7 +459,8 @@ class SampleDataset:
         else:
             for j, s in enumerate(mine):
                 path = self.files[int(s)]
-                with _h5.ReadSession(path, comm, self.driver, self.collective_io) as sess:
+                with _h5.ReadSession(path, comm, self.driver, self.collective_io,
+                                     agreed=True) as sess:
                     got = sess.meta([self.x_dataset, self.y_dataset])
                     with collective(comm):
                         gx, gy = got[self.x_dataset], got[self.y_dataset]

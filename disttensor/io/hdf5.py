@@ -116,7 +116,7 @@ def read_hdf5(path, dataset: str, grid=None, split=None, sizes=None, slices=None
 
     # every rank opens the file and checks the metadata itself (no extra serial probe: a
     # failed open is diagnosed on every rank, see ReadSession)
-    sess = _h5.ReadSession(path, comm, driver, collective_io)
+    sess = _h5.ReadSession(path, comm, driver, collective_io, agreed=True)
     try:
         with collective(comm):
             meta = _h5.dataset_meta(_h5.get_dataset(sess.f, name, path))
@@ -232,4 +232,5 @@ def write_hdf5(x: DistArray, path, dataset: str, driver: str | None = None, *, m
         sess.write([(name, start, data)])
 
     needed = math.prod(x.shape) * dtype.itemsize  # uncompressed size, also with filters
-    _h5.atomic_update(comm, path, driver, mode, atomic, needed, body, validate)
+    _h5.atomic_update(comm, path, driver, mode, atomic, needed, body, validate,
+                      agreed=True)

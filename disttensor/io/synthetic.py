@@ -396,7 +396,7 @@ def generate_synthetic(out, samples: int, size: int = 32, channels: int = 4, see
             sess.write([(xname, (i, 0, 0, 0, 0), None if x is None else x[None]),
                         (yname, (i,) + ystart, None if y is None else y[None])])
 
-    _h5.atomic_update(comm, out, driver, "w", True, nx, body)
+    _h5.atomic_update(comm, out, driver, "w", True, nx, body, agreed=True)
     return out
 
 

@@ -246,7 +246,9 @@ def test_rank_dependent_arguments_raise_before_anything_is_written(comm, shared_
                           r"\(rank 0: ", fn)
         assert_all_ranks(comm, _listing(comm, shared_tmp_path) == ["ck.h5"],
                          f"{what}: {_listing(comm, shared_tmp_path)}")
-    load = lambda p=path, **kw: lambda: io.load_checkpoint(p, grid=g, **{"driver": driver, **kw})  # noqa: E731,E501
+    def load(p=path, **kw):
+        kw = {"driver": driver, **kw}
+        return lambda: io.load_checkpoint(p, grid=g, **kw)
     for what, fn in [("path", load(p=per_rank(shared_tmp_path / "none.h5", path))),
                      ("split", load(split=per_rank({"w": (None,)}, None))),
                      ("split", load(split={"w": per_rank((None,), (0,))})),

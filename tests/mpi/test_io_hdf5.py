@@ -363,6 +363,45 @@ def test_rank_dependent_read_arguments_raise_on_every_rank(comm, shared_tmp_path
     g.free()
 
 
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_sessions_agree_their_arguments(comm, shared_tmp_path, driver):
+    """The low-level sessions compare file names, dataset specs and names across the ranks
+    before a collective HDF5 call (unless the caller says it agreed them already)."""
+    if SIZE == 1:
+        pytest.skip("needs ranks that can disagree")
+    last = comm.rank == SIZE - 1
+
+    def per_rank(bad, good):
+        return bad if last else good
+
+    a, b = shared_tmp_path / "a.h5", shared_tmp_path / "b.h5"
+    assert_raises_all(comm, ArgumentMismatchError, r"WriteSession: .*'target'",
+                      lambda: _h5.WriteSession(per_rank(b, a), comm, driver, True))
+    s = _h5.WriteSession(a, comm, driver, True)
+    spec = lambda n: _h5.DatasetSpec("x", (n,), np.dtype("f8"))  # noqa: E731
+    assert_raises_all(comm, ArgumentMismatchError, r"WriteSession.create: .*'specs'",
+                      lambda: s.create([per_rank(spec(5), spec(4))]))
+    s.create([spec(4)])
+    assert_raises_all(comm, ArgumentMismatchError, r"WriteSession.write: .*'names'",
+                      lambda: s.write([(per_rank("y", "x"), (0,), None)]))
+    s.write([("x", (0,), np.arange(4.0) if comm.rank == 0 else None)])
+    s.close()
+    assert_raises_all(comm, ArgumentMismatchError, r"ReadSession: .*'path'",
+                      lambda: _h5.ReadSession(per_rank(b, a), comm, driver))
+    with _h5.ReadSession(a, comm, driver) as r:
+        out = np.empty(4)
+        assert_raises_all(comm, ArgumentMismatchError, r"ReadSession.read: .*'names'",
+                          lambda: r.read([(per_rank("y", "x"), (0,), None, out)]))
+        assert_raises_all(comm, ArgumentMismatchError, r"ReadSession.meta: .*'names'",
+                          lambda: r.meta([per_rank("y", "x")]))
+        r.read([("x", (0,), None, out)])
+    assert_allclose_all(comm, out, np.arange(4.0), rtol=0)
+    assert_raises_all(comm, ArgumentMismatchError, r"atomic_update: .*'mode'",
+                      lambda: _h5.atomic_update(comm, a, driver, per_rank("r+", "a"), True, 8,
+                                                lambda sess: None))
+    assert_all_ranks(comm, _listing(comm, shared_tmp_path) == ["a.h5"])
+
+
 def test_single_rank_validation_errors_without_disagreement(comm, shared_tmp_path):
     """An invalid argument passed alike on every rank is reported as itself."""
     g = dt.ProcessGrid((SIZE,))

@@ -26,7 +26,7 @@ def _samples(ctx, n=5):
     return io.generate_synthetic(ctx.tmp / "samples", n, size=4, channels=1, seed=0)
 
 
-# -- write_hdf5 ----------------------------------------------------------------------------------
+# -- write_hdf5 --------------------------------------------------------------------------------
 @case(ArgumentMismatchError, match="write_hdf5.*'path'")
 def write_path(ctx):
     """A rank-dependent file name (e.g. built from the rank): with MPI-IO each rank would open
@@ -71,7 +71,7 @@ def write_array_distribution(ctx):
     io.write_hdf5(ctx.per_rank(b, a), ctx.tmp / "a.h5", "x")
 
 
-# -- read_hdf5 -----------------------------------------------------------------------------------
+# -- read_hdf5 ---------------------------------------------------------------------------------
 @case(ArgumentMismatchError, match="read_hdf5.*'dataset'")
 def read_dataset_name(ctx):
     p = _written(ctx)
@@ -91,7 +91,7 @@ def read_split(ctx):
     io.read_hdf5(p, "x", split=ctx.per_rank((None, 0), (0, None)))
 
 
-# -- SampleDataset ---------------------------------------------------------------------------------
+# -- SampleDataset -----------------------------------------------------------------------------
 @case(ArgumentMismatchError, match=r"SampleDataset.*'len\(source\)'")
 def dataset_file_list(ctx):
     """A file list that lacks a file on one rank."""
@@ -144,7 +144,7 @@ def dataset_other_object(ctx):
             pass
 
 
-# -- synthetic data ----------------------------------------------------------------------------------
+# -- synthetic data ----------------------------------------------------------------------------
 @case(ArgumentMismatchError, match="generate_synthetic.*'samples'")
 def synthetic_samples(ctx):
     io.generate_synthetic(ctx.tmp / "syn", ctx.per_rank(4, 3), size=4, channels=1)
@@ -156,7 +156,7 @@ def synthetic_layout(ctx):
                           layout=ctx.per_rank("stacked", "files"))
 
 
-# -- checkpoints ----------------------------------------------------------------------------------------
+# -- checkpoints -------------------------------------------------------------------------------
 @case(ArgumentMismatchError, match="save_checkpoint.*'arrays'")
 def save_checkpoint_names(ctx):
     """A different set of names (a parameter missing on one rank)."""
