@@ -55,7 +55,7 @@ Nothing else is touched: only names of this pattern whose ``name`` is the path b
 (the parts split unambiguously: ``host`` contains no dot), regular files only, and errors while
 removing are ignored.  Hosts that share a host name *and* the directory but not the process
 table (containers with equal host names) would see each other's writers as dead: give them
-distinct host names.  :func:`SampleDataset` skips dot-files when it lists a directory, so
+distinct host names.  :class:`SampleDataset` skips dot-files when it lists a directory, so
 temporary files are never read as samples.
 """
 from .errors import DatasetNotFoundError, HDF5UnavailableError, NotHDF5FileError

@@ -57,6 +57,11 @@ batch ``b`` is used.  MPI from that thread:
 Either way, failures are agreed on in the main thread when a batch is handed out (one small
 all-reduce per batch), so an unreadable sample raises the same exception on every rank.
 
+h5py holds the GIL during a read, so the overlap is with code that releases the GIL (NumPy,
+Numba, CuPy kernels, MPI waits).  The main thread's own collective HDF5 calls of
+:mod:`disttensor.io` first wait for any background read in flight (no two collective HDF5
+operations of one rank can then wait on each other across ranks).
+
 Agreement
 ---------
 Construction, :meth:`SampleDataset.epoch` and :meth:`SampleDataset.read_batch` compare their
@@ -68,10 +73,6 @@ file list, batch size, seed or epoch that differs between ranks raises
 :class:`~disttensor.agreement.ArgumentMismatchError` on every rank (never a hang, never batches
 made of different samples on different ranks).  The files of a directory are listed by rank 0
 only and broadcast, and dot-files (the temporary files of interrupted writes) are skipped.
-h5py holds the GIL during a read, so the overlap is with code that releases the GIL (NumPy,
-Numba, CuPy kernels, MPI waits).  The main thread's own collective HDF5 calls of
-:mod:`disttensor.io` first wait for any background read in flight (no two collective HDF5
-operations of one rank can then wait on each other across ranks).
 """
 from __future__ import annotations
 
@@ -231,7 +232,8 @@ class SampleDataset:
                         prefetch=prefetch, drop_last=drop_last, x_dataset=x_dataset,
                         y_dataset=y_dataset, channels_last=channels_last, driver=driver,
                         collective_io=collective_io, device=device,
-                        thread_level=MPI.Query_thread(), h5py_mpi=_h5.h5py_has_mpi()):
+                        thread_multiple=MPI.Query_thread() >= MPI.THREAD_MULTIPLE,
+                        h5py_mpi=_h5.h5py_has_mpi()):
             if not isinstance(grid, ProcessGrid):
                 raise TypeError(f"grid must be a ProcessGrid, got {type(grid).__name__}")
             if split is None:
