@@ -11,6 +11,8 @@
 * :func:`param_comm`: the communicator over which parameter gradients and statistics are
   summed: the ranks holding *different* parts of the array (its split grid axes), so replicas
   are not counted twice.
+* :func:`meaning` and :func:`check_extents`: argument agreement keys and the degenerate-input
+  check the window ops share (see "Argument agreement" in ``docs/ops.md``).
 
 Layout is ``N, C, *spatial`` with 1 to 3 spatial axes; the channel axis must not be split.
 """
@@ -19,13 +21,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ..array import DistArray
+from ..array import DistArray, canon
 from ..distribution import Distribution
 from .window import AxisWindow
 
 __all__ = ["WindowPlan", "window_plan", "Region", "overlap_regions", "check_layout",
            "halo_input", "begin_halo_input", "halo_boundary", "halo_gradient", "lift", "unlift",
-           "lift3", "with_channels", "check_gradient_layout", "param_comm", "spatial_windows"]
+           "lift3", "with_channels", "check_gradient_layout", "param_comm", "spatial_windows",
+           "meaning", "check_extents"]
 
 
 @dataclass(frozen=True)
@@ -174,6 +177,41 @@ def check_layout(x: DistArray, what: str, min_spatial: int = 1) -> int:
         raise ValueError(f"{what}: the channel axis (1) must not be split (split={x.split}); "
                          "redistribute first")
     return nd
+
+
+def check_extents(x: DistArray, what: str) -> None:
+    """Raise unless every spatial extent of ``x`` is positive or ``x`` is empty through its
+    sample or channel axis (PyTorch's rule for convolutions: "only zero batch or zero channel
+    inputs are supported"; a window over an empty axis would read padding only)."""
+    if x.shape[0] and x.shape[1] and 0 in x.shape[2:]:
+        raise ValueError(f"{what}: spatial extent 0 in input shape {x.shape}; only a zero "
+                         "batch or zero channels may make the input empty")
+
+
+def meaning(normalize, value, *args):
+    """What an argument means, for argument agreement: ``normalize(value, *args)``, so that two
+    spellings of one value (``padding=1`` and ``padding=((1, 1), (1, 1))``) agree; the spelling
+    itself (lists as tuples) when it does not normalize (the validation inside the agreed
+    block raises then).  A normalized per-axis tuple whose entries are all one int is that int
+    (the common case, and much cheaper to digest than nested tuples: ``agreement.token``
+    costs a few microseconds per tuple); the arrays' metadata, agreed alongside, fixes the
+    number of axes, so this loses nothing."""
+    try:
+        v = normalize(value, *args)
+    except Exception:  # noqa: BLE001 - invalid: agree on the spelling
+        return canon(value)
+    if isinstance(v, tuple) and v:
+        leaves = _leaves(v)
+        if type(leaves[0]) is int and all(e == leaves[0] and type(e) is int for e in leaves):
+            return leaves[0]
+    return v
+
+
+def _leaves(v: tuple) -> list:
+    out = []
+    for e in v:
+        out.extend(_leaves(e) if isinstance(e, tuple) else (e,))
+    return out
 
 
 def halo_input(x: DistArray, plan: WindowPlan) -> DistArray:

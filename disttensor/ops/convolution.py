@@ -18,6 +18,12 @@ sums, e.g. for a bucketed all-reduce).
 A transposed convolution is the adjoint of a convolution: its output ``x`` gets the
 distribution whose convolution outputs are ``y``'s blocks (:meth:`AxisWindow.input_offsets`);
 when no such split exists, ``y`` is redistributed first.
+
+Every entry point validates its arguments inside an ``agreed`` block before any message (see
+:mod:`disttensor.agreement`): the ranks agree on the arrays' metadata, the weight's shape and
+dtype and the window geometry (normalized, so two spellings of one padding agree) in the same
+all-reduce that agrees on a validation failure.  :func:`conv_backward` also runs its local
+kernels (data and filter gradient) inside that block, so agreeing costs it no extra message.
 """
 from __future__ import annotations
 
@@ -25,14 +31,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..array import DistArray
+from ..array import DistArray, agreed, canon, collective_entry
 from ..comm import allreduce, collective
 from ..distribution import Distribution
 from .local import kernels_for
 from .window import normalize_padding, normalize_tuple
-from ._spatial import (WindowPlan, begin_halo_input, check_gradient_layout, check_layout,
-                       halo_boundary, halo_gradient, halo_input, lift, lift3, overlap_regions,
-                       param_comm, spatial_windows, unlift, window_plan, with_channels)
+from ._spatial import (WindowPlan, begin_halo_input, check_extents, check_gradient_layout,
+                       check_layout, halo_boundary, halo_gradient, halo_input, lift, lift3,
+                       meaning, overlap_regions, param_comm, spatial_windows, unlift,
+                       window_plan, with_channels)
 
 __all__ = ["conv", "conv_forward", "conv_backward", "conv_transpose", "conv_transpose_forward",
            "conv_transpose_backward", "ConvSaved"]
@@ -59,6 +66,26 @@ class ConvSaved:
     overlap: bool = False
 
 
+def _window_keys(x: DistArray, w, stride, padding, dilation, groups) -> dict:
+    """The window geometry as the ranks agree on it: normalized per-axis values where the
+    arguments normalize (two spellings of one value agree), else their spellings."""
+    nd = x.ndim - 2
+    try:  # what 'same' padding depends on
+        kernel = tuple(int(k) for k in w.shape[2:])
+        dil = normalize_tuple(dilation, nd, "dilation")
+    except Exception:  # noqa: BLE001 - invalid: the padding is agreed as spelled
+        kernel = dil = None
+    return dict(stride=meaning(normalize_tuple, stride, nd, "stride"),
+                padding=meaning(normalize_padding, padding, nd, kernel, dil),
+                dilation=meaning(normalize_tuple, dilation, nd, "dilation"),
+                groups=canon(groups))
+
+
+def _check_bias(b, cout: int, what: str) -> None:
+    if b is not None and tuple(b.shape) != (cout,):
+        raise ValueError(f"{what}: bias must have shape ({cout},), got {tuple(b.shape)}")
+
+
 def _geometry(x: DistArray, w, stride, padding, dilation, groups, what: str):
     nd = check_layout(x, what)
     if w.ndim != nd + 2:
@@ -70,6 +97,7 @@ def _geometry(x: DistArray, w, stride, padding, dilation, groups, what: str):
     padding = normalize_padding(padding, nd, kernel, dilation)
     if isinstance(groups, bool) or int(groups) < 1:
         raise ValueError(f"groups must be a positive integer, got {groups}")
+    check_extents(x, what)
     return nd, kernel, stride, dilation, padding, int(groups)
 
 
@@ -125,27 +153,42 @@ def _windowed_forward(x: DistArray, plan: WindowPlan, windows, w, nd: int, strid
     return xin, y
 
 
-def _windowed_backward_data(saved: "ConvSaved", dy_local, grid) -> DistArray:
+def _backward_data_run(saved: "ConvSaved", dy_part, read, plo, phi):
+    """The local adjoint (backward-data) kernel for the outputs ``dy_part`` whose windows read
+    ``read`` of the halo'd input buffer."""
+    nd = saved.nd
+    shape = tuple(sl.stop - sl.start for sl in read[2:])
+    return unlift(kernels_for(dy_part).conv_backward_data(
+        lift(dy_part, nd), lift(saved.w, nd), lift3(shape, nd, 1), saved.stride3,
+        saved.dilation3, lift3(plo, nd, 0), lift3(phi, nd, 0), saved.groups), nd)
+
+
+def _backward_data_local(saved: "ConvSaved", dy_local):
+    """This rank's gradient of its whole read window (no message; the no-overlap path)."""
+    plan = saved.plan
+    if not plan.has_output:
+        return dy_local[:0]
+    return _backward_data_run(saved, dy_local, plan.read, plan.pad_lo, plan.pad_hi)
+
+
+def _windowed_backward_data(saved: "ConvSaved", dy_local, grid, local=None) -> DistArray:
     """Backward data of the convolution in ``saved``: the local adjoint kernel per region,
     halo cells sent back and added to their owners by the reverse exchange (collective).
     With overlap, the shells (the only outputs whose gradient reaches halo cells) go first,
-    then the reverse exchange is started and the interior computed while it flies."""
+    then the reverse exchange is started and the interior computed while it flies.
+    ``local``: the read window's gradient (:func:`_backward_data_local`) when the caller
+    computed it already (no overlap only)."""
     from ..backend import array_module
-    plan, nd = saved.plan, saved.nd
+    plan = saved.plan
     xp = array_module(dy_local)
-    k = kernels_for(dy_local)
 
     def run(dy_part, read, plo, phi):
-        shape = tuple(sl.stop - sl.start for sl in read[2:])
-        return unlift(k.conv_backward_data(lift(dy_part, nd), lift(saved.w, nd),
-                                           lift3(shape, nd, 1), saved.stride3, saved.dilation3,
-                                           lift3(plo, nd, 0), lift3(phi, nd, 0), saved.groups),
-                      nd)
+        return _backward_data_run(saved, dy_part, read, plo, phi)
     if not (saved.overlap and plan.needs_exchange):
-        with collective(grid.cart):
-            g = run(dy_local, plan.read, plan.pad_lo, plan.pad_hi) if plan.has_output \
-                else dy_local[:0]
-        return halo_gradient(g, saved.x_dist, grid, plan)
+        if local is None:
+            with collective(grid.cart):
+                local = _backward_data_local(saved, dy_local)
+        return halo_gradient(local, saved.x_dist, grid, plan)
     block = saved.x_dist.block_shape(grid.coords)
     dtype = np.result_type(dy_local.dtype, saved.w.dtype)
     buf = xp.zeros(tuple(lo + n + hi for (lo, hi), n in zip(plan.halo, block)), dtype=dtype)
@@ -172,6 +215,7 @@ def _windowed_backward_data(saved: "ConvSaved", dy_local, grid) -> DistArray:
 
 
 # -- convolution ---------------------------------------------------------------------------------
+@collective_entry
 def conv_forward(x: DistArray, w, b=None, stride=1, padding=0, dilation=1, groups=1,
                  padding_mode: str = "zeros", overlap: bool | None = None):
     """Convolution (cross-correlation, as ``torch.nn.functional.conv{1,2,3}d``) of ``x``
@@ -185,22 +229,26 @@ def conv_forward(x: DistArray, w, b=None, stride=1, padding=0, dilation=1, group
     MPI; off for CPU blocks, where the kernel and MPI progress share a thread and the split
     into regions measured ~7% slower (``bench/conv_bench.py --distributed``).
     Collective.  Returns ``(y, saved)``."""
-    nd, kernel, stride, dilation, padding, groups = _geometry(x, w, stride, padding, dilation,
-                                                              groups, "conv")
-    if w.shape[1] * groups != x.shape[1] or w.shape[0] % groups:
-        raise ValueError(f"conv: weight {tuple(w.shape)} with groups={groups} does not fit "
-                         f"{x.shape[1]} input channels")
-    if padding_mode not in ("zeros", "circular"):
-        raise ValueError(f"padding_mode must be 'zeros' or 'circular', got {padding_mode!r}")
-    circular = padding_mode == "circular"
-    if circular and any(max(p) > n for p, n in zip(padding, x.shape[2:])):
-        raise ValueError(f"circular padding {padding} must not exceed the spatial extents "
-                         f"{x.shape[2:]}")
-    if overlap is None:
-        overlap = x.device == "cuda"
-    windows = spatial_windows(nd, kernel, stride, dilation, padding, circular)
-    plan = window_plan(x.distribution, windows, x.grid.coords)
-    out_dist = with_channels(plan.out_dist, w.shape[0])
+    with agreed(x.grid.cart, "conv_forward", x=x, w=w, b=b,
+                **_window_keys(x, w, stride, padding, dilation, groups),
+                padding_mode=padding_mode, overlap=overlap):
+        nd, kernel, stride, dilation, padding, groups = _geometry(x, w, stride, padding,
+                                                                  dilation, groups, "conv")
+        if w.shape[1] * groups != x.shape[1] or w.shape[0] % groups:
+            raise ValueError(f"conv: weight {tuple(w.shape)} with groups={groups} does not fit "
+                             f"{x.shape[1]} input channels")
+        _check_bias(b, w.shape[0], "conv")
+        if padding_mode not in ("zeros", "circular"):
+            raise ValueError(f"padding_mode must be 'zeros' or 'circular', got {padding_mode!r}")
+        circular = padding_mode == "circular"
+        if circular and any(max(p) > n for p, n in zip(padding, x.shape[2:])):
+            raise ValueError(f"circular padding {padding} must not exceed the spatial extents "
+                             f"{x.shape[2:]}")
+        if overlap is None:
+            overlap = x.device == "cuda"
+        windows = spatial_windows(nd, kernel, stride, dilation, padding, circular)
+        plan = window_plan(x.distribution, windows, x.grid.coords)
+        out_dist = with_channels(plan.out_dist, w.shape[0])
     xin, y_local = _windowed_forward(x, plan, windows, w, nd, lift3(stride, nd, 1),
                                      lift3(dilation, nd, 1), groups,
                                      out_dist.block_shape(x.grid.coords), overlap)
@@ -218,41 +266,56 @@ def conv(x: DistArray, w, b=None, stride=1, padding=0, dilation=1, groups=1,
     return conv_forward(x, w, b, stride, padding, dilation, groups, padding_mode, overlap)[0]
 
 
-def _conv_dw(saved: ConvSaved, xwin_local, dy_local, dtype, grid):
-    """This rank's part of the filter gradient (collective only to agree on failure)."""
+def _conv_dw_local(saved: ConvSaved, xwin_local, dy_local, dtype):
+    """This rank's part of the filter gradient (no message)."""
     from ..backend import array_module
     plan, nd = saved.plan, saved.nd
-    xp = array_module(dy_local)
+    if plan.has_output:
+        k = kernels_for(dy_local)
+        dw = k.conv_backward_filter(lift(xwin_local, nd), lift(dy_local, nd),
+                                    lift3(saved.kernel, nd, 1), saved.stride3,
+                                    saved.dilation3, lift3(plan.pad_lo, nd, 0),
+                                    lift3(plan.pad_hi, nd, 0), saved.groups)
+        return dw.reshape(saved.w.shape)
+    return array_module(dy_local).zeros(saved.w.shape, dtype=dtype)
+
+
+def _conv_dw(saved: ConvSaved, xwin_local, dy_local, dtype, grid):
+    """:func:`_conv_dw_local`, collective only to agree on failure."""
     with collective(grid.cart):
-        if plan.has_output:
-            k = kernels_for(dy_local)
-            dw = k.conv_backward_filter(lift(xwin_local, nd), lift(dy_local, nd),
-                                        lift3(saved.kernel, nd, 1), saved.stride3,
-                                        saved.dilation3, lift3(plan.pad_lo, nd, 0),
-                                        lift3(plan.pad_hi, nd, 0), saved.groups)
-            return dw.reshape(saved.w.shape)
-        return xp.zeros(saved.w.shape, dtype=dtype)
+        return _conv_dw_local(saved, xwin_local, dy_local, dtype)
 
 
+@collective_entry
 def conv_backward(saved: ConvSaved, dy: DistArray, need_dx: bool = True, need_dw: bool = True,
                   reduce: bool = True):
     """Gradients ``(dx, dw, db)`` of a convolution from :func:`conv_forward` for the output
     gradient ``dy`` (distributed like the output).  Collective.  ``dx`` is a DistArray like
     ``x``; ``dw``/``db`` are replicated arrays (summed over the ranks holding different parts
-    of ``x`` unless ``reduce=False``); entries not asked for are ``None``."""
-    if saved.transposed:
-        raise ValueError("conv_backward got the state of a transposed convolution; use "
-                         "conv_transpose_backward")
-    check_gradient_layout(dy, with_channels(saved.plan.out_dist, saved.w.shape[0]),
-                          "convolution")
-    xin = saved.xin
-    dx = _windowed_backward_data(saved, dy.local, dy.grid) if need_dx else None
-    dw = db = None
+    of ``x`` unless ``reduce=False``); entries not asked for are ``None``.
+
+    The local kernels that precede any message (the read window's data gradient unless it
+    overlaps the reverse exchange, and the filter gradient) run inside the block that agrees
+    on the arguments, so one all-reduce agrees on the arguments and on kernel failures."""
+    plan = saved.plan
+    local_dx = need_dx and not (saved.overlap and plan.needs_exchange)
+    g = dw = db = None
+    with agreed(dy.grid.cart, "conv_backward", rank_local=True, dy=dy,
+                transposed=saved.transposed, need_dx=bool(need_dx), need_dw=bool(need_dw),
+                reduce=bool(reduce)):
+        if saved.transposed:
+            raise ValueError("conv_backward got the state of a transposed convolution; use "
+                             "conv_transpose_backward")
+        check_gradient_layout(dy, with_channels(plan.out_dist, saved.w.shape[0]),
+                              "convolution")
+        if local_dx:
+            g = _backward_data_local(saved, dy.local)
+        if need_dw:
+            dw = _conv_dw_local(saved, _read_window(saved.xin, plan), dy.local, dy.dtype)
+    dx = _windowed_backward_data(saved, dy.local, dy.grid, local=g) if need_dx else None
     if need_dw:
-        comm = param_comm(xin)
-        dw = _reduce(_conv_dw(saved, _read_window(xin, saved.plan), dy.local, dy.dtype,
-                               dy.grid), comm,
-                     reduce)
+        comm = param_comm(saved.xin)
+        dw = _reduce(dw, comm, reduce)
         if saved.has_bias:
             axes = (0,) + tuple(range(2, dy.ndim))
             db = _reduce(dy.local.sum(axis=axes), comm, reduce)
@@ -282,29 +345,37 @@ def _transposed_layout(y: DistArray, windows, extents
     return y, x_dist, plan
 
 
+@collective_entry
 def conv_transpose_forward(y: DistArray, w, b=None, stride=1, padding=0, output_padding=0,
                            dilation=1, groups=1):
     """Transposed convolution (``torch.nn.functional.conv_transpose{1,2,3}d``) of ``y``
     ``(N, Cin, *S)`` with ``w`` ``(Cin, Cout // groups, *K)``; output extent per axis
     ``(m-1)*stride - lo - hi + dilation*(k-1) + 1 + output_padding`` with
     ``output_padding < stride``.  Collective.  Returns ``(x, saved)``."""
-    nd, kernel, stride, dilation, padding, groups = _geometry(y, w, stride, padding, dilation,
-                                                              groups, "conv_transpose")
-    if w.shape[0] != y.shape[1] or y.shape[1] % groups:
-        raise ValueError(f"conv_transpose: weight {tuple(w.shape)} with groups={groups} does "
-                         f"not fit {y.shape[1]} input channels")
-    output_padding = normalize_tuple(output_padding, nd, "output_padding")
-    windows = spatial_windows(nd, kernel, stride, dilation, padding)
-    extents = []
-    for win, m, op in zip(windows, y.shape[2:], output_padding):
-        if not 0 <= op < win.stride:
-            raise ValueError(f"output_padding {output_padding} must be >= 0 and smaller than "
-                             f"the stride {stride}")
-        n = (m - 1) * win.stride - win.pad_lo - win.pad_hi + win.span + op
-        if n < 1 or win.out_extent(n) != m:
-            raise ValueError(f"conv_transpose: input extent {m} gives no valid output extent "
-                             f"with kernel {kernel}, stride {stride}, padding {padding}")
-        extents.append(n)
+    with agreed(y.grid.cart, "conv_transpose_forward", y=y, w=w, b=b,
+                **_window_keys(y, w, stride, padding, dilation, groups),
+                output_padding=meaning(normalize_tuple, output_padding, y.ndim - 2,
+                                       "output_padding")):
+        nd, kernel, stride, dilation, padding, groups = _geometry(y, w, stride, padding,
+                                                                  dilation, groups,
+                                                                  "conv_transpose")
+        if w.shape[0] != y.shape[1] or y.shape[1] % groups:
+            raise ValueError(f"conv_transpose: weight {tuple(w.shape)} with groups={groups} "
+                             f"does not fit {y.shape[1]} input channels")
+        _check_bias(b, w.shape[1] * groups, "conv_transpose")
+        output_padding = normalize_tuple(output_padding, nd, "output_padding")
+        windows = spatial_windows(nd, kernel, stride, dilation, padding)
+        extents = []
+        for win, m, op in zip(windows, y.shape[2:], output_padding):
+            if not 0 <= op < win.stride:
+                raise ValueError(f"output_padding {output_padding} must be >= 0 and smaller "
+                                 f"than the stride {stride}")
+            n = (m - 1) * win.stride - win.pad_lo - win.pad_hi + win.span + op
+            if n < 1 or win.out_extent(n) != m:
+                raise ValueError(f"conv_transpose: input extent {m} gives no valid output "
+                                 f"extent with kernel {kernel}, stride {stride}, padding "
+                                 f"{padding}")
+            extents.append(n)
     y_layout = (y.distribution, y.grid)
     y, x_dist, plan = _transposed_layout(y, windows, extents)
     cout = w.shape[1] * groups
@@ -323,16 +394,20 @@ def conv_transpose(y: DistArray, w, b=None, stride=1, padding=0, output_padding=
     return conv_transpose_forward(y, w, b, stride, padding, output_padding, dilation, groups)[0]
 
 
+@collective_entry
 def conv_transpose_backward(saved: ConvSaved, dx: DistArray, need_dy: bool = True,
                             need_dw: bool = True, reduce: bool = True):
     """Gradients ``(dy, dw, db)`` of a transposed convolution for its output gradient ``dx``
     (distributed like its output).  ``dy`` is the convolution of ``dx`` (halo exchange + local
     forward kernel), returned with the distribution the caller's input had (redistributed back
     when the forward had to redistribute it).  Collective."""
-    if not saved.transposed:
-        raise ValueError("conv_transpose_backward got the state of a convolution; use "
-                         "conv_backward")
-    check_gradient_layout(dx, saved.x_dist, "transposed convolution", name="dx")
+    with agreed(dx.grid.cart, "conv_transpose_backward", dx=dx,
+                transposed=saved.transposed, need_dy=bool(need_dy), need_dw=bool(need_dw),
+                reduce=bool(reduce)):
+        if not saved.transposed:
+            raise ValueError("conv_transpose_backward got the state of a convolution; use "
+                             "conv_backward")
+        check_gradient_layout(dx, saved.x_dist, "transposed convolution", name="dx")
     plan, nd = saved.plan, saved.nd
     dy = db = dw = None
     dxin = None

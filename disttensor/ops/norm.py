@@ -12,6 +12,13 @@ block with its own statistics (LBANN's local statistics: no all-reduce in forwar
 ``dx``); its running statistics are then per rank too.  The backward sums ``[sum dy,
 sum dy*xhat]`` with one all-reduce (``'global'``) and always sums ``dgamma``/``dbeta`` over the
 ranks, since the parameters are shared.
+
+Both entry points agree on their arguments (the arrays' metadata, the parameter and running
+statistics shapes, ``training``, ``momentum``, ``eps``, ``stats``) before any message; the
+local statistics kernel (training forward) and the local sums (backward) run inside the
+agreeing block, whose all-reduce also agrees on their failure.  Training needs more than one
+value per channel in each set of statistics (PyTorch's rule; see "Degenerate inputs" in
+``docs/ops.md``).
 """
 from __future__ import annotations
 
@@ -19,9 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..array import DistArray
+from ..array import DistArray, agreed, collective_entry
 from ..backend import array_module
-from ..comm import allreduce, collective
+from ..comm import allreduce
 from .local import kernels_for
 from ._spatial import check_gradient_layout, check_layout, param_comm
 
@@ -82,28 +89,62 @@ def _count(a) -> int:
     return int(np.prod(a.shape)) // a.shape[1] if a.shape[1] else 0
 
 
+def _check_values_per_channel(x: DistArray, stats: str) -> None:
+    """PyTorch's rule for training (``torch.nn.functional._verify_batch_size``): exactly one
+    value per channel (``N * prod(S) == 1``) cannot give a variance and raises; none (an empty
+    batch) is fine (an empty output, running statistics untouched).  It applies to each set
+    of statistics: the whole array for ``stats='global'``, every block for ``'local'`` (from
+    the replicated distribution, so every rank decides alike)."""
+    d = x.distribution
+    if stats == "global":
+        n = int(np.prod((d.shape[0],) + d.shape[2:]))
+        if n == 1:
+            raise ValueError(f"Expected more than 1 value per channel when training, got input "
+                             f"size {d.shape}")
+        return
+    # a block with a count of 1 exists iff every axis but the channels has a block of extent 1
+    # (the axes are cut over distinct grid axes, so their blocks combine freely)
+    if all(1 in (d.sizes(t) if d.split[t] is not None else (d.shape[t],))
+           for t in range(d.ndim) if t != 1):
+        raise ValueError(f"Expected more than 1 value per channel when training, got a block "
+                         f"with one value per channel (stats='local' normalizes every block "
+                         f"with its own statistics; input size {d.shape}, split {d.split}, "
+                         f"sizes {d.split_sizes})")
+
+
+@collective_entry
 def batch_norm_forward(x: DistArray, gamma, beta, running_mean=None, running_var=None,
                        training: bool = True, momentum: float = 0.1, eps: float = 1e-5,
                        stats: str = "global"):
     """Normalize ``x`` per channel and apply ``gamma``/``beta`` ((C,) arrays on ``x``'s device).
     ``running_mean``/``running_var`` (float arrays, (C,)) are updated in place when training
-    and used when not.  Collective when training with ``stats='global'``.  Returns
-    ``(y, saved)``."""
-    check_layout(x, "batch_norm")
-    if stats not in ("global", "local"):
-        raise ValueError(f"stats must be 'global' or 'local', got {stats!r}")
-    c = x.shape[1]
-    for name, v in (("gamma", gamma), ("beta", beta), ("running_mean", running_mean),
-                    ("running_var", running_var)):
-        if v is not None and tuple(v.shape) != (c,):
-            raise ValueError(f"batch_norm: {name} must have shape ({c},), got {tuple(v.shape)}")
-    if not training and (running_mean is None or running_var is None):
-        raise ValueError("batch_norm in inference mode needs running_mean and running_var")
+    and used when not.  Training needs more than one value per channel (PyTorch's rule;
+    ``ValueError`` on every rank otherwise); an empty batch gives an empty output.
+    Collective (the ranks agree on the arguments; training with ``stats='global'`` combines
+    the statistics with one Allgather).  Returns ``(y, saved)``."""
+    c = x.shape[1] if x.ndim > 1 else 0
     xp = x.xp
-    k = kernels_for(x.local)
-    if training:
-        with collective(x.grid.cart):  # a kernel failure on one rank raises on all
+    training = bool(training)
+    with agreed(x.grid.cart, "batch_norm_forward", rank_local=training, x=x, gamma=gamma,
+                beta=beta, running_mean=running_mean, running_var=running_var,
+                training=training, momentum=momentum, eps=eps, stats=stats):
+        check_layout(x, "batch_norm")
+        if stats not in ("global", "local"):
+            raise ValueError(f"stats must be 'global' or 'local', got {stats!r}")
+        for name, v in (("gamma", gamma), ("beta", beta), ("running_mean", running_mean),
+                        ("running_var", running_var)):
+            if v is not None and tuple(v.shape) != (c,):
+                raise ValueError(f"batch_norm: {name} must have shape ({c},), got "
+                                 f"{tuple(v.shape)}")
+        if not training and (running_mean is None or running_var is None):
+            raise ValueError("batch_norm in inference mode needs running_mean and running_var")
+        k = kernels_for(x.local)
+        if training:
+            _check_values_per_channel(x, stats)
+            # the local statistics inside the agreed block: its all-reduce also agrees on a
+            # kernel failure
             n_r, mean_r, m2_r = _local_moments(k, x.local, c)
+    if training:
         comm = param_comm(x) if stats == "global" else None
         cnt, mean_h, m2_h = _combine_moments(comm, n_r, mean_r, m2_r)
         mean = xp.asarray(mean_h)
@@ -128,16 +169,18 @@ def batch_norm_forward(x: DistArray, gamma, beta, running_mean=None, running_var
     return DistArray(y_local, x.distribution, x.grid), saved
 
 
+@collective_entry
 def batch_norm_backward(saved: BatchNormSaved, dy: DistArray, reduce: bool = True):
     """Gradients ``(dx, dgamma, dbeta)`` (collective: one all-reduce of the per-channel sums;
     ``reduce=False`` leaves ``dgamma``/``dbeta`` as per-rank partial sums in ``'local'`` mode
     and inference mode, where ``dx`` does not need them)."""
     x = saved.x
-    check_gradient_layout(dy, x.distribution, "batch-norm")
     xp = array_module(dy.local)
     k = kernels_for(dy.local)
     c = x.shape[1]
-    with collective(dy.grid.cart):
+    with agreed(dy.grid.cart, "batch_norm_backward", rank_local=True, dy=dy,
+                training=saved.training, stats=saved.stats, reduce=bool(reduce)):
+        check_gradient_layout(dy, x.distribution, "batch-norm")
         s_dy, s_dyx = k.channel_sums_backward(dy.local, x.local, saved.mean, saved.invstd)
     sums = xp.concatenate([xp.asarray(s_dy, dtype=xp.float64),
                            xp.asarray(s_dyx, dtype=xp.float64)])

@@ -10,37 +10,45 @@
   back (the global array is unchanged by a redistribution, so its gradient is too).
 * :func:`dense_forward`: ``y = x @ w.T + b`` on ``(N, F)`` blocks with the features whole;
   ``dw``/``db`` are summed over the ranks holding different samples (replicas count once).
+
+Every entry point agrees on its arguments (the arrays' metadata, the weight's shape) before any
+message, the local ones (dense, flatten without a redistribution) too: they set the output's
+global metadata, which a rank-dependent argument would make inconsistent.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..array import DistArray
+from ..array import DistArray, agreed, collective_entry
 from ..backend import array_module
 from ..comm import allreduce
 from ..distribution import Distribution
-from ._spatial import param_comm, with_channels
+from ._spatial import check_gradient_layout, param_comm, with_channels
 
 __all__ = ["concat_channels", "concat_channels_backward", "flatten_forward",
            "flatten_backward", "FlattenSaved", "dense_forward", "dense_backward", "DenseSaved"]
 
 
+@collective_entry
 def concat_channels(xs) -> tuple[DistArray, list[Distribution]]:
-    """Concatenate ``(N, C_i, *S)`` arrays along the channel axis (collective when operands
-    are distributed differently, possibly on other grids over the same ranks).  Returns
-    ``(y, layouts)``; ``layouts`` (the operands' distributions and grids) is what
-    :func:`concat_channels_backward` needs."""
+    """Concatenate ``(N, C_i, *S)`` arrays along the channel axis (collective: the ranks agree
+    on the operands' metadata; operands distributed differently, possibly on other grids over
+    the same ranks, are redistributed).  Returns ``(y, layouts)``; ``layouts`` (the operands'
+    distributions and grids) is what :func:`concat_channels_backward` needs.  An empty list
+    raises without a message (there is no communicator to agree over)."""
     xs = list(xs)
     if not xs:
         raise ValueError("concat_channels needs at least one array")
     first = xs[0]
-    if first.ndim < 2 or first.split[1] is not None:
-        raise ValueError(f"concat_channels needs (N, C, ...) arrays with an unsplit channel "
-                         f"axis, got split {first.split}")
-    for x in xs[1:]:
-        if x.ndim != first.ndim or x.shape[:1] + x.shape[2:] != first.shape[:1] + first.shape[2:]:
-            raise ValueError(f"concat_channels: shapes {first.shape} and {x.shape} differ "
-                             "outside the channel axis")
+    with agreed(first.grid.cart, "concat_channels", xs=tuple(xs)):
+        if first.ndim < 2 or first.split[1] is not None:
+            raise ValueError(f"concat_channels needs (N, C, ...) arrays with an unsplit channel "
+                             f"axis, got split {first.split}")
+        for x in xs[1:]:
+            if x.ndim != first.ndim or \
+                    x.shape[:1] + x.shape[2:] != first.shape[:1] + first.shape[2:]:
+                raise ValueError(f"concat_channels: shapes {first.shape} and {x.shape} differ "
+                                 "outside the channel axis")
     layouts = [(x.distribution, x.grid) for x in xs]
     parts = []
     for x in xs:
@@ -53,9 +61,17 @@ def concat_channels(xs) -> tuple[DistArray, list[Distribution]]:
     return DistArray(y, with_channels(first.distribution, ctot), first.grid), layouts
 
 
+@collective_entry
 def concat_channels_backward(layouts, dy: DistArray) -> list[DistArray]:
     """Split ``dy`` along the channels into gradients distributed like the operands
-    (``layouts``: what :func:`concat_channels` returned with its output)."""
+    (``layouts``: what :func:`concat_channels` returned with its output).  Collective."""
+    layouts = list(layouts)
+    with agreed(dy.grid.cart, "concat_channels_backward", dy=dy,
+                layouts=tuple((d, g) for d, g in layouts)):
+        if layouts:
+            ctot = sum(d.shape[1] for d, _ in layouts)
+            check_gradient_layout(dy, with_channels(layouts[0][0], ctot),
+                                  "channel concatenation")
     out = []
     c0 = 0
     for d, grid in layouts:
@@ -73,15 +89,18 @@ def concat_channels_backward(layouts, dy: DistArray) -> list[DistArray]:
 class FlattenSaved:
     x_dist: Distribution
     gathered: Distribution
+    out_dist: Distribution | None = None
 
 
+@collective_entry
 def flatten_forward(x: DistArray):
     """``(N, ...) -> (N, prod(...))``; the sample axis keeps its split, all others are whole
-    (collective: a redistribution when the input is split beyond the sample axis).
-    Returns ``(y, saved)``."""
+    (collective: the ranks agree on ``x``'s metadata; a redistribution when the input is split
+    beyond the sample axis).  Returns ``(y, saved)``."""
     d = x.distribution
-    if x.ndim < 2:
-        raise ValueError(f"flatten needs at least 2 axes, got shape {x.shape}")
+    with agreed(x.grid.cart, "flatten_forward", x=x):
+        if x.ndim < 2:
+            raise ValueError(f"flatten needs at least 2 axes, got shape {x.shape}")
     gathered = Distribution(d.shape, d.grid_dims, (d.split[0],) + (None,) * (x.ndim - 1),
                             [d.sizes(0) if d.split[0] is not None else None]
                             + [None] * (x.ndim - 1))
@@ -93,10 +112,16 @@ def flatten_forward(x: DistArray):
     flat = loc.reshape(loc.shape[0], feat)
     fd = Distribution((d.shape[0], feat), d.grid_dims, (d.split[0], None),
                       [gathered.sizes(0) if d.split[0] is not None else None, None])
-    return DistArray(flat, fd, x.grid), FlattenSaved(d, gathered)
+    return DistArray(flat, fd, x.grid), FlattenSaved(d, gathered, fd)
 
 
+@collective_entry
 def flatten_backward(saved: FlattenSaved, dy: DistArray) -> DistArray:
+    """Gradient with respect to the flatten input (collective: the ranks agree on ``dy``'s
+    metadata; redistributed back when the forward gathered)."""
+    with agreed(dy.grid.cart, "flatten_backward", dy=dy, x=saved.x_dist):
+        if saved.out_dist is not None:
+            check_gradient_layout(dy, saved.out_dist, "flatten")
     g = saved.gathered
     loc = dy.local.reshape((dy.local.shape[0],) + g.shape[1:])
     out = DistArray(loc, g, dy.grid)
@@ -110,26 +135,40 @@ class DenseSaved:
     has_bias: bool
 
 
+def _dense_out_dist(d: Distribution, fout: int) -> Distribution:
+    return Distribution((d.shape[0], fout), d.grid_dims, d.split, [d.split_sizes[0], None])
+
+
+@collective_entry
 def dense_forward(x: DistArray, w, b=None):
     """``y = x @ w.T + b`` for ``x`` ``(N, F)`` with the feature axis whole, ``w``
-    ``(Fout, F)``, ``b`` ``(Fout,)``.  Local.  Returns ``(y, saved)``."""
-    if x.ndim != 2 or x.split[1] is not None:
-        raise ValueError(f"dense needs (N, F) input with the feature axis not split, got shape "
-                         f"{x.shape} split {x.split}; flatten first")
-    if w.ndim != 2 or w.shape[1] != x.shape[1]:
-        raise ValueError(f"dense: weight {tuple(w.shape)} does not fit {x.shape[1]} features")
+    ``(Fout, F)``, ``b`` ``(Fout,)``.  No data moves; collective only to agree on the
+    arguments (the weight's shape sets the output's).  Returns ``(y, saved)``."""
+    with agreed(x.grid.cart, "dense_forward", x=x, w=w, b=b):
+        if x.ndim != 2 or x.split[1] is not None:
+            raise ValueError(f"dense needs (N, F) input with the feature axis not split, got "
+                             f"shape {x.shape} split {x.split}; flatten first")
+        if w.ndim != 2 or w.shape[1] != x.shape[1]:
+            raise ValueError(f"dense: weight {tuple(w.shape)} does not fit {x.shape[1]} "
+                             "features")
+        if b is not None and tuple(b.shape) != (w.shape[0],):
+            raise ValueError(f"dense: bias must have shape ({w.shape[0]},), got "
+                             f"{tuple(b.shape)}")
     y = x.local @ w.T.astype(x.dtype, copy=False)
     if b is not None:
         y = y + b.astype(x.dtype, copy=False)
-    d = x.distribution
-    yd = Distribution((d.shape[0], w.shape[0]), d.grid_dims, d.split, [d.split_sizes[0], None])
+    yd = _dense_out_dist(x.distribution, w.shape[0])
     return DistArray(y, yd, x.grid), DenseSaved(x, w, b is not None)
 
 
+@collective_entry
 def dense_backward(saved: DenseSaved, dy: DistArray, need_dx: bool = True, reduce: bool = True):
     """``(dx, dw, db)``; ``dw``/``db`` summed over the ranks holding different samples unless
-    ``reduce=False`` (collective then)."""
+    ``reduce=False``.  Collective (the ranks agree on ``dy``'s metadata and the flags)."""
     x = saved.x
+    with agreed(dy.grid.cart, "dense_backward", dy=dy, need_dx=bool(need_dx),
+                reduce=bool(reduce)):
+        check_gradient_layout(dy, _dense_out_dist(x.distribution, saved.w.shape[0]), "dense")
     dx = DistArray(dy.local @ saved.w.astype(dy.dtype, copy=False), x.distribution, x.grid) \
         if need_dx else None
     comm = param_comm(x)

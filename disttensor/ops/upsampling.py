@@ -8,6 +8,10 @@ outputs read at most one input cell beyond each side, so split axes get a halo o
 separable: it is applied one spatial axis at a time on the halo'd buffer (whose corners the
 exchange fills), and the backward applies the per-axis adjoints in reverse order (segment sums)
 and returns halo cells to their owners with the reverse exchange.
+
+Both entry points agree on their arguments (mode, scale, the arrays' metadata) before any
+message, nearest mode too: it sends none, but a scale that differed between ranks would give
+the output inconsistent global metadata.
 """
 from __future__ import annotations
 
@@ -15,12 +19,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..array import DistArray
+from ..array import DistArray, agreed, collective_entry
 from ..backend import array_module
 from ..comm import collective
 from ..distribution import Distribution
 from .window import normalize_tuple
-from ._spatial import check_gradient_layout, check_layout
+from ._spatial import check_extents, check_gradient_layout, check_layout, meaning
 
 __all__ = ["upsample", "upsample_forward", "upsample_backward", "UpsampleSaved",
            "linear_taps"]
@@ -90,16 +94,21 @@ def _segment_add(g, t: int, idx, length: int, xp):
     return out
 
 
+@collective_entry
 def upsample_forward(x: DistArray, scale, mode: str = "nearest"):
     """Upsample ``x`` ``(N, C, *S)`` by integer ``scale`` (int or per spatial axis);
     ``mode`` ``'nearest'`` or ``'linear'`` (bi/trilinear, ``align_corners=False``).
-    Collective for ``'linear'`` on split spatial axes.  Returns ``(y, saved)``."""
-    if mode not in ("nearest", "linear"):
-        raise ValueError(f"upsample mode must be 'nearest' or 'linear', got {mode!r}")
-    nd = check_layout(x, "upsample")
-    scale = normalize_tuple(scale, nd, "scale")
-    if any(f < 1 for f in scale):
-        raise ValueError(f"upsample scale factors must be positive integers, got {scale}")
+    Collective (the ranks agree on the arguments; ``'linear'`` on split spatial axes
+    exchanges halos).  Returns ``(y, saved)``."""
+    with agreed(x.grid.cart, "upsample_forward", x=x, mode=mode,
+                scale=meaning(normalize_tuple, scale, x.ndim - 2, "scale")):
+        if mode not in ("nearest", "linear"):
+            raise ValueError(f"upsample mode must be 'nearest' or 'linear', got {mode!r}")
+        nd = check_layout(x, "upsample")
+        check_extents(x, "upsample")
+        scale = normalize_tuple(scale, nd, "scale")
+        if any(f < 1 for f in scale):
+            raise ValueError(f"upsample scale factors must be positive integers, got {scale}")
     d = x.distribution
     out_dist = _out_dist(d, scale)
     xp = x.xp
@@ -135,33 +144,45 @@ def upsample_forward(x: DistArray, scale, mode: str = "nearest"):
     return DistArray(xp.ascontiguousarray(y), out_dist, x.grid), saved
 
 
+@collective_entry
 def upsample_backward(saved: UpsampleSaved, dy: DistArray) -> DistArray:
-    """Gradient with respect to the upsampling input (collective for linear mode on split
-    axes: reverse halo exchange)."""
-    check_gradient_layout(dy, saved.out_dist, "upsampling")
+    """Gradient with respect to the upsampling input (collective: the ranks agree on ``dy``'s
+    metadata; linear mode on split axes sends halo gradients back with the reverse exchange).
+    The local part runs inside the agreeing block."""
     xp = array_module(dy.local)
     g = dy.local
+    with agreed(dy.grid.cart, "upsample_backward", rank_local=saved.mode == "linear", dy=dy,
+                mode=saved.mode):
+        check_gradient_layout(dy, saved.out_dist, "upsampling")
+        if saved.mode == "nearest":
+            for i, f in enumerate(saved.scale):
+                t = 2 + i
+                if f > 1:
+                    shape = g.shape[:t] + (g.shape[t] // f, f) + g.shape[t + 1:]
+                    g = g.reshape(shape).sum(axis=t + 1)
+        else:
+            g = _linear_backward_local(saved, g, xp)
     if saved.mode == "nearest":
-        for i, f in enumerate(saved.scale):
-            t = 2 + i
-            if f > 1:
-                shape = g.shape[:t] + (g.shape[t] // f, f) + g.shape[t + 1:]
-                g = g.reshape(shape).sum(axis=t + 1)
         return DistArray(xp.ascontiguousarray(g), saved.x_dist, dy.grid)
-    with collective(dy.grid.cart):
-        for i in reversed(range(len(saved.taps))):
-            t = 2 + i
-            i0, i1, lam = saved.taps[i]
-            shape = [1] * g.ndim
-            shape[t] = -1
-            lam_a = xp.asarray(lam, dtype=g.dtype).reshape(shape)
-            length = saved.buf_shape[t]
-            g = _segment_add(g * (1 - lam_a), t, i0, length, xp) + _segment_add(g * lam_a, t, i1,
-                                                                               length, xp)
     gd = DistArray(g, saved.x_dist, dy.grid, saved.halo)
     if any(h != (0, 0) for h in saved.halo):
         gd.halo_exchange("zero").reverse()
     return DistArray(xp.ascontiguousarray(gd.local), saved.x_dist, dy.grid)
+
+
+def _linear_backward_local(saved: UpsampleSaved, g, xp):
+    """Adjoint of the per-axis interpolation on this rank's block: the gradient of the halo'd
+    input buffer (no message)."""
+    for i in reversed(range(len(saved.taps))):
+        t = 2 + i
+        i0, i1, lam = saved.taps[i]
+        shape = [1] * g.ndim
+        shape[t] = -1
+        lam_a = xp.asarray(lam, dtype=g.dtype).reshape(shape)
+        length = saved.buf_shape[t]
+        g = _segment_add(g * (1 - lam_a), t, i0, length, xp) + _segment_add(g * lam_a, t, i1,
+                                                                           length, xp)
+    return g
 
 
 def upsample(x: DistArray, scale, mode: str = "nearest") -> DistArray:

@@ -286,6 +286,15 @@ def bn_cases(draw, need_split=False):
     return shape, layout, momentum, draw(st.integers(0, 2**32 - 1))
 
 
+def one_value_per_channel(x, stats: str) -> bool:
+    """Whether a set of training statistics would have one value per channel (PyTorch's
+    ``N * prod(S) == 1``): the whole array (``'global'``) or any block (``'local'``)."""
+    d = x.distribution
+    shapes = [d.shape] if stats == "global" else \
+        [d.block_shape(c) for c in itertools.product(*(range(n) for n in d.grid_dims))]
+    return any(int(np.prod(s[:1] + s[2:])) == 1 for s in shapes)
+
+
 def bn_data(shape, seed):
     rng = np.random.default_rng(seed)
     c = shape[1]
@@ -306,6 +315,12 @@ def test_batch_norm_global(case):
     x = scatter(xg, layout)
     what = f"batch_norm global shape={shape} layout={layout}"
     rm, rv = rm0.copy(), rv0.copy()
+    if one_value_per_channel(x, "global"):
+        assert_raises_all(COMM, ValueError, "Expected more than 1 value per channel",
+                          lambda: batch_norm_forward(x, gamma, beta, rm, rv, True, momentum,
+                                                     EPS, "global"))
+        close(rm, rm0, f"{what}: running_mean untouched", rtol=0, atol=0)
+        return
     y, saved = batch_norm_forward(x, gamma, beta, rm, rv, True, momentum, EPS, "global")
     yref, mean, _, var_u = ref.batch_norm_train(xg, gamma, beta, EPS)
     gathered(y, yref, f"{what} forward", atol=1e-10)
@@ -349,6 +364,11 @@ def test_batch_norm_local_stats(case):
     x = scatter(xg, layout)
     what = f"batch_norm local shape={shape} layout={layout}"
     rm, rv = rm0.copy(), rv0.copy()
+    if one_value_per_channel(x, "local"):  # on every rank, whichever holds that block
+        assert_raises_all(COMM, ValueError, "Expected more than 1 value per channel",
+                          lambda: batch_norm_forward(x, gamma, beta, rm, rv, True, momentum,
+                                                     EPS, "local"))
+        return
     y, saved = batch_norm_forward(x, gamma, beta, rm, rv, True, momentum, EPS, "local")
     local_ok(y, what)
     xb = xg[x.local_slices]
