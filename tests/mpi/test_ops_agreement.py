@@ -1,0 +1,409 @@
+"""Argument agreement of the distributed CNN ops (issue 11): an argument that differs between
+ranks raises :class:`disttensor.ArgumentMismatchError` naming it on every rank, before any
+data moves, for every entry point of :mod:`disttensor.ops`; and the agreement costs at most
+one small all-reduce per entry point (none for the activations without hyper-parameters).
+
+Each mismatch test expects the error with ``pytest.raises`` on every rank, then proves the
+ranks are still in step (:func:`in_step`).  Arrays whose layout differs between ranks (what a
+rank-dependent branch would produce) are made inside :func:`disttensor.agreement.disabled`,
+where creation sends no message.  The counting tests monkeypatch
+:func:`disttensor.agreement.status_allreduce` (every agreement and failure all-reduce goes
+through it).
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import disttensor as dt
+from disttensor import agreement, ops
+from conftest import assert_all_ranks
+
+COMM = MPI.COMM_WORLD
+SIZE = COMM.Get_size()
+RANK = COMM.Get_rank()
+
+two_ranks = pytest.mark.skipif(SIZE == 1, reason="needs two ranks to differ")
+
+
+def in_step(tag: str) -> None:
+    """The ranks are in step: an all-gather of where they are and a small collective op."""
+    where = COMM.allgather(tag)
+    assert_all_ranks(COMM, all(w == tag for w in where), f"ranks at different places: {where}")
+    assert float(dt.arange(2 * SIZE + 1, dtype="float64").sum()) == float(SIZE * (2 * SIZE + 1))
+
+
+def last_rank_only(bad, good):
+    return bad if RANK == SIZE - 1 else good
+
+
+def mismatch(call: str, *names: str):
+    """``pytest.raises`` for the ArgumentMismatchError of ``call`` naming each of ``names`` with
+    its value on every rank."""
+    pattern = rf"^{re.escape(call)}: arguments differ between ranks"
+    pattern += "".join(rf"(?=.*'{re.escape(n)}' \(rank 0: .*rank {SIZE - 1}: )" for n in names)
+    return pytest.raises(dt.ArgumentMismatchError, match=pattern)
+
+
+def different_calls(*calls: str):
+    pattern = r"reached different collective calls \(" + "".join(
+        rf"(?=.*{re.escape(c)})" for c in calls)
+    return pytest.raises(dt.ArgumentMismatchError, match=pattern)
+
+
+_GRIDS: dict = {}
+
+
+def grid1() -> dt.ProcessGrid:
+    """A 1-D grid of all ranks, for (N, C, W) arrays split along W."""
+    if "1d" not in _GRIDS:
+        _GRIDS["1d"] = dt.ProcessGrid((SIZE,))
+    return _GRIDS["1d"]
+
+
+def ncw(n=2, c=4, w=None, split=(None, None, 0), sizes=None, seed=0) -> dt.DistArray:
+    """An (N, C, W) float64 array, W = 4 per rank by default, split along W."""
+    w = 4 * SIZE if w is None else w
+    a = np.random.default_rng(seed).standard_normal((n, c, w))
+    return dt.from_global(a, grid=grid1(), split=split, sizes=sizes)
+
+
+def rank_dependent(shape, split, sizes=None, fill=1.0) -> dt.DistArray:
+    """An array whose layout may differ between ranks (made without agreement: creation
+    sends no message then)."""
+    with agreement.disabled():
+        x = dt.zeros(shape, grid=grid1(), split=split, sizes=sizes)
+    x.local[...] = fill
+    return x
+
+
+RNG = np.random.default_rng(7)
+W3 = RNG.standard_normal((4, 4, 3))
+
+
+# -- convolution --------------------------------------------------------------------------------
+@two_ranks
+def test_conv_forward_arguments_differ():
+    x = ncw()
+    with mismatch("conv_forward", "padding"):  # was: returned with inconsistent metadata
+        ops.conv_forward(x, W3, padding=last_rank_only(1, 0))
+    with mismatch("conv_forward", "stride"):
+        ops.conv_forward(x, W3, stride=last_rank_only(2, 1))
+    with mismatch("conv_forward", "dilation"):
+        ops.conv_forward(x, W3, dilation=last_rank_only(2, 1))
+    with mismatch("conv_forward", "groups"):  # invalid on the others: the mismatch wins
+        ops.conv_forward(x, W3[:, :2], groups=last_rank_only(2, 1))
+    with mismatch("conv_forward", "w"):
+        ops.conv_forward(x, last_rank_only(W3[:, :, :1], W3), padding=1)
+    with mismatch("conv_forward", "b"):
+        ops.conv_forward(x, W3, last_rank_only(np.zeros(4), None))
+    with mismatch("conv_forward", "padding_mode"):
+        ops.conv_forward(x, W3, padding=1, padding_mode=last_rank_only("circular", "zeros"))
+    with mismatch("conv_forward", "overlap"):
+        ops.conv_forward(x, W3, padding=1, overlap=last_rank_only(True, False))
+    in_step("conv forward")
+
+
+def test_conv_spellings_that_agree():
+    """Spellings of one geometry agree (normalized before the digest)."""
+    x = ncw()
+    y1, _ = ops.conv_forward(x, W3, padding=last_rank_only(1, ((1, 1),)),
+                             stride=last_rank_only(1, (1,)))
+    y2, _ = ops.conv_forward(x, W3, padding=last_rank_only("same", 1))
+    assert_all_ranks(COMM, np.array_equal(y1.local, y2.local), "same padding spellings")
+    ops.pool_forward(x, "max", last_rank_only(2, [2]), padding=last_rank_only(0, ((0, 0),)))
+    in_step("spellings")
+
+
+@two_ranks
+def test_conv_backward_arguments_differ():
+    x = ncw()
+    y, saved = ops.conv_forward(x, W3, np.zeros(4), padding=1)
+    dy = ops.conv_forward(x, W3, padding=1)[0]
+    with mismatch("conv_backward", "need_dw"):
+        ops.conv_backward(saved, dy, need_dw=last_rank_only(False, True))
+    with mismatch("conv_backward", "reduce"):
+        ops.conv_backward(saved, dy, reduce=last_rank_only(False, True))
+    # a gradient distributed differently on one rank (what a rank-dependent branch gives)
+    n = y.shape[2]
+    bad = rank_dependent(y.shape, (None, None, 0),
+                         [None, None, last_rank_only((n,) + (0,) * (SIZE - 1), None)])
+    with mismatch("conv_backward", "dy"):
+        ops.conv_backward(saved, last_rank_only(bad, dy))
+    in_step("conv backward")
+
+
+@two_ranks
+def test_conv_transpose_arguments_differ():
+    x = ncw()
+    with mismatch("conv_transpose_forward", "output_padding"):
+        ops.conv_transpose_forward(x, W3, stride=2, output_padding=last_rank_only(1, 0))
+    with mismatch("conv_transpose_forward", "stride"):
+        ops.conv_transpose_forward(x, W3, stride=last_rank_only(2, 1))
+    y, saved = ops.conv_transpose_forward(x, W3, padding=1)
+    with mismatch("conv_transpose_backward", "need_dy"):
+        ops.conv_transpose_backward(saved, y, need_dy=last_rank_only(False, True))
+    in_step("conv transpose")
+
+
+# -- pooling and upsampling -----------------------------------------------------------------------
+@two_ranks
+def test_pool_arguments_differ():
+    x = ncw()
+    with mismatch("pool_forward", "kernel"):  # was: "Message truncated" on one rank, hangs
+        ops.pool_forward(x, "max", last_rank_only(3, 2))
+    with mismatch("pool_forward", "mode"):
+        ops.pool_forward(x, last_rank_only("avg", "max"), 2)
+    with mismatch("pool_forward", "stride"):
+        ops.pool_forward(x, "max", 2, last_rank_only(1, 2))
+    with mismatch("pool_forward", "padding"):
+        ops.pool_forward(x, "max", 3, 1, last_rank_only(1, 0))
+    with mismatch("pool_forward", "count_include_pad"):
+        ops.pool_forward(x, "avg", 3, 1, 1, last_rank_only(False, True))
+    with mismatch("pool_forward", "kernel"):  # invalid on one rank only: the mismatch wins
+        ops.pool_forward(x, "max", last_rank_only(0, 2))
+    y, saved = ops.pool_forward(x, "max", 3, 1, 1)
+    with mismatch("pool_backward", "dy"):
+        ops.pool_backward(saved, last_rank_only(rank_dependent(y.shape, (None, None, None)), y))
+    in_step("pool")
+
+
+@two_ranks
+def test_upsample_arguments_differ():
+    x = ncw()
+    with mismatch("upsample_forward", "scale"):  # nearest: no message, but global metadata
+        ops.upsample_forward(x, last_rank_only(3, 2))
+    with mismatch("upsample_forward", "mode"):
+        ops.upsample_forward(x, 2, last_rank_only("linear", "nearest"))
+    y, saved = ops.upsample_forward(x, 2, "linear")
+    with mismatch("upsample_backward", "dy"):
+        ops.upsample_backward(saved, last_rank_only(rank_dependent(y.shape, (None,) * 3), y))
+    in_step("upsample")
+
+
+# -- batch norm ------------------------------------------------------------------------------------
+@two_ranks
+def test_batch_norm_arguments_differ():
+    x = ncw()
+    g, b = np.ones(4), np.zeros(4)
+    rm, rv = np.zeros(4), np.ones(4)
+    with mismatch("batch_norm_forward", "eps"):
+        ops.batch_norm_forward(x, g, b, rm, rv, eps=last_rank_only(1e-3, 1e-5))
+    with mismatch("batch_norm_forward", "momentum"):
+        ops.batch_norm_forward(x, g, b, rm, rv, momentum=last_rank_only(0.2, 0.1))
+    with mismatch("batch_norm_forward", "training"):
+        ops.batch_norm_forward(x, g, b, rm, rv, training=last_rank_only(False, True))
+    with mismatch("batch_norm_forward", "stats"):
+        ops.batch_norm_forward(x, g, b, rm, rv, stats=last_rank_only("local", "global"))
+    with mismatch("batch_norm_forward", "running_mean", "running_var"):
+        ops.batch_norm_forward(x, g, b, last_rank_only(None, rm), last_rank_only(None, rv))
+    with mismatch("batch_norm_forward", "gamma"):
+        ops.batch_norm_forward(x, last_rank_only(np.ones(3), g), b)
+    np.testing.assert_array_equal(rm, np.zeros(4))  # no rank updated its running statistics
+    y, saved = ops.batch_norm_forward(x, g, b)
+    with mismatch("batch_norm_backward", "reduce"):
+        ops.batch_norm_backward(saved, y, reduce=last_rank_only(False, True))
+    in_step("batch norm")
+
+
+# -- activations, dropout ----------------------------------------------------------------------------
+@two_ranks
+def test_activation_arguments_differ():
+    x = ncw()
+    with mismatch("activation_forward", "alpha"):
+        ops.leaky_relu(x, last_rank_only(0.2, 0.01))
+    with mismatch("activation_forward", "alpha"):
+        ops.elu(x, last_rank_only(2.0, 1.0))
+    y = ops.leaky_relu(x, 0.1)
+    with mismatch("activation_backward", "alpha"):
+        ops.activation_backward("leaky_relu", y, x, y, last_rank_only(0.2, 0.1))
+    # relu makes no all-reduce: a rank taking leaky_relu instead meets the others' next
+    # collective call, and both raise there
+    with different_calls("activation_forward", "pool_forward"):
+        if RANK == SIZE - 1:
+            ops.leaky_relu(x, 0.1)
+        else:
+            ops.relu(x)
+        ops.pool_forward(x, "max", 2)
+    with mismatch("dropout_forward", "p"):
+        ops.dropout_forward(x, last_rank_only(0.3, 0.2), 5)
+    with mismatch("dropout_forward", "seed"):
+        ops.dropout_forward(x, 0.2, last_rank_only(6, 5))
+    gen = dt.random.default_rng(3)
+    if RANK == SIZE - 1:
+        gen.counter += 1  # a rank that drew once more before
+    with mismatch("dropout_forward", "stream"):
+        ops.dropout_forward(x, 0.2, gen)
+    in_step("activations")
+
+
+# -- shape ops and losses ----------------------------------------------------------------------------
+@two_ranks
+def test_shape_op_arguments_differ():
+    x = ncw()
+    x2 = ncw(c=2)
+    with mismatch("concat_channels", "xs"):
+        ops.concat_channels(last_rank_only([x, x2, x2], [x, x2]))
+    y, layouts = ops.concat_channels([x, x2])
+    with mismatch("concat_channels_backward", "dy"):
+        ops.concat_channels_backward(layouts, last_rank_only(
+            rank_dependent(y.shape, (None,) * 3), y))
+    xs = ncw(split=(0, None, None), n=2 * SIZE)
+    with mismatch("flatten_forward", "x"):
+        ops.flatten_forward(last_rank_only(rank_dependent(xs.shape, (None,) * 3), xs))
+    f, fsaved = ops.flatten_forward(xs)
+    w = RNG.standard_normal((3, f.shape[1]))
+    with mismatch("dense_forward", "w"):
+        ops.dense_forward(f, last_rank_only(w[:2], w))
+    with mismatch("dense_forward", "b"):
+        ops.dense_forward(f, w, last_rank_only(None, np.zeros(3)))
+    d, dsaved = ops.dense_forward(f, w)
+    with mismatch("dense_backward", "reduce"):
+        ops.dense_backward(dsaved, d, reduce=last_rank_only(False, True))
+    with mismatch("flatten_backward", "dy"):
+        ops.flatten_backward(fsaved, last_rank_only(rank_dependent(f.shape, (None, None)), f))
+    in_step("shape ops")
+
+
+@two_ranks
+def test_loss_arguments_differ():
+    x = ncw()
+    t = ncw(seed=1)
+    with mismatch("mse_forward", "reduction"):
+        ops.mse_forward(x, t, last_rank_only("sum", "mean"))
+    with mismatch("mse_forward", "target"):
+        ops.mse_forward(x, last_rank_only(rank_dependent(t.shape, (None,) * 3), t))
+    loss, saved = ops.mse_forward(x, t)
+    with mismatch("mse_backward", "dloss"):
+        ops.mse_backward(saved, last_rank_only(2.0, 1.0))
+    lab = dt.from_global(np.zeros((2, 4 * SIZE), dtype=np.int64), grid=grid1(), split=(None, 0))
+    with mismatch("cross_entropy_forward", "reduction"):
+        ops.cross_entropy_forward(x, lab, last_rank_only("sum", "mean"))
+    with mismatch("cross_entropy_forward", "labels"):
+        ops.cross_entropy_forward(x, last_rank_only(
+            rank_dependent(lab.shape, (None, None)), lab))
+    _, csaved = ops.cross_entropy_forward(x, lab)
+    with mismatch("cross_entropy_backward", "dloss"):
+        ops.cross_entropy_backward(csaved, last_rank_only(0.5, 1.0))
+    in_step("losses")
+
+
+def test_loss_reduction_sum():
+    """``reduction='sum'``: the sum over the elements / voxels; its gradient is the mean's times
+    the count."""
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((2, 3, 4 * SIZE)), rng.standard_normal((2, 3, 4 * SIZE))
+    lab = rng.integers(0, 3, (2, 4 * SIZE))
+    x = dt.from_global(a, grid=grid1(), split=(None, None, 0))
+    t = dt.from_global(b, grid=grid1(), split=(None, None, 0))
+    labels = dt.from_global(lab, grid=grid1(), split=(None, 0))
+    s, ssaved = ops.mse_forward(x, t, "sum")
+    m, msaved = ops.mse_forward(x, t)
+    assert_all_ranks(COMM, np.isclose(s, ((a - b) ** 2).sum(), rtol=1e-12), f"mse sum {s}")
+    np.testing.assert_allclose(ops.mse_backward(ssaved).to_numpy(),
+                               ops.mse_backward(msaved).to_numpy() * a.size, rtol=1e-12)
+    s, ssaved = ops.cross_entropy_forward(x, labels, "sum")
+    m, msaved = ops.cross_entropy_forward(x, labels)
+    assert_all_ranks(COMM, np.isclose(s, m * lab.size, rtol=1e-12), f"ce sum {s} mean {m}")
+    np.testing.assert_allclose(ops.cross_entropy_backward(ssaved, 0.5).to_numpy(),
+                               ops.cross_entropy_backward(msaved, 0.5).to_numpy() * lab.size,
+                               rtol=1e-12)
+    with pytest.raises(ValueError, match="reduction must be one of"):
+        ops.mse_forward(x, t, "none")
+    in_step("reduction sum")
+
+
+# -- cost: one all-reduce per entry point -------------------------------------------------------------
+@pytest.fixture
+def counted(monkeypatch):
+    """Every status all-reduce (agreement or failure) as the name of the call it agreed (or
+    ``None`` for a failure-only one)."""
+    calls = []
+    orig = agreement.status_allreduce
+
+    def counting(comm, failed, dig):
+        calls.append(agreement.current_call()[0] if dig is not None else None)
+        return orig(comm, failed, dig)
+    monkeypatch.setattr(agreement, "status_allreduce", counting)
+    return calls
+
+
+def test_one_agreement_per_entry_point(counted):
+    """Each entry point agrees once (nested core calls such as with_halo or redistribute add
+    none; the halo exchange still agrees its own arguments), and folds its agreement into the
+    failure all-reduce of the local kernels that precede any message."""
+    x = ncw()
+    xs = ncw(split=(0, None, None), n=2 * SIZE)  # samples split: pool 2 reads no halo
+    g, b = np.ones(4), np.zeros(4)
+    y, csaved = ops.conv_forward(x, W3, padding=1)
+    p, psaved = ops.pool_forward(xs, "max", 2)
+    bn, bsaved = ops.batch_norm_forward(x, g, b, np.zeros(4), np.ones(4))
+    u, usaved = ops.upsample_forward(x, 2, "linear")
+    f, fsaved = ops.flatten_forward(xs)
+    w = RNG.standard_normal((3, f.shape[1]))
+    d, dsaved = ops.dense_forward(f, w)
+    halo = ["halo_exchange"] if SIZE > 1 else []
+    # (name, call, status all-reduces expected on more than one rank)
+    cases = [
+        ("conv_forward", lambda: ops.conv_forward(x, W3, padding=1, overlap=False),
+         ["conv_forward"] + halo + [None]),
+        ("conv_backward", lambda: ops.conv_backward(csaved, y),
+         ["conv_backward"] + halo),  # data and filter kernels inside the agreement
+        ("conv_backward dw only", lambda: ops.conv_backward(csaved, y, need_dx=False),
+         ["conv_backward"]),
+        ("pool_forward, no halo", lambda: ops.pool_forward(xs, "max", 2), ["pool_forward"]),
+        ("pool_forward, halo", lambda: ops.pool_forward(x, "max", 3, 1, 1),
+         ["pool_forward"] + halo + [None]),
+        ("pool_backward", lambda: ops.pool_backward(psaved, p), ["pool_backward"]),
+        ("batch_norm_forward", lambda: ops.batch_norm_forward(x, g, b),
+         ["batch_norm_forward"]),  # local moments inside the agreement, then an Allgather
+        ("batch_norm_forward eval",
+         lambda: ops.batch_norm_forward(x, g, b, np.zeros(4), np.ones(4), training=False),
+         ["batch_norm_forward"]),
+        ("batch_norm_backward", lambda: ops.batch_norm_backward(bsaved, bn),
+         ["batch_norm_backward"]),
+        ("upsample_forward nearest", lambda: ops.upsample_forward(x, 2), ["upsample_forward"]),
+        ("upsample_forward linear", lambda: ops.upsample_forward(x, 2, "linear"),
+         ["upsample_forward"] + halo + [None]),
+        ("upsample_backward linear", lambda: ops.upsample_backward(usaved, u),
+         ["upsample_backward"] + halo),
+        ("leaky_relu", lambda: ops.leaky_relu(x, 0.1), ["activation_forward"]),
+        ("relu", lambda: ops.relu(x), []),
+        ("softmax", lambda: ops.softmax(x), []),
+        ("dropout_forward", lambda: ops.dropout_forward(x, 0.5, 1), ["dropout_forward"]),
+        ("flatten_forward", lambda: ops.flatten_forward(xs), ["flatten_forward"]),
+        ("dense_forward", lambda: ops.dense_forward(f, w), ["dense_forward"]),
+        ("dense_backward", lambda: ops.dense_backward(dsaved, d), ["dense_backward"]),
+        ("concat_channels", lambda: ops.concat_channels([x, x]), ["concat_channels"]),
+        ("mse_forward", lambda: ops.mse_forward(x, x), ["mse_forward"]),
+    ]
+    for name, fn, want in cases:
+        fn()  # warm (sub-communicators, caches)
+        counted.clear()
+        fn()
+        want = want if SIZE > 1 else []
+        assert_all_ranks(COMM, counted == want, f"{name}: status all-reduces {counted}, "
+                                                f"expected {want}")
+    in_step("one agreement")
+
+
+def test_no_message_with_agreement_off_for_local_ops(counted):
+    """With agreement disabled, the ops that move no data make no message at all."""
+    x = ncw()
+    xs = ncw(split=(0, None, None), n=2 * SIZE)
+    f, _ = ops.flatten_forward(xs)
+    w = RNG.standard_normal((3, f.shape[1]))
+    with agreement.disabled():
+        counted.clear()
+        ops.leaky_relu(x, 0.1)
+        ops.relu(x)
+        ops.upsample_forward(x, 2)
+        ops.flatten_forward(xs)
+        ops.dense_forward(f, w)
+        ops.batch_norm_forward(x, np.ones(4), np.zeros(4), np.zeros(4), np.ones(4),
+                               training=False)
+    assert_all_ranks(COMM, not counted, f"{counted} all-reduces with agreement off")
+    in_step("agreement off")
