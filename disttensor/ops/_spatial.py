@@ -11,8 +11,8 @@
 * :func:`param_comm`: the communicator over which parameter gradients and statistics are
   summed: the ranks holding *different* parts of the array (its split grid axes), so replicas
   are not counted twice.
-* :func:`meaning` and :func:`check_extents`: argument agreement keys and the degenerate-input
-  check the window ops share (see "Argument agreement" in ``docs/ops.md``).
+* :func:`meaning`, :func:`array_key` and :func:`check_extents`: argument agreement keys and
+  the degenerate-input check the ops share (see "Argument agreement" in ``docs/ops.md``).
 
 Layout is ``N, C, *spatial`` with 1 to 3 spatial axes; the channel axis must not be split.
 """
@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from .. import agreement as _agreement
 from ..array import DistArray, canon
 from ..distribution import Distribution
 from .window import AxisWindow
@@ -28,7 +29,7 @@ from .window import AxisWindow
 __all__ = ["WindowPlan", "window_plan", "Region", "overlap_regions", "check_layout",
            "halo_input", "begin_halo_input", "halo_boundary", "halo_gradient", "lift", "unlift",
            "lift3", "with_channels", "check_gradient_layout", "param_comm", "spatial_windows",
-           "meaning", "check_extents"]
+           "meaning", "check_extents", "array_key"]
 
 
 @dataclass(frozen=True)
@@ -205,6 +206,20 @@ def meaning(normalize, value, *args):
         if type(leaves[0]) is int and all(e == leaves[0] and type(e) is int for e in leaves):
             return leaves[0]
     return v
+
+
+def array_key(a):
+    """A replicated array argument (weight, bias, batch-norm parameter or statistics) as the
+    ranks agree on it: its shape and dtype, as a short string (``agreement.token`` reads a
+    string at once but walks its whole type dispatch for an array: ~1 against ~6 us, which
+    adds up over a training step's calls); the array itself under ``DISTTENSOR_DEBUG=1``,
+    where arrays are compared by value."""
+    if a is None or _agreement.DEBUG:
+        return a
+    try:
+        return f"array(shape={tuple(a.shape)}, dtype={a.dtype})"
+    except Exception:  # noqa: BLE001 - not an array: agree on it as it is
+        return a
 
 
 def _leaves(v: tuple) -> list:

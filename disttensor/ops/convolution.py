@@ -36,10 +36,10 @@ from ..comm import allreduce, collective
 from ..distribution import Distribution
 from .local import kernels_for
 from .window import normalize_padding, normalize_tuple
-from ._spatial import (WindowPlan, begin_halo_input, check_extents, check_gradient_layout,
-                       check_layout, halo_boundary, halo_gradient, halo_input, lift, lift3,
-                       meaning, overlap_regions, param_comm, spatial_windows, unlift,
-                       window_plan, with_channels)
+from ._spatial import (WindowPlan, array_key, begin_halo_input, check_extents,
+                       check_gradient_layout, check_layout, halo_boundary, halo_gradient,
+                       halo_input, lift, lift3, meaning, overlap_regions, param_comm,
+                       spatial_windows, unlift, window_plan, with_channels)
 
 __all__ = ["conv", "conv_forward", "conv_backward", "conv_transpose", "conv_transpose_forward",
            "conv_transpose_backward", "ConvSaved"]
@@ -229,7 +229,7 @@ def conv_forward(x: DistArray, w, b=None, stride=1, padding=0, dilation=1, group
     MPI; off for CPU blocks, where the kernel and MPI progress share a thread and the split
     into regions measured ~7% slower (``bench/conv_bench.py --distributed``).
     Collective.  Returns ``(y, saved)``."""
-    with agreed(x.grid.cart, "conv_forward", x=x, w=w, b=b,
+    with agreed(x.grid.cart, "conv_forward", x=x, w=array_key(w), b=array_key(b),
                 **_window_keys(x, w, stride, padding, dilation, groups),
                 padding_mode=padding_mode, overlap=overlap):
         nd, kernel, stride, dilation, padding, groups = _geometry(x, w, stride, padding,
@@ -352,7 +352,7 @@ def conv_transpose_forward(y: DistArray, w, b=None, stride=1, padding=0, output_
     ``(N, Cin, *S)`` with ``w`` ``(Cin, Cout // groups, *K)``; output extent per axis
     ``(m-1)*stride - lo - hi + dilation*(k-1) + 1 + output_padding`` with
     ``output_padding < stride``.  Collective.  Returns ``(x, saved)``."""
-    with agreed(y.grid.cart, "conv_transpose_forward", y=y, w=w, b=b,
+    with agreed(y.grid.cart, "conv_transpose_forward", y=y, w=array_key(w), b=array_key(b),
                 **_window_keys(y, w, stride, padding, dilation, groups),
                 output_padding=meaning(normalize_tuple, output_padding, y.ndim - 2,
                                        "output_padding")):

@@ -30,7 +30,7 @@ from ..array import DistArray, agreed, collective_entry
 from ..backend import array_module
 from ..comm import allreduce
 from .local import kernels_for
-from ._spatial import check_gradient_layout, check_layout, param_comm
+from ._spatial import array_key, check_gradient_layout, check_layout, param_comm
 
 __all__ = ["batch_norm_forward", "batch_norm_backward", "batch_norm", "BatchNormSaved"]
 
@@ -125,8 +125,9 @@ def batch_norm_forward(x: DistArray, gamma, beta, running_mean=None, running_var
     c = x.shape[1] if x.ndim > 1 else 0
     xp = x.xp
     training = bool(training)
-    with agreed(x.grid.cart, "batch_norm_forward", rank_local=training, x=x, gamma=gamma,
-                beta=beta, running_mean=running_mean, running_var=running_var,
+    with agreed(x.grid.cart, "batch_norm_forward", rank_local=training, x=x,
+                gamma=array_key(gamma), beta=array_key(beta),
+                running_mean=array_key(running_mean), running_var=array_key(running_var),
                 training=training, momentum=momentum, eps=eps, stats=stats):
         check_layout(x, "batch_norm")
         if stats not in ("global", "local"):

@@ -23,7 +23,7 @@ from ..array import DistArray, agreed, collective_entry
 from ..backend import array_module
 from ..comm import allreduce
 from ..distribution import Distribution
-from ._spatial import check_gradient_layout, param_comm, with_channels
+from ._spatial import array_key, check_gradient_layout, param_comm, with_channels
 
 __all__ = ["concat_channels", "concat_channels_backward", "flatten_forward",
            "flatten_backward", "FlattenSaved", "dense_forward", "dense_backward", "DenseSaved"]
@@ -144,7 +144,7 @@ def dense_forward(x: DistArray, w, b=None):
     """``y = x @ w.T + b`` for ``x`` ``(N, F)`` with the feature axis whole, ``w``
     ``(Fout, F)``, ``b`` ``(Fout,)``.  No data moves; collective only to agree on the
     arguments (the weight's shape sets the output's).  Returns ``(y, saved)``."""
-    with agreed(x.grid.cart, "dense_forward", x=x, w=w, b=b):
+    with agreed(x.grid.cart, "dense_forward", x=x, w=array_key(w), b=array_key(b)):
         if x.ndim != 2 or x.split[1] is not None:
             raise ValueError(f"dense needs (N, F) input with the feature axis not split, got "
                              f"shape {x.shape} split {x.split}; flatten first")

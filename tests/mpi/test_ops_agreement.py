@@ -407,3 +407,15 @@ def test_no_message_with_agreement_off_for_local_ops(counted):
                                training=False)
     assert_all_ranks(COMM, not counted, f"{counted} all-reduces with agreement off")
     in_step("agreement off")
+
+
+@two_ranks
+@pytest.mark.skipif(not agreement.DEBUG, reason="weights are compared by value under "
+                                                "DISTTENSOR_DEBUG=1 only")
+def test_debug_mode_compares_weights_by_value():
+    x = ncw()
+    with mismatch("conv_forward", "w"):
+        ops.conv_forward(x, last_rank_only(W3 + 1.0, W3), padding=1)
+    with mismatch("batch_norm_forward", "gamma"):
+        ops.batch_norm_forward(x, last_rank_only(np.full(4, 2.0), np.ones(4)), np.zeros(4))
+    in_step("debug values")
