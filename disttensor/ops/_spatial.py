@@ -217,9 +217,16 @@ def array_key(a):
     if a is None or _agreement.DEBUG:
         return a
     try:
-        return f"array(shape={tuple(a.shape)}, dtype={a.dtype})"
+        key = a.dtype.str   # (dtype.name takes ~2 us; a cached name ~0.1)
+        name = _DTYPE_NAMES.get(key)
+        if name is None:
+            name = _DTYPE_NAMES[key] = a.dtype.name
+        return f"array(shape={tuple(a.shape)}, dtype={name})"
     except Exception:  # noqa: BLE001 - not an array: agree on it as it is
         return a
+
+
+_DTYPE_NAMES: dict = {}
 
 
 def _leaves(v: tuple) -> list:
