@@ -231,7 +231,8 @@ def conv_forward(x: DistArray, w, b=None, stride=1, padding=0, dilation=1, group
     Collective.  Returns ``(y, saved)``."""
     with agreed(x.grid.cart, "conv_forward", x=x, w=array_key(w), b=array_key(b),
                 **_window_keys(x, w, stride, padding, dilation, groups),
-                padding_mode=padding_mode, overlap=overlap):
+                padding_mode=padding_mode,
+                overlap=(x.device == "cuda") if overlap is None else canon(overlap)):
         nd, kernel, stride, dilation, padding, groups = _geometry(x, w, stride, padding,
                                                                   dilation, groups, "conv")
         if w.shape[1] * groups != x.shape[1] or w.shape[0] % groups:

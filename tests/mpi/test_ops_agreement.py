@@ -84,7 +84,7 @@ RNG = np.random.default_rng(7)
 W3 = RNG.standard_normal((4, 4, 3))
 
 
-# -- convolution --------------------------------------------------------------------------------
+# -- convolution ----------------------------------------------------------------------------------
 @two_ranks
 def test_conv_forward_arguments_differ():
     x = ncw()
@@ -115,6 +115,8 @@ def test_conv_spellings_that_agree():
     y2, _ = ops.conv_forward(x, W3, padding=last_rank_only("same", 1))
     assert_all_ranks(COMM, np.array_equal(y1.local, y2.local), "same padding spellings")
     ops.pool_forward(x, "max", last_rank_only(2, [2]), padding=last_rank_only(0, ((0, 0),)))
+    ops.conv_forward(x, W3, padding=1, overlap=last_rank_only(None, False))  # CPU: no overlap
+    ops.mse_backward(ops.mse_forward(x, x)[1], last_rank_only(1, 1.0))
     in_step("spellings")
 
 
@@ -184,7 +186,7 @@ def test_upsample_arguments_differ():
     in_step("upsample")
 
 
-# -- batch norm ------------------------------------------------------------------------------------
+# -- batch norm -----------------------------------------------------------------------------------
 @two_ranks
 def test_batch_norm_arguments_differ():
     x = ncw()
@@ -209,7 +211,7 @@ def test_batch_norm_arguments_differ():
     in_step("batch norm")
 
 
-# -- activations, dropout ----------------------------------------------------------------------------
+# -- activations, dropout -------------------------------------------------------------------------
 @two_ranks
 def test_activation_arguments_differ():
     x = ncw()
@@ -240,7 +242,7 @@ def test_activation_arguments_differ():
     in_step("activations")
 
 
-# -- shape ops and losses ----------------------------------------------------------------------------
+# -- shape ops and losses -------------------------------------------------------------------------
 @two_ranks
 def test_shape_op_arguments_differ():
     x = ncw()
@@ -316,7 +318,7 @@ def test_loss_reduction_sum():
     in_step("reduction sum")
 
 
-# -- cost: one all-reduce per entry point -------------------------------------------------------------
+# -- cost: one all-reduce per entry point ---------------------------------------------------------
 @pytest.fixture
 def counted(monkeypatch):
     """Every status all-reduce (agreement or failure) as the name of the call it agreed (or

@@ -55,7 +55,7 @@ def all_on_first(n: int):
     return (n,) + (0,) * (SIZE - 1)
 
 
-# -- an empty batch ------------------------------------------------------------------------------
+# -- an empty batch -------------------------------------------------------------------------------
 @pytest.mark.parametrize("split", [(None, None, 0), (0, None, None)])
 def test_empty_batch_goes_through_every_op(split):
     x = ncw(np.zeros((0, 3, 4 * SIZE)), split)
@@ -184,7 +184,7 @@ def test_bad_window_geometry_refused():
     in_step()
 
 
-# -- ranks with nothing ----------------------------------------------------------------------------
+# -- ranks with nothing ---------------------------------------------------------------------------
 def test_ranks_owning_empty_blocks():
     """Everything on the first rank: the others own empty blocks of input and output and
     still take part in every exchange."""

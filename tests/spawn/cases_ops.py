@@ -25,7 +25,7 @@ def _w(cout=4, cin=4, k=3, seed=1):
     return np.random.default_rng(seed).standard_normal((cout, cin, k))
 
 
-# -- convolution --------------------------------------------------------------------------------
+# -- convolution ----------------------------------------------------------------------------------
 @case(ArgumentMismatchError, match="'padding'")
 def conv_padding(ctx):
     """Was: returned on every rank with inconsistent global output shapes."""
@@ -78,7 +78,7 @@ def conv_backward_flags(ctx):
     ops.conv_backward(saved, y, need_dw=ctx.per_rank(False, True))
 
 
-# -- pooling, upsampling ------------------------------------------------------------------------------
+# -- pooling, upsampling --------------------------------------------------------------------------
 @case(ArgumentMismatchError, match="'kernel'")
 def pool_kernel(ctx):
     """Was: "Message truncated" on one rank while the others hung in the halo exchange."""
@@ -99,7 +99,7 @@ def upsample_scale(ctx):
     y.sum()
 
 
-# -- batch norm, activations, dropout ---------------------------------------------------------------
+# -- batch norm, activations, dropout -------------------------------------------------------------
 @case(ArgumentMismatchError, match="'eps'")
 def batch_norm_eps(ctx):
     ops.batch_norm_forward(_x(ctx), np.ones(4), np.zeros(4), eps=ctx.per_rank(1e-3, 1e-5))
@@ -137,7 +137,7 @@ def dropout_seed(ctx):
     ops.dropout_forward(_x(ctx), 0.5, ctx.per_rank(2, 1))
 
 
-# -- shape ops, losses -----------------------------------------------------------------------------
+# -- shape ops, losses ----------------------------------------------------------------------------
 @case(ArgumentMismatchError, match="'w'")
 def dense_weight_shape(ctx):
     x = dt.ones((2 * ctx.size, 6), split=(0, None))
