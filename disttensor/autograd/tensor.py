@@ -36,7 +36,7 @@ import numpy as np
 from ..array import DistArray
 from ..backend import array_module
 
-__all__ = ["Tensor", "Node", "no_grad", "enable_grad", "is_grad_enabled", "make_result",
+__all__ = ["Tensor", "Node", "no_grad", "enable_grad", "is_grad_enabled", "make_result", "cancel_post_backward",
            "as_tensor", "param_share", "unwrap", "queue_post_backward"]
 
 _state = threading.local()
@@ -354,6 +354,14 @@ def queue_post_backward(key, callback) -> None:
     if q is None:
         q = _state.post_backward = {}
     q[key] = callback
+
+
+def cancel_post_backward(key) -> None:
+    """Drop the callback queued under ``key`` (a reducer released after a forward that no
+    backward followed must not run at the next backward pass)."""
+    q = getattr(_state, "post_backward", None)
+    if q:
+        q.pop(key, None)
 
 
 def run_backward(root: Tensor, grad, retain_graph: bool = False) -> None:

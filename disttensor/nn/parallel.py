@@ -29,7 +29,7 @@ from ..backend import array_module, to_host
 from ..comm import collective
 from ..watchdog import waiting
 from ..grid import ProcessGrid
-from ..autograd.tensor import queue_post_backward
+from ..autograd.tensor import cancel_post_backward, queue_post_backward
 from .module import Module
 
 __all__ = ["GradientReducer", "DistributedDataParallel", "check_replicas",
@@ -219,6 +219,8 @@ class GradientReducer:
 
     def release(self) -> None:
         """Give the parameters back their per-op reduction and free the communicator."""
+        cancel_post_backward(id(self))
+        self.armed = False
         for p in self.params:
             p.deferred_reduction = None
             p._ready_hooks = [h for h in p._ready_hooks if getattr(h, "__self__", None)
