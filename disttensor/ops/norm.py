@@ -90,12 +90,18 @@ def _count(a) -> int:
 
 
 def _check_values_per_channel(x: DistArray, stats: str) -> None:
-    """PyTorch's rule for training (``torch.nn.functional._verify_batch_size``): exactly one
-    value per channel (``N * prod(S) == 1``) cannot give a variance and raises; none (an empty
-    batch) is fine (an empty output, running statistics untouched).  It applies to each set
-    of statistics: the whole array for ``stats='global'``, every block for ``'local'`` (from
-    the replicated distribution, so every rank decides alike)."""
+    """Training needs statistics.  No value per channel at all (an empty global batch:
+    ``N * prod(S) == 0`` with channels) raises: there is nothing to normalize with and the
+    running statistics would silently stay as they are (PyTorch returns early instead).
+    Exactly one value per channel (``N * prod(S) == 1``) cannot give a variance and raises,
+    PyTorch's rule (``torch.nn.functional._verify_batch_size``).  The one-value rule applies
+    to each set of statistics: the whole array for ``stats='global'``, every block for
+    ``'local'`` (from the replicated distribution, so every rank decides alike); empty blocks
+    of a non-empty batch are fine."""
     d = x.distribution
+    if d.shape[1] and int(np.prod((d.shape[0],) + d.shape[2:])) == 0:
+        raise ValueError(f"batch norm in training mode got no values per channel (input size "
+                         f"{d.shape}): no batch statistics can be computed from an empty batch")
     if stats == "global":
         n = int(np.prod((d.shape[0],) + d.shape[2:]))
         if n == 1:

@@ -1,9 +1,9 @@
 """Degenerate inputs of the distributed CNN ops follow PyTorch / NumPy (``docs/ops.md``,
 "Degenerate inputs"), raising the same error on every rank where they refuse:
 
-* an empty batch (N = 0) goes through every op: empty outputs of the right shape, zero
-  parameter gradients, batch-norm running statistics untouched (PyTorch's ``batch_norm``
-  returns early on an empty input); the mean losses of nothing are NaN, the sums 0;
+* an empty batch (N = 0) goes through every op but batch norm in training (which raises: no
+  statistics): empty outputs of the right shape, zero parameter gradients; the mean losses of
+  nothing are NaN, the sums 0;
 * batch norm in training refuses exactly one value per channel (PyTorch's
   ``_verify_batch_size``): over the whole array for ``stats='global'``, per block for
   ``'local'``; two values work (unbiased running variance finite); inference takes anything;
@@ -76,12 +76,16 @@ def test_empty_batch_goes_through_every_op(split):
     assert_all_ranks(COMM, u.shape == (0, 3, 8 * SIZE), f"upsample {u.shape}")
     ops.upsample_backward(usaved, u)
     rm, rv = np.full(3, 0.5), np.full(3, 2.0)
-    for training in (True, False):
-        b, bsaved = ops.batch_norm_forward(x, np.ones(3), np.zeros(3), rm, rv, training)
-        dxb, dg, dbeta = ops.batch_norm_backward(bsaved, b)
-        assert_all_ranks(COMM, b.shape == x.shape and dxb.shape == x.shape
-                         and not dg.any() and not dbeta.any(), f"batch norm {training}")
-    np.testing.assert_array_equal(rm, np.full(3, 0.5))  # as PyTorch: untouched
+    # training: no statistics can be computed from nothing (issue 11; PyTorch returns early)
+    assert_raises_all(COMM, ValueError, "no values per channel",
+                      lambda: ops.batch_norm_forward(x, np.ones(3), np.zeros(3), rm, rv, True))
+    assert_raises_all(COMM, ValueError, "no values per channel",
+                      lambda: ops.batch_norm_forward(x, np.ones(3), np.zeros(3), stats="local"))
+    b, bsaved = ops.batch_norm_forward(x, np.ones(3), np.zeros(3), rm, rv, False)
+    dxb, dg, dbeta = ops.batch_norm_backward(bsaved, b)
+    assert_all_ranks(COMM, b.shape == x.shape and dxb.shape == x.shape
+                     and not dg.any() and not dbeta.any(), "batch norm inference")
+    np.testing.assert_array_equal(rm, np.full(3, 0.5))  # untouched
     np.testing.assert_array_equal(rv, np.full(3, 2.0))
     for act in (ops.relu(x), ops.leaky_relu(x, 0.1), ops.softmax(x),
                 ops.dropout_forward(x, 0.5, 1)[0]):
@@ -157,9 +161,12 @@ def test_zero_spatial_extent_refused_by_window_ops():
                       lambda: ops.conv_transpose_forward(x, np.ones((3, 2, 4)), stride=2))
     assert_raises_all(COMM, ValueError, msg, lambda: ops.pool_forward(x, "max", 2, 1, 1))
     assert_raises_all(COMM, ValueError, msg, lambda: ops.upsample_forward(x, 2))
-    # normalization and elementwise ops take it (PyTorch's batch_norm: an empty input)
-    y, _ = ops.batch_norm_forward(x, np.ones(3), np.zeros(3))
+    # batch norm in inference mode and the elementwise ops take it (an empty output); in
+    # training there are no statistics
+    y, _ = ops.batch_norm_forward(x, np.ones(3), np.zeros(3), np.zeros(3), np.ones(3), False)
     assert_all_ranks(COMM, y.shape == x.shape, "batch norm of an empty input")
+    assert_raises_all(COMM, ValueError, "no values per channel",
+                      lambda: ops.batch_norm_forward(x, np.ones(3), np.zeros(3)))
     in_step()
 
 
