@@ -5,8 +5,10 @@ checks that record failures locally and settle them with one collective assertio
 from __future__ import annotations
 
 import functools
+import re
 
 import numpy as np
+import pytest
 from hypothesis import settings
 from mpi4py import MPI
 
@@ -95,3 +97,24 @@ def collective_checks(fn):
         fn(*args, **kwargs)
         settle()
     return wrapper
+
+
+# -- arguments that differ between ranks (argument agreement tests) ------------------------------
+def last_rank_only(bad, good):
+    """``bad`` on the last rank (so not the root of anything), ``good`` elsewhere."""
+    return bad if COMM.Get_rank() == SIZE - 1 else good
+
+
+def mismatch(call: str, *names: str):
+    """``pytest.raises`` for the ArgumentMismatchError of ``call`` naming each of ``names`` with
+    its value on every rank."""
+    pattern = rf"^{re.escape(call)}: arguments differ between ranks"
+    pattern += "".join(rf"(?=.*'{re.escape(n)}' \(rank 0: .*rank {SIZE - 1}: )" for n in names)
+    return pytest.raises(dt.ArgumentMismatchError, match=pattern)
+
+
+def different_calls(*calls: str):
+    """``pytest.raises`` for ranks that reached different collective calls."""
+    pattern = r"reached different collective calls \(" + "".join(
+        rf"(?=.*{re.escape(c)})" for c in calls)
+    return pytest.raises(dt.ArgumentMismatchError, match=pattern)

@@ -8,13 +8,13 @@ shape, different arguments per rank); the library must still raise everywhere.
 """
 from __future__ import annotations
 
-import re
 
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 import disttensor as dt
+from checks import different_calls, last_rank_only, mismatch  # noqa: F401
 from conftest import assert_all_ranks
 from disttensor import agreement
 
@@ -32,26 +32,6 @@ def in_step(tag: str) -> None:
     assert_all_ranks(COMM, all(w == tag for w in where), f"ranks at different places: {where}")
     x = dt.arange(2 * SIZE + 1, dtype="float64")
     assert float(x.sum()) == float(np.arange(2 * SIZE + 1).sum())
-
-
-def last_rank_only(bad, good):
-    """``bad`` on the last rank (so not the root of anything), ``good`` elsewhere."""
-    return bad if RANK == SIZE - 1 else good
-
-
-def mismatch(call: str, *names: str):
-    """``pytest.raises`` for the ArgumentMismatchError of ``call`` naming each of ``names`` with
-    its value on every rank."""
-    pattern = rf"^{re.escape(call)}: arguments differ between ranks"
-    pattern += "".join(rf"(?=.*'{re.escape(n)}' \(rank 0: .*rank {SIZE - 1}: )" for n in names)
-    return pytest.raises(dt.ArgumentMismatchError, match=pattern)
-
-
-def different_calls(*calls: str):
-    """``pytest.raises`` for ranks that reached different collective calls."""
-    pattern = r"reached different collective calls \(" + "".join(
-        rf"(?=.*{re.escape(c)})" for c in calls)
-    return pytest.raises(dt.ArgumentMismatchError, match=pattern)
 
 
 two_ranks = pytest.mark.skipif(SIZE == 1, reason="needs two ranks to differ")

@@ -12,7 +12,6 @@ through it).
 """
 from __future__ import annotations
 
-import re
 
 import numpy as np
 import pytest
@@ -20,6 +19,7 @@ from mpi4py import MPI
 
 import disttensor as dt
 from disttensor import agreement, ops
+from checks import different_calls, last_rank_only, mismatch  # noqa: F401
 from conftest import assert_all_ranks
 
 COMM = MPI.COMM_WORLD
@@ -34,24 +34,6 @@ def in_step(tag: str) -> None:
     where = COMM.allgather(tag)
     assert_all_ranks(COMM, all(w == tag for w in where), f"ranks at different places: {where}")
     assert float(dt.arange(2 * SIZE + 1, dtype="float64").sum()) == float(SIZE * (2 * SIZE + 1))
-
-
-def last_rank_only(bad, good):
-    return bad if RANK == SIZE - 1 else good
-
-
-def mismatch(call: str, *names: str):
-    """``pytest.raises`` for the ArgumentMismatchError of ``call`` naming each of ``names`` with
-    its value on every rank."""
-    pattern = rf"^{re.escape(call)}: arguments differ between ranks"
-    pattern += "".join(rf"(?=.*'{re.escape(n)}' \(rank 0: .*rank {SIZE - 1}: )" for n in names)
-    return pytest.raises(dt.ArgumentMismatchError, match=pattern)
-
-
-def different_calls(*calls: str):
-    pattern = r"reached different collective calls \(" + "".join(
-        rf"(?=.*{re.escape(c)})" for c in calls)
-    return pytest.raises(dt.ArgumentMismatchError, match=pattern)
 
 
 _GRIDS: dict = {}
