@@ -13,11 +13,11 @@ from .layers import (ELU, AvgPool1d, AvgPool2d, AvgPool3d, BatchNorm1d, BatchNor
                      ConvTranspose3d, CrossEntropyLoss, Dropout, Flatten, Identity, LeakyReLU,
                      Linear, LogSoftmax, MaxPool1d, MaxPool2d, MaxPool3d, MSELoss, ReLU,
                      ScaledTanh, Sigmoid, Softmax, Tanh, Upsample)
-from .module import Module, ModuleList, Parameter, Sequential
+from .module import Module, ModuleList, Parameter, Sequential, sequential_layers
 from .parallel import DistributedDataParallel, GradientReducer, check_replicas
 
 __all__ = ["amp", "functional", "init", "lr_scheduler", "models", "optim", "parallel", "utils",
-           "Module", "ModuleList", "Parameter", "Sequential", "Conv1d", "Conv2d", "Conv3d",
+           "Module", "ModuleList", "Parameter", "Sequential", "sequential_layers", "Conv1d", "Conv2d", "Conv3d",
            "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d", "MaxPool1d", "MaxPool2d",
            "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d", "BatchNorm1d", "BatchNorm2d",
            "BatchNorm3d", "ReLU", "LeakyReLU", "ELU", "Sigmoid", "Tanh", "ScaledTanh",

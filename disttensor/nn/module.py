@@ -16,7 +16,7 @@ import numpy as np
 from ..autograd.tensor import Tensor
 from ..backend import array_module, to_host, xp_for
 
-__all__ = ["Parameter", "Module", "Sequential", "ModuleList"]
+__all__ = ["Parameter", "Module", "Sequential", "ModuleList", "sequential_layers"]
 
 
 class Parameter(Tensor):
@@ -282,3 +282,26 @@ class ModuleList(Module):
 
     def __getitem__(self, i):
         return list(self._modules.values())[i]
+
+
+def sequential_layers(model: Module) -> list[Module]:
+    """The layers of ``model`` in forward order, for cutting it into pipeline stages.
+
+    A :class:`Sequential` is expanded recursively; a module defining ``pipeline_layers()``
+    (e.g. :class:`~disttensor.nn.models.CosmoFlow`) gives its own list, which is expanded
+    the same way; any other module is one layer.  ``model(x)`` must equal applying the
+    returned layers one after another (the model's own input checks aside), so models with
+    skip connections (U-Net) are single layers here."""
+    if isinstance(model, Sequential):
+        out = []
+        for m in model:
+            out.extend(sequential_layers(m))
+        return out
+    own = getattr(model, "pipeline_layers", None)
+    if callable(own):
+        out = []
+        for m in own():
+            out.extend(sequential_layers(m))
+        return out
+    return [model]
+

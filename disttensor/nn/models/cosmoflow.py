@@ -56,6 +56,10 @@ class CosmoFlow(Module):
                              f"(C, D, H, W), got {tuple(x.shape[1:])}")
         return self.head(self.features(x))
 
+    def pipeline_layers(self) -> list:
+        """The layers in forward order (:func:`~disttensor.nn.module.sequential_layers`)."""
+        return [self.features, self.head]
+
 
 def cosmoflow(**kwargs) -> CosmoFlow:
     """:class:`CosmoFlow` with MLPerf HPC's defaults; keyword arguments override them."""
