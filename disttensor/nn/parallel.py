@@ -119,7 +119,9 @@ class GradientReducer:
     Sets ``deferred_reduction`` on each parameter, so the ops hand back per-rank shares
     instead of all-reducing each gradient themselves.  The first gradient a backward pass hands
     over (or :meth:`arm`, called by :class:`DistributedDataParallel` on every training forward)
-    makes that backward end with :meth:`finish`.
+    makes that backward end with :meth:`finish`.  With :meth:`accumulate` a step is several
+    backward passes (micro-batches of a pipeline): shares are summed over the passes and the
+    buckets start during the last one (GroPipe's delayed gradient communication).
     """
 
     def __init__(self, params, grid: ProcessGrid, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
@@ -154,6 +156,11 @@ class GradientReducer:
             p.register_grad_ready_hook(self._ready)
         self._next_start = 0
         self.armed = False
+        # multi-pass accumulation (see accumulate()): passes per step, passes ended so far,
+        # and how many times each parameter has been reported in this step
+        self._passes = 1
+        self._passes_done = 0
+        self._reported: dict[int, int] = {}
 
     def _add_bucket(self, params, dtype):
         b = _Bucket(params, dtype)
@@ -162,19 +169,47 @@ class GradientReducer:
         self.buckets.append(b)
 
     def arm(self) -> None:
-        """Make the next backward pass end with :meth:`finish`."""
+        """Make the next backward pass end with :meth:`finish` (with :meth:`accumulate`,
+        only the last pass of a step finishes)."""
         self.armed = True
-        queue_post_backward(id(self), self.finish)
+        queue_post_backward(id(self), self._end_of_pass)
+
+    def accumulate(self, passes: int) -> None:
+        """Make each step ``passes`` backward passes (micro-batches, pipelining): every pass
+        adds its shares into the bucket buffers, a bucket starts once each of its parameters
+        has been reported ``passes`` times (so during the last pass, overlapped with what is
+        left of it), and :meth:`finish` runs once, at the end of the ``passes``-th pass.  The
+        setting holds for the following steps; ``accumulate(1)`` is the ordinary behaviour.
+        Local (no communication): every rank of the grid must set the same value, between
+        steps."""
+        if isinstance(passes, bool) or not isinstance(passes, (int, np.integer)) or passes < 1:
+            raise ValueError(f"accumulate: passes must be a positive integer, got {passes!r}")
+        if self._passes_done or self._reported:
+            raise RuntimeError("accumulate: a step is in progress (call it between steps)")
+        self._passes = int(passes)
+
+    def _end_of_pass(self) -> None:
+        self._passes_done += 1
+        if self._passes_done < self._passes:
+            self.armed = False  # the next pass's first gradient (or arm()) arms again
+            return
+        self.finish()
 
     def _ready(self, p, share) -> bool:
         if not self.armed:  # a backward through the bare module still ends with finish()
             self.arm()
         b, i = self._where[id(p)]
         seg = b.buffer[b.offsets[i]:b.offsets[i] + p.data.size]
-        if share is None:
-            seg[...] = 0
-        else:
-            seg[...] = (to_host(share) if array_module(share) is not np else share).reshape(-1)
+        seen = self._reported.get(id(p), 0)
+        self._reported[id(p)] = seen + 1
+        if share is not None:
+            share = (to_host(share) if array_module(share) is not np else share).reshape(-1)
+        if seen == 0:  # first report of this step: overwrite the zeroed segment
+            seg[...] = 0 if share is None else share
+        elif share is not None:  # a later pass of accumulate(): add
+            seg += share
+        if seen + 1 != self._passes:
+            return True  # more passes to come before this parameter is complete
         b.missing -= 1
         if self.overlap:
             self._start_ready()
@@ -216,6 +251,8 @@ class GradientReducer:
             b.missing = len(b.params)
             b.request = None
         self._next_start = 0
+        self._passes_done = 0
+        self._reported.clear()
 
     def release(self) -> None:
         """Give the parameters back their per-op reduction and free the communicator."""
