@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from .optim import Optimizer
 
 __all__ = ["LRScheduler", "LambdaLR", "LinearLR", "StepLR", "MultiStepLR",
-           "CosineAnnealingLR", "CosmoFlowLR"]
+           "CosineAnnealingLR", "CosmoFlowLR", "HybridCosineLinearLR"]
 
 
 def _positive_int(name: str, v) -> int:
@@ -257,3 +257,66 @@ class CosmoFlowLR(LRScheduler):
             return epoch * (base_lr - lr0) / self.warmup_epochs + lr0
         k = bisect_right(self.boundaries, epoch - 1)  # boundaries b < epoch
         return base_lr * (self.factors[k - 1] if k else 1.0)
+
+
+class HybridCosineLinearLR(LRScheduler):
+    """GroPipe's hybrid cosine + linear decay, after an optional linear warm-up.
+
+    GroPipe (seed 004) names a "hybrid learning-rate decay mixing cosine and linear decay"
+    without giving a formula; this is our reading: a weighted mix, with weight ``w =
+    cosine_weight``, of a cosine decay and a linear decay, both from the base rate to
+    ``eta_min`` over the ``T = total_steps - warmup_steps`` steps that follow the warm-up.
+    With ``W = warmup_steps``, ``s = warmup_start_factor`` and ``e`` the scheduler's epoch
+    (a step: call ``step()`` once per optimizer step)::
+
+        e < W:   lr = base_lr * (s + (1 - s) * e / W)                    (linear warm-up)
+        e >= W:  t = min(e - W, T)
+                 lr = eta_min + (base_lr - eta_min)
+                               * (w * (1 + cos(pi * t / T)) / 2 + (1 - w) * (1 - t / T))
+
+    so ``lr = base_lr`` at ``e = W`` and ``lr = eta_min`` from ``e = total_steps`` on (the
+    rate stays there, it does not rise again as :class:`CosineAnnealingLR`'s closed form
+    does). ``w = 1`` is :class:`CosineAnnealingLR` (``T_max = T``) and ``w = 0`` a linear
+    decay (:class:`LinearLR` from 1 to 0 when ``eta_min = 0``), for ``t`` in ``[0, T]``. At
+    the middle of the decay, ``t = T / 2``, both parts give the same rate ``(base_lr +
+    eta_min) / 2``, whatever ``w``; the cosine part decays more slowly before the middle and
+    faster after it, so ``w`` trades a longer high-rate phase against a smoother end.
+
+    Arguments (``ValueError`` on bad values): ``total_steps`` a positive integer, the length
+    of the whole schedule including the warm-up; ``warmup_steps`` an integer in ``[0,
+    total_steps)``; ``cosine_weight`` in ``[0, 1]``; ``eta_min`` a finite number ``>= 0``;
+    ``warmup_start_factor`` in ``[0, 1]`` (0, the default, starts the warm-up from a zero rate
+    as the usual transformer schedules do).
+    """
+
+    def __init__(self, optimizer: Optimizer, total_steps: int, warmup_steps: int = 0,
+                 cosine_weight: float = 0.5, eta_min: float = 0.0,
+                 warmup_start_factor: float = 0.0, last_epoch: int = -1):
+        self.total_steps = _positive_int("total_steps", total_steps)
+        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, numbers.Integral) \
+                or not 0 <= warmup_steps < self.total_steps:
+            raise ValueError(f"warmup_steps must be an integer in [0, total_steps = "
+                             f"{self.total_steps}), got {warmup_steps!r}")
+        self.warmup_steps = int(warmup_steps)
+        self.cosine_weight = _real("cosine_weight", cosine_weight)
+        if not 0.0 <= self.cosine_weight <= 1.0:
+            raise ValueError(f"cosine_weight must be in [0, 1], got {cosine_weight!r}")
+        self.eta_min = _real("eta_min", eta_min)
+        if not 0.0 <= self.eta_min < math.inf:
+            raise ValueError(f"eta_min must be a finite number >= 0, got {eta_min!r}")
+        self.warmup_start_factor = _real("warmup_start_factor", warmup_start_factor)
+        if not 0.0 <= self.warmup_start_factor <= 1.0:
+            raise ValueError(f"warmup_start_factor must be in [0, 1], got "
+                             f"{warmup_start_factor!r}")
+        super().__init__(optimizer, last_epoch)
+
+    def _lr(self, i, base_lr, epoch):
+        w_steps = self.warmup_steps
+        if epoch < w_steps:
+            s = self.warmup_start_factor
+            return base_lr * (s + (1 - s) * epoch / w_steps)
+        T = self.total_steps - w_steps
+        t = min(epoch - w_steps, T)
+        w = self.cosine_weight
+        return self.eta_min + (base_lr - self.eta_min) * (
+            w * (1 + math.cos(math.pi * t / T)) / 2 + (1 - w) * (1 - t / T))
