@@ -7,7 +7,7 @@ optimizers (:mod:`.optim`), learning-rate schedules (:mod:`.lr_scheduler`), grad
 data parallelism (:mod:`.parallel`) and the reference models CosmoFlow and 3D U-Net
 (:mod:`.models`).  See ``docs/training.md``.
 """
-from . import amp, functional, init, lr_scheduler, models, optim, parallel, utils
+from . import amp, functional, init, lr_scheduler, models, optim, parallel, partition, utils
 from .layers import (ELU, AvgPool1d, AvgPool2d, AvgPool3d, BatchNorm1d, BatchNorm2d,
                      BatchNorm3d, Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d,
                      ConvTranspose3d, CrossEntropyLoss, Dropout, Flatten, Identity, LeakyReLU,
@@ -16,7 +16,7 @@ from .layers import (ELU, AvgPool1d, AvgPool2d, AvgPool3d, BatchNorm1d, BatchNor
 from .module import Module, ModuleList, Parameter, Sequential, sequential_layers
 from .parallel import DistributedDataParallel, GradientReducer, check_replicas
 
-__all__ = ["amp", "functional", "init", "lr_scheduler", "models", "optim", "parallel", "utils",
+__all__ = ["amp", "functional", "init", "lr_scheduler", "models", "optim", "parallel", "partition", "utils",
            "Module", "ModuleList", "Parameter", "Sequential", "sequential_layers", "Conv1d", "Conv2d", "Conv3d",
            "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d", "MaxPool1d", "MaxPool2d",
            "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d", "BatchNorm1d", "BatchNorm2d",
