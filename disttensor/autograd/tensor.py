@@ -298,7 +298,16 @@ def make_result(data, inputs, backward, name: str) -> Tensor:
     if any(p is not None for p in parents):
         out.requires_grad = True
         out.node = Node(parents, backward, name)
+        _notify_recorded(out.node)
     return out
+
+
+def _notify_recorded(node: Node) -> None:
+    """Hand a newly recorded node to the observers of :mod:`disttensor.autograd.saved`."""
+    observers = getattr(_state, "node_observers", None)
+    if observers:
+        for fn in tuple(observers):
+            fn(node)
 
 
 def param_share(t: Tensor | None, g, grid=None, partial_axes=None):
