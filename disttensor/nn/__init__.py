@@ -24,3 +24,8 @@ __all__ = ["amp", "functional", "init", "lr_scheduler", "models", "optim", "para
            "Softmax", "LogSoftmax", "Dropout", "Flatten", "Linear", "Upsample", "Identity",
            "MSELoss", "CrossEntropyLoss", "DistributedDataParallel", "GradientReducer",
            "check_replicas"]
+
+from . import backward_update  # noqa: E402  (weight update inside backward)
+from .backward_update import BackwardUpdate  # noqa: E402
+
+__all__ += ["backward_update", "BackwardUpdate"]

@@ -203,6 +203,25 @@ class Optimizer:
                     self._update(p, p.grad, self.state[p], group)
         return loss
 
+    def step_parameter(self, p, grad) -> None:
+        """Update the one parameter ``p`` with the gradient ``grad`` now, exactly as
+        :meth:`step` would (its group's current options, its state); ``p.grad`` is neither
+        read nor changed.  For updates made inside backward, as each gradient is final
+        (:class:`disttensor.nn.backward_update.BackwardUpdate`).  ``KeyError`` if ``p`` is in
+        none of the groups."""
+        self._update(p, grad, self.state[p], self._group_of(p))
+
+    def _group_of(self, p) -> dict:
+        key = tuple(id(g) for g in self.param_groups)
+        cache = getattr(self, "_group_cache", None)
+        if cache is None or cache[0] != key:
+            cache = self._group_cache = (key, {id(q): g for g in self.param_groups
+                                               for q in g["params"]})
+        group = cache[1].get(id(p))
+        if group is None or not any(q is p for q in group["params"]):
+            raise KeyError("the parameter is in none of the optimizer's parameter groups")
+        return group
+
     def _update(self, p, grad, state: dict, group: dict) -> None:
         raise NotImplementedError(f"{type(self).__name__} must define _update")
 

@@ -10,7 +10,10 @@ sums: as backward finishes each parameter's gradient, it is copied into a bucket
 the reverse order of registration, which is roughly the order backward produces them, like
 PyTorch's DDP), and a full bucket is summed with a non-blocking ``MPI_Iallreduce`` on a private
 communicator while the rest of backward runs; the end of backward waits for the buckets and
-adds the sums into ``.grad``.
+adds the sums into ``.grad``.  Callbacks registered with :meth:`GradientReducer.on_bucket_done`
+receive each bucket's summed gradients as soon as its all-reduce has completed (polled with
+``MPI_Test`` as later buckets start, the rest at the end of backward) and may take them instead
+of ``.grad``: the in-backward weight update (:mod:`disttensor.nn.backward_update`).
 
 :class:`DistributedDataParallel` wraps a model with a reducer, and checks at construction that
 every rank holds the same parameters and buffers (one digest all-reduce; a mismatch raises on
@@ -106,6 +109,7 @@ class _Bucket:
         for p in params:
             self.offsets.append(n)
             n += p.data.size
+        self.size = n
         self.buffer = np.zeros(n, dtype=self.dtype)
         self.missing = len(params)
         self.request = None
@@ -122,6 +126,10 @@ class GradientReducer:
     makes that backward end with :meth:`finish`.  With :meth:`accumulate` a step is several
     backward passes (micro-batches of a pipeline): shares are summed over the passes and the
     buckets start during the last one (GroPipe's delayed gradient communication).
+
+    :meth:`on_bucket_done` callbacks see each bucket's sums as soon as its all-reduce has
+    completed; a bucket whose gradients they all take frees its buffer until the next step
+    needs it (so the buffers alive are those of the buckets in flight, not the whole model).
     """
 
     def __init__(self, params, grid: ProcessGrid, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
@@ -155,12 +163,32 @@ class GradientReducer:
             p.deferred_reduction = grid
             p.register_grad_ready_hook(self._ready)
         self._next_start = 0
+        self._next_done = 0  # buckets delivered (on_bucket_done) so far in this step
+        self._done_hooks: list = []
         self.armed = False
         # multi-pass accumulation (see accumulate()): passes per step, passes ended so far,
         # and how many times each parameter has been reported in this step
         self._passes = 1
         self._passes_done = 0
         self._reported: dict[int, int] = {}
+
+    def on_bucket_done(self, callback) -> None:
+        """Call ``callback(params, grads)`` when a bucket's all-reduce has completed, before
+        the sums go into ``.grad``.  ``params`` is the bucket's parameters and ``grads`` a list
+        of their gradients (summed over the ranks, in each parameter's dtype and on its device,
+        with any ``.grad`` already held added in: what ``.grad`` would become).  The callback
+        takes a gradient by setting ``grads[i] = None``; the others go into ``.grad`` as
+        without callbacks.  Completion is polled (``MPI_Test``, local) each time backward hands
+        over a parameter's last share of the step, and :meth:`finish` delivers the rest, so
+        when a bucket arrives differs between ranks: a callback must not communicate.  Buckets
+        arrive in index order, each once per step (:meth:`finish`)."""
+        if not callable(callback):
+            raise TypeError(f"on_bucket_done takes a callable, got {type(callback).__name__}")
+        self._done_hooks.append(callback)
+
+    def remove_bucket_done(self, callback) -> None:
+        """Unregister a callback of :meth:`on_bucket_done` (no error if absent)."""
+        self._done_hooks = [c for c in self._done_hooks if c != callback]
 
     def _add_bucket(self, params, dtype):
         b = _Bucket(params, dtype)
@@ -199,6 +227,8 @@ class GradientReducer:
         if not self.armed:  # a backward through the bare module still ends with finish()
             self.arm()
         b, i = self._where[id(p)]
+        if b.buffer is None:  # freed after its gradients were taken (on_bucket_done)
+            b.buffer = np.zeros(b.size, dtype=b.dtype)
         seg = b.buffer[b.offsets[i]:b.offsets[i] + p.data.size]
         seen = self._reported.get(id(p), 0)
         self._reported[id(p)] = seen + 1
@@ -221,8 +251,40 @@ class GradientReducer:
                 self.buckets[self._next_start].missing == 0:
             self._start(self.buckets[self._next_start])
             self._next_start += 1
+        if self._done_hooks:
+            self._poll_done()
+
+    def _poll_done(self) -> None:
+        """Deliver the started buckets whose all-reduce has completed, in index order."""
+        while self._next_done < self._next_start:
+            b = self.buckets[self._next_done]
+            if not b.request.Test():
+                break
+            self._deliver(b)
+            self._next_done += 1
+
+    def _deliver(self, b: _Bucket) -> None:
+        """Hand bucket ``b``'s sums to the on_bucket_done callbacks, the rest into ``.grad``."""
+        grads = []
+        for p, off in zip(b.params, b.offsets):
+            xp = array_module(p.data)
+            g = b.buffer[off:off + p.data.size].reshape(p.data.shape)
+            g = xp.asarray(g, dtype=p.data.dtype) if xp is not np else \
+                g.astype(p.data.dtype, copy=True)
+            grads.append(g if p.grad is None else p.grad + g)
+        for callback in self._done_hooks:
+            callback(b.params, grads)
+        for p, g in zip(b.params, grads):
+            if g is not None:
+                p.grad = g
+        if self._done_hooks and all(g is None for g in grads):
+            b.buffer = None  # all taken: the buffer is allocated again when next needed
+        else:
+            b.buffer[...] = 0
 
     def _start(self, b: _Bucket) -> None:
+        if b.buffer is None:  # no gradient reached it in this step: it sums zeros
+            b.buffer = np.zeros(b.size, dtype=b.dtype)
         if self.comm.size == 1:
             b.request = MPI.REQUEST_NULL
         else:
@@ -239,18 +301,14 @@ class GradientReducer:
             self._start(self.buckets[self._next_start])
             self._next_start += 1
         with waiting(self.comm, "MPI_Waitall (gradient all-reduce buckets)"):
-            MPI.Request.Waitall([b.request for b in self.buckets])
+            MPI.Request.Waitall([b.request for b in self.buckets[self._next_done:]])
+        for b in self.buckets[self._next_done:]:
+            self._deliver(b)
         for b in self.buckets:
-            for p, off in zip(b.params, b.offsets):
-                xp = array_module(p.data)
-                g = b.buffer[off:off + p.data.size].reshape(p.data.shape)
-                g = xp.asarray(g, dtype=p.data.dtype) if xp is not np else \
-                    g.astype(p.data.dtype, copy=True)
-                p.grad = g if p.grad is None else p.grad + g
-            b.buffer[...] = 0
             b.missing = len(b.params)
             b.request = None
         self._next_start = 0
+        self._next_done = 0
         self._passes_done = 0
         self._reported.clear()
 
