@@ -251,7 +251,10 @@ def partition_layers(costs: Sequence[LayerProfile], stages: int, chunks: int,
 # -- profiling ------------------------------------------------------------------------------
 def _sync(x) -> None:
     """Wait for the GPU when ``x`` lives there (timings of asynchronous kernels)."""
-    if getattr(x, "device", "cpu") == "cuda":
+    from ..backend import device_of
+    dev = x.device if isinstance(x, DistArray) else (
+        device_of(x) if hasattr(x, "shape") else "cpu")
+    if dev == "cuda":
         import cupy
         cupy.cuda.Device().synchronize()
 
@@ -279,6 +282,14 @@ def _as_input(sample):
     grid = ProcessGrid((1,) * (a.ndim - 1), comm=MPI.COMM_SELF)
     split = (0, None) + tuple(range(1, a.ndim - 1))
     return from_global(a, grid=grid, split=split)
+
+
+def _comm_of(sample) -> MPI.Comm:
+    """The communicator a sample's profiling agrees over by default: its grid's (COMM_SELF
+    for a NumPy array)."""
+    from ..autograd.tensor import Tensor
+    data = sample.data if isinstance(sample, Tensor) else sample
+    return data.grid.comm if isinstance(data, DistArray) else MPI.COMM_SELF
 
 
 class _Isolated:
@@ -338,11 +349,11 @@ def profile_layers(layers: Sequence, sample, repeats: int = 3, warmup: int = 1,
     saves for backward), ``param_bytes`` its parameters (replicated).
     """
     from ..autograd.tensor import Tensor, filled_like
-    x0 = _as_input(sample)
-    comm = x0.grid.comm if comm is None else comm
+    comm = _comm_of(sample) if comm is None else comm
     layers = list(layers)
     with collective(comm, "profile_layers", layers=len(layers), repeats=repeats,
                     warmup=warmup):
+        x0 = _as_input(sample)
         if not layers:
             raise ValueError("profile_layers: no layers")
         if not isinstance(repeats, int) or repeats < 1 or not isinstance(warmup, int) \
@@ -399,8 +410,7 @@ def auto_partition(layers: Sequence, stages: int, sample, chunks: int,
     stop)`` ranges, identical on every rank of ``comm``.  Stage transfers are costed with
     :func:`link_cost`'s defaults (20 us + 2 GB/s).  Bad arguments raise on every rank."""
     layers = list(layers)
-    x0 = _as_input(sample)
-    comm = x0.grid.comm if comm is None else comm
+    comm = _comm_of(sample) if comm is None else comm
     with collective(comm, "auto_partition", layers=len(layers), stages=stages, chunks=chunks,
                     memory_limit=memory_limit, schedule=schedule):
         if not isinstance(stages, (int, np.integer)) or stages < 1:
@@ -413,7 +423,7 @@ def auto_partition(layers: Sequence, stages: int, sample, chunks: int,
         if schedule not in SCHEDULES:
             raise ValueError(f"auto_partition: schedule must be one of {SCHEDULES}, "
                              f"got {schedule!r}")
-    prof = profile_layers(layers, x0, comm=comm)
+    prof = profile_layers(layers, sample, comm=comm)
     # identical profiles on every rank: the plan (or the infeasibility error) is the same
     plan = partition_layers(prof, stages, chunks, memory_limit, schedule,
                             boundary_cost=link_cost())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 import disttensor as dt
 from disttensor.autograd import Tensor, no_grad
@@ -92,8 +93,8 @@ def test_profiles_agree_and_leave_the_model_alone(name):
         for i, layer in enumerate(layers):
             inb = t.data.local.nbytes
             t = layer(t)
-            outb = COMM.allreduce(t.data.local.nbytes, op=max_op())
-            inb = COMM.allreduce(inb, op=max_op())
+            outb = COMM.allreduce(t.data.local.nbytes, op=MPI.MAX)
+            inb = COMM.allreduce(inb, op=MPI.MAX)
             pb = sum(p.data.nbytes for p in layer.parameters())
             expect(prof[i].param_bytes == pb, f"{name} layer {i}: param bytes")
             expect(prof[i].output_bytes == outb,
@@ -106,11 +107,6 @@ def test_profiles_agree_and_leave_the_model_alone(name):
         want = ref(Tensor(on(self_grid(), sample()))).numpy()
         got = m(Tensor(x)).numpy()
     expect(rel_err(got, want) <= TOL, f"{name}: output after profiling differs")
-
-
-def max_op():
-    from mpi4py import MPI
-    return MPI.MAX
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -177,6 +173,8 @@ def test_bad_arguments_raise_on_every_rank():
                       lambda: auto_partition(layers, 2, x, chunks=2, memory_limit=1,
                                              comm=COMM))
     assert_raises_all(COMM, ValueError, "no layers", lambda: profile_layers([], x))
+    assert_raises_all(COMM, ValueError, "no sample and channel axes",
+                      lambda: profile_layers(layers, np.zeros(3), comm=COMM))
     if SIZE > 1:
         with mismatch("auto_partition", "stages"):
             auto_partition(layers, 2 + (COMM.rank == SIZE - 1), x, chunks=2, comm=COMM)
