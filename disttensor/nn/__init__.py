@@ -15,6 +15,7 @@ from .layers import (ELU, AvgPool1d, AvgPool2d, AvgPool3d, BatchNorm1d, BatchNor
                      ScaledTanh, Sigmoid, Softmax, Tanh, Upsample)
 from .module import Module, ModuleList, Parameter, Sequential, sequential_layers
 from .parallel import DistributedDataParallel, GradientReducer, check_replicas
+from .pipeline import Pipeline
 
 __all__ = ["amp", "functional", "init", "lr_scheduler", "models", "optim", "parallel", "partition", "utils",
            "Module", "ModuleList", "Parameter", "Sequential", "sequential_layers", "Conv1d", "Conv2d", "Conv3d",
@@ -23,7 +24,7 @@ __all__ = ["amp", "functional", "init", "lr_scheduler", "models", "optim", "para
            "BatchNorm3d", "ReLU", "LeakyReLU", "ELU", "Sigmoid", "Tanh", "ScaledTanh",
            "Softmax", "LogSoftmax", "Dropout", "Flatten", "Linear", "Upsample", "Identity",
            "MSELoss", "CrossEntropyLoss", "DistributedDataParallel", "GradientReducer",
-           "check_replicas"]
+           "check_replicas", "Pipeline"]
 
 from . import backward_update  # noqa: E402  (weight update inside backward)
 from .backward_update import BackwardUpdate  # noqa: E402
