@@ -202,7 +202,8 @@ class BackwardUpdate:
 
     def _bucket_done(self, params, grads) -> None:
         if self.track_memory:
-            self._track(sum(g.nbytes for g in grads if g is not None))
+            # views of the bucket's buffer (counted with the buffers) hold no memory of their own
+            self._track(sum(g.nbytes for g in grads if g is not None and g.base is None))
         for i, (p, g) in enumerate(zip(params, grads)):
             if g is not None and id(p) in self._mine:
                 self._apply(p, g)

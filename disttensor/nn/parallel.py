@@ -110,7 +110,7 @@ class _Bucket:
             self.offsets.append(n)
             n += p.data.size
         self.size = n
-        self.buffer = np.zeros(n, dtype=self.dtype)
+        self.buffer = None  # allocated (zeroed) when the bucket is first needed
         self.missing = len(params)
         self.request = None
 
@@ -176,9 +176,10 @@ class GradientReducer:
         """Call ``callback(params, grads)`` when a bucket's all-reduce has completed, before
         the sums go into ``.grad``.  ``params`` is the bucket's parameters and ``grads`` a list
         of their gradients (summed over the ranks, in each parameter's dtype and on its device,
-        with any ``.grad`` already held added in: what ``.grad`` would become).  The callback
-        takes a gradient by setting ``grads[i] = None``; the others go into ``.grad`` as
-        without callbacks.  Completion is polled (``MPI_Test``, local) each time backward hands
+        with any ``.grad`` already held added in: what ``.grad`` would become; possibly views
+        of the bucket's buffer, valid during the call only: copy one to keep it).  The
+        callback takes a gradient by setting ``grads[i] = None``; the others go into ``.grad``
+        (copied) as without callbacks.  Completion is polled (``MPI_Test``, local) each time backward hands
         over a parameter's last share of the step, and :meth:`finish` delivers the rest, so
         when a bucket arrives differs between ranks: a callback must not communicate.  Buckets
         arrive in index order, each once per step (:meth:`finish`)."""
@@ -227,7 +228,7 @@ class GradientReducer:
         if not self.armed:  # a backward through the bare module still ends with finish()
             self.arm()
         b, i = self._where[id(p)]
-        if b.buffer is None:  # freed after its gradients were taken (on_bucket_done)
+        if b.buffer is None:  # first use, or freed after its gradients were taken
             b.buffer = np.zeros(b.size, dtype=b.dtype)
         seg = b.buffer[b.offsets[i]:b.offsets[i] + p.data.size]
         seen = self._reported.get(id(p), 0)
@@ -265,18 +266,23 @@ class GradientReducer:
 
     def _deliver(self, b: _Bucket) -> None:
         """Hand bucket ``b``'s sums to the on_bucket_done callbacks, the rest into ``.grad``."""
-        grads = []
+        hooks = self._done_hooks
+        grads, views = [], []
         for p, off in zip(b.params, b.offsets):
             xp = array_module(p.data)
             g = b.buffer[off:off + p.data.size].reshape(p.data.shape)
-            g = xp.asarray(g, dtype=p.data.dtype) if xp is not np else \
-                g.astype(p.data.dtype, copy=True)
-            grads.append(g if p.grad is None else p.grad + g)
-        for callback in self._done_hooks:
+            view = bool(hooks) and xp is np and p.grad is None and g.dtype == p.data.dtype
+            if not view:  # (a callback may take a view: it needs no copy of its own)
+                g = xp.asarray(g, dtype=p.data.dtype) if xp is not np else \
+                    g.astype(p.data.dtype, copy=True)
+                g = g if p.grad is None else p.grad + g
+            grads.append(g)
+            views.append(view)
+        for callback in hooks:
             callback(b.params, grads)
-        for p, g in zip(b.params, grads):
+        for p, g, view in zip(b.params, grads, views):
             if g is not None:
-                p.grad = g
+                p.grad = g.copy() if view else g
         if self._done_hooks and all(g is None for g in grads):
             b.buffer = None  # all taken: the buffer is allocated again when next needed
         else:
