@@ -34,7 +34,8 @@ Layer ``i`` has saved bytes ``s_i``, input bytes ``a_i``, forward and backward t
   where runs of recompute layers are cut; by default each maximal run is one segment); a
   segment ``j..k`` is one checkpoint: only its input (``a_j`` bytes) stays resident; its
   backward first re-runs the forward of the segment (added time ``f_j + ... + f_k``), whose
-  saved state ``s_j + ... + s_k`` is then a transient.  Short segments keep more inputs
+  saved state ``s_j + ... + s_k``, plus the recomputed output ``o_k`` (alive next to the
+  first forward's copy until the recomputation ends), is then a transient.  Short segments keep more inputs
   resident, long ones a larger transient: the planner chooses the cuts too.
 
 The modelled peak of saved bytes (at the start of backward, where everything kept is still
@@ -54,6 +55,7 @@ from __future__ import annotations
 
 import gc
 import math
+import weakref
 import time
 import tracemalloc
 from dataclasses import dataclass
@@ -68,7 +70,7 @@ from ..comm import allreduce, collective
 from .module import Module, ModuleList, Sequential, sequential_layers
 
 __all__ = ["checkpoint", "LayerProfile", "MemoryProfile", "profile_memory", "MemoryPlan",
-           "plan_memory", "evaluate_plan", "apply_plan", "PlannedModel",
+           "plan_memory", "min_peak", "evaluate_plan", "apply_plan", "PlannedModel",
            "measure_step_memory", "measure_bandwidth", "ASSUMED_BANDWIDTH", "CHOICES"]
 
 #: host<->device bandwidth assumed where none can be measured (PCIe 3.0 x16, bytes/s)
@@ -121,7 +123,9 @@ def checkpoint(module, x) -> Tensor:
     (dropout counters, batch-norm running statistics and batch counts) is set back to its value
     before the first forward while the recomputation runs, then to its value after it, so
     dropout draws the same mask again and running statistics are updated once.  The module's
-    ``training`` mode must not change between forward and backward.  Collective exactly when
+    ``training`` mode must not change between forward and backward.  After the recomputation
+    the output tensor's ``data`` is the recomputed array (equal values; the first forward's
+    copy is then freed unless referenced elsewhere).  Collective exactly when
     ``module``'s forward is (every rank recomputes the same layers in the same order)."""
     xt = as_tensor(x)
     if not is_grad_enabled():
@@ -148,10 +152,15 @@ def checkpoint(module, x) -> Tensor:
                 y2 = module(xd)
         finally:
             _restore(slots, after)
+        res = ref()
+        if res is not None:  # drop the first forward's copy: the recomputed one is equal
+            res.data = y2.data
+        del res
         backward_subgraph(y2, g)
         return (got[0] if got else None,)
 
     out = Tensor(y.data)
+    ref = weakref.ref(out)
     out.requires_grad = True
     out.node = Node((xt if xt.requires_grad else None,), backward, "checkpoint")
     record_node(out.node)
@@ -441,7 +450,8 @@ def evaluate_plan(profile: MemoryProfile, choices, bandwidth: float | None = Non
             raise ValueError(f"unknown choice {c!r} (one of {CHOICES})")
     for j, k in segments:
         resident += L[j].input_bytes
-        transient = max(transient, sum(L[i].saved_bytes for i in range(j, k)))
+        transient = max(transient, sum(L[i].saved_bytes for i in range(j, k))
+                        + L[k - 1].output_bytes)
         added += sum(L[i].forward_time for i in range(j, k))
     return int(resident + transient), float(added)
 
@@ -494,7 +504,7 @@ class MemoryPlan:
         return "\n".join(lines)
 
 
-def _min_peak(s, a, allow_off: bool, allow_rec: bool, cands) -> int:
+def _min_peak(s, a, o, allow_off: bool, allow_rec: bool, cands) -> int:
     """The smallest modelled peak any plan reaches (exact, over the transient bounds)."""
     n = len(s)
     best = sum(s)
@@ -515,9 +525,36 @@ def _min_peak(s, a, allow_off: bool, allow_rec: bool, cands) -> int:
                     tot += s[k]
                     if tot > T:
                         break
-                    dp[k + 1] = min(dp[k + 1], r + a[i])
+                    if tot + o[k] <= T:
+                        dp[k + 1] = min(dp[k + 1], r + a[i])
         best = min(best, dp[n] + T)
     return int(best)
+
+
+def min_peak(profile: MemoryProfile, *, allow_offload: bool = True,
+             allow_recompute: bool = True) -> int:
+    """The smallest modelled peak of saved bytes any plan reaches: the least budget
+    :func:`plan_memory` accepts.  With offload it is the largest layer's saved bytes (every
+    layer offloaded reaches it; no plan goes below it).  Local, pure."""
+    s = [int(lp.saved_bytes) for lp in profile.layers]
+    a = [int(lp.input_bytes) for lp in profile.layers]
+    o = [int(lp.output_bytes) for lp in profile.layers]
+    return _min_peak(s, a, o, allow_offload, allow_recompute, _transient_bounds(
+        s, o, allow_offload, allow_recompute))
+
+
+def _transient_bounds(s, o, allow_off: bool, allow_rec: bool) -> list:
+    """Every value the largest transient of a plan can take."""
+    every = {0}
+    if allow_off:
+        every.update(s)
+    if allow_rec:
+        for i in range(len(s)):
+            tot = 0
+            for k in range(i, len(s)):
+                tot += s[k]
+                every.add(tot + o[k])
+    return sorted(every)
 
 
 def plan_memory(profile: MemoryProfile, budget_bytes, bandwidth: float | None = None, *,
@@ -527,12 +564,14 @@ def plan_memory(profile: MemoryProfile, budget_bytes, bandwidth: float | None = 
     peak of saved bytes ``<= budget_bytes`` (model: module docstring).
 
     Exact dynamic program: for every candidate bound ``T`` on the largest transient (0, each
-    layer's saved bytes, each segment's sum), a knapsack over the layers in order whose state
+    layer's saved bytes, each segment's transient), a knapsack over the layers in order whose state
     is the resident bytes (in units of ``unit`` bytes, each layer's bytes rounded *up*, so
     the plan always fits the budget; default ``unit = ceil(budget / resolution)``); a step
     keeps or offloads one layer or makes a segment of recompute layers.  Time
     ``O(n^4 * budget / unit)`` with ``n`` layers: pseudo-polynomial.  Optimal when every size
-    is a multiple of ``unit``; otherwise optimal for the rounded sizes.  A budget at or above
+    is a multiple of ``unit``; otherwise optimal for the rounded sizes.  Without ``unit``, when
+    no plan fits at the coarse unit (rounding), units 16, 256, ... times finer are tried, and
+    last the greatest common divisor of the sizes (exact; when ``budget / gcd <= 2**20``).  A budget at or above
     the keep-all peak gives every layer ``keep``.
 
     Raises ``ValueError`` when the budget is below the smallest peak any plan reaches (every
@@ -542,6 +581,7 @@ def plan_memory(profile: MemoryProfile, budget_bytes, bandwidth: float | None = 
     n = len(L)
     s = [int(lp.saved_bytes) for lp in L]
     a = [int(lp.input_bytes) for lp in L]
+    o = [int(lp.output_bytes) for lp in L]
     f = [float(lp.forward_time) for lp in L]
     bw = profile.bandwidth if bandwidth is None else float(bandwidth)
     with collective(comm, "plan_memory", budget_bytes=budget_bytes, bandwidth=bandwidth,
@@ -556,16 +596,8 @@ def plan_memory(profile: MemoryProfile, budget_bytes, bandwidth: float | None = 
         if not bw > 0:
             raise ValueError(f"plan_memory: bandwidth must be > 0, got {bw}")
         budget = int(budget_bytes)
-        every = {0}
-        if allow_offload:
-            every.update(s)
-        if allow_recompute:
-            for i in range(n):
-                tot = 0
-                for k in range(i, n):
-                    tot += s[k]
-                    every.add(tot)
-        least = _min_peak(s, a, allow_offload, allow_recompute, sorted(every))
+        every = _transient_bounds(s, o, allow_offload, allow_recompute)
+        least = _min_peak(s, a, o, allow_offload, allow_recompute, every)
         cands = sorted(c for c in every if c <= budget)
         if budget < least:
             raise ValueError(f"plan_memory: a budget of {budget} bytes is below the smallest "
@@ -577,15 +609,25 @@ def plan_memory(profile: MemoryProfile, budget_bytes, bandwidth: float | None = 
                   bandwidth_assumed=profile.bandwidth_assumed)
     if sum(s) <= budget:
         return MemoryPlan(("keep",) * n, peak=sum(s), added_time=0.0, unit=1, **common)
-    if unit is None:
-        unit = max(1, math.ceil(budget / max(1, resolution)))
     off = [_offload_cost(profile, i, bw) for i in range(n)]
+    exact = math.gcd(*s, *a, *o) or 1  # a unit dividing every size: no rounding
+    units = [unit] if unit is not None else []
+    if unit is None:  # coarse first; finer (down to the exact unit) if rounding bites
+        u = max(1, math.ceil(budget / max(1, resolution)))
+        while u > exact:
+            units.append(u)
+            u //= 16
+        if budget // exact <= 1 << 20 or not units:
+            units.append(exact)
     best = None
-    for T in cands:
-        cap = (budget - T) // unit
-        res = _knapsack(s, a, f, off, T, cap, unit, allow_offload, allow_recompute)
-        if res is not None and (best is None or res[0] < best[0]):
-            best = res
+    for unit in units:
+        for T in cands:
+            cap = (budget - T) // unit
+            res = _knapsack(s, a, o, f, off, T, cap, unit, allow_offload, allow_recompute)
+            if res is not None and (best is None or res[0] < best[0]):
+                best = res
+        if best is not None:
+            break
     if best is None:  # only the rounding of sizes up to units can get here
         raise ValueError(f"plan_memory: no plan fits {budget} bytes at a resolution of "
                          f"{unit} bytes (the exact minimum is {least}); pass a larger "
@@ -596,7 +638,7 @@ def plan_memory(profile: MemoryProfile, budget_bytes, bandwidth: float | None = 
                       **common)
 
 
-def _knapsack(s, a, f, off, T, cap, unit, allow_off, allow_rec):
+def _knapsack(s, a, o, f, off, T, cap, unit, allow_off, allow_rec):
     """Least added time with every transient ``<= T`` and resident units ``<= cap``:
     ``(cost, choices, segments)`` or ``None``.  ``dp[i][r]``: least cost for layers ``< i``
     with ``r`` resident units; a step from ``i`` to ``k + 1`` keeps or offloads layer ``i``
@@ -635,7 +677,8 @@ def _knapsack(s, a, f, off, T, cap, unit, allow_off, allow_rec):
                 t += f[k]
                 if tot > T:
                     break
-                relax(i, k + 1, wa[i], t, 2)
+                if tot + o[k] <= T:
+                    relax(i, k + 1, wa[i], t, 2)
     r = int(np.argmin(dp[n]))
     if not np.isfinite(dp[n][r]):
         return None

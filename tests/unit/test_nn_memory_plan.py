@@ -40,7 +40,7 @@ def model(prof, choices, segments):
             transients.append(L[i].saved_bytes)
     for j, k in segments:
         resident += L[j].input_bytes
-        transients.append(sum(L[i].saved_bytes for i in range(j, k)))
+        transients.append(sum(L[i].saved_bytes for i in range(j, k)) + L[k - 1].output_bytes)
         added += sum(L[i].forward_time for i in range(j, k))
     return resident + max(transients), added
 
@@ -173,6 +173,7 @@ def test_segment_cuts_trade_resident_inputs_for_transients():
     when the budget is tight (the planner chooses the cut)."""
     L = [LayerProfile("a", 100, 1, 1, 0.1, 0.1), LayerProfile("b", 100, 1, 1, 0.1, 0.1)]
     prof = MemoryProfile(L, bandwidth=1.0)  # offload far too slow
-    plan = plan_memory(prof, 102, unit=1)
+    plan = plan_memory(prof, 103, unit=1)  # inputs 1 + 1, transient 100 + output 1
     assert plan.choices == ("recompute", "recompute") and plan.segments == [(0, 1), (1, 2)]
-    assert plan.peak == 102 and plan.added_time == pytest.approx(0.2)
+    assert plan.peak == 103 and plan.added_time == pytest.approx(0.2)
+    assert evaluate_plan(prof, plan.choices) == (1 + 201, pytest.approx(0.2))  # one segment
