@@ -179,9 +179,12 @@ class Pipeline(Module):
     chunks : micro-batches per mini-batch (``>= 1``).
     partition : ``S`` ``(start, stop)`` ranges over ``sequential_layers(model)``; or
         ``"params"``: balanced by parameter count (plus one per layer, so parameter-free
-        layers spread too); or ``"auto"``: :func:`disttensor.nn.partition.auto_partition`
-        on the measured layer costs of ``sample`` (a micro-batch input on the stage grid),
-        with ``memory_limit``.
+        layers spread too; a stage may still get no parameters); or ``"auto"``:
+        :func:`disttensor.nn.partition.auto_partition` on the measured layer costs of
+        ``sample`` (one micro-batch: a global NumPy array, distributed on the stage grid
+        for the measurement like ``x``, or a DistArray/Tensor the profiler runs as it is),
+        with ``memory_limit``.  Measuring runs every layer on every stage once (the whole
+        model must fit for it).
     schedule : ``"gpipe"`` or ``"1f1b"``.
     bucket_bytes, overlap : of the stage's :class:`GradientReducer`.
     """
@@ -237,6 +240,12 @@ class Pipeline(Module):
             ranges = balanced_partition([m.num_parameters() + 1 for m in layers], stages)
         elif partition == "auto":
             from .partition import auto_partition
+            if not isinstance(sample, (DistArray, Tensor)):
+                # one global micro-batch: profile it laid out as the stages will hold it
+                from ..creation import from_global
+                a = np.asarray(sample)
+                split = (0, None) + tuple(range(1, min(a.ndim - 1, stage_grid.ndim)))
+                sample = from_global(a, grid=stage_grid, split=split[:a.ndim])
             ranges = check_partition(
                 auto_partition(layers, stages, sample, chunks, memory_limit=memory_limit,
                                schedule=schedule, comm=grid.cart), len(layers), stages)

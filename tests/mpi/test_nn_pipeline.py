@@ -1,0 +1,346 @@
+"""Pipeline parallelism with data parallelism across groups (:class:`disttensor.nn.Pipeline`).
+
+A small float64 CosmoFlow trained ``STEPS`` steps of SGD (momentum, weight decay) through a
+pipeline (GPipe and 1F1B, 1 to 4 stages, 1 or 2 groups, a spatial split inside the stages,
+uneven partitions, 1, 2 and 4 micro-batches) gives, step by step, the same loss, and at the
+end the same gradients (of the last step) and parameters of every stage, as the same steps of
+the unpipelined model on one rank (``MPI.COMM_SELF``), to 1e-10 relative.  The gradient
+reducer's multi-pass accumulation is checked on its own: no bucket starts before the last
+pass, and the sums equal those of the passes one by one.  Bad configurations raise the same
+exception on every rank.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import disttensor as dt
+from disttensor.autograd import Tensor
+from disttensor.nn import GradientReducer, Pipeline, Sequential
+from disttensor.nn import functional as F
+from disttensor.nn.layers import Linear
+from disttensor.nn.models import CosmoFlow
+from disttensor.nn.optim import SGD
+from disttensor.nn.pipeline import balanced_partition, check_partition
+
+from checks import COMM, SIZE, expect, grid
+from conftest import assert_all_ranks, assert_raises_all
+from gradchecks import close, guarded, rel_err, self_grid
+
+B = 8
+STEPS = 20
+TOL = 1e-10
+NLAYERS = 11  # sequential_layers of the model below
+
+
+def model():
+    return CosmoFlow(input_size=8, in_channels=2, widths=(3, 4), dense=(5,), outputs=3,
+                     dtype="float64", rng=np.random.default_rng(1))
+
+
+def batches():
+    rng = np.random.default_rng(123)
+    return [(rng.standard_normal((B, 2, 8, 8, 8)), rng.standard_normal((B, 3)) * 0.5)
+            for _ in range(STEPS)]
+
+
+def optimizer(params):
+    return SGD(list(params), lr=0.05, momentum=0.9, weight_decay=1e-3)
+
+
+_REFERENCE = None
+
+
+def reference():
+    """Losses per step, last-step gradients and final parameters of the plain model."""
+    global _REFERENCE
+    if _REFERENCE is None:
+        g = self_grid()
+        m = model()
+        opt = optimizer(m.parameters())
+        losses = []
+        for x, y in batches():
+            opt.zero_grad()
+            loss = F.mse_loss(m(Tensor(dt.from_global(x, grid=g, split=(0, None, 1, 2, 3)))),
+                              Tensor(dt.from_global(y, grid=g, split=(0, None))))
+            loss.backward()
+            grads = {n: np.array(p.grad) for n, p in m.named_parameters()}
+            opt.step()
+            losses.append(loss.item())
+        _REFERENCE = (losses, grads, {n: np.array(p.data) for n, p in m.named_parameters()})
+    return _REFERENCE
+
+
+def train(dims, chunks, schedule, partition, stage_axis=1):
+    """``STEPS`` pipelined steps; losses, and this stage's last gradients and final
+    parameters by name."""
+    m = model()
+    pipe = Pipeline(m, grid(dims), chunks=chunks, partition=partition, schedule=schedule,
+                    stage_axis=stage_axis, bucket_bytes=256)
+    try:
+        opt = optimizer(pipe.parameters())
+        sg = pipe.stage_grid
+        losses = []
+        for x, y in batches():
+            # x only where stage 0 reads it, y only on the last stage
+            xd = dt.from_global(x, grid=sg, split=(0, None, 1, 2, 3)) if pipe.stage == 0 \
+                else None
+            yd = dt.from_global(y, grid=sg, split=(0, None)) \
+                if pipe.stage == pipe.stages - 1 else None
+            opt.zero_grad()
+            losses.append(pipe.train_step(xd, yd, F.mse_loss))
+            mine = {id(p) for p in pipe.parameters()}
+            grads = {n: np.array(p.grad) for n, p in m.named_parameters() if id(p) in mine}
+            opt.step()
+        params = {n: np.array(p.data) for n, p in m.named_parameters() if id(p) in mine}
+        stats = pipe.last_stats
+    finally:
+        pipe.release()
+    return losses, grads, params, stats, pipe
+
+
+def _configs():
+    """id -> (grid dims, chunks, schedule, partition, stage_axis)."""
+    n = SIZE
+    if n == 1:
+        return {"one-gpipe-c2": ((1, 1, 1, 1, 1), 2, "gpipe", "params", 1),
+                "one-1f1b-c1": ((1, 1, 1, 1, 1), 1, "1f1b", [(0, NLAYERS)], 1)}
+    if n == 2:
+        return {"s2-gpipe-c2": ((1, 2, 1, 1, 1), 2, "gpipe", "params", 1),
+                "s2-1f1b-c4": ((1, 2, 1, 1, 1), 4, "1f1b", [(0, 3), (3, NLAYERS)], 1),
+                "s2-gpipe-c1": ((1, 2, 1, 1, 1), 1, "gpipe", [(0, 8), (8, NLAYERS)], 1)}
+    if n == 3:
+        return {"s3-uneven-1f1b-c4": ((1, 3, 1, 1, 1), 4, "1f1b", [(0, 1), (1, 7), (7, 11)], 1),
+                "s3-uneven-gpipe-c2": ((1, 3, 1, 1, 1), 2, "gpipe", [(0, 5), (5, 9), (9, 11)],
+                                       1)}
+    return {"s4-1f1b-c4": ((1, 4, 1, 1, 1), 4, "1f1b", [(0, 3), (3, 6), (6, 8), (8, 11)], 1),
+            "g2s2-gpipe-c2": ((2, 2, 1, 1, 1), 2, "gpipe", "params", 1),
+            "g2s2-1f1b-c4": ((2, 2, 1, 1, 1), 4, "1f1b", [(0, 4), (4, 11)], 1),
+            "s2d2-1f1b-c2": ((1, 2, 2, 1, 1), 2, "1f1b", [(0, 5), (5, 11)], 1),
+            "s2g2-axis0-gpipe-c4": ((2, 2, 1, 1, 1), 4, "gpipe", [(0, 6), (6, 11)], 0)}
+
+
+CONFIGS = _configs()
+
+
+@pytest.mark.parametrize("cid", sorted(CONFIGS))
+@guarded
+def test_pipeline_matches_one_rank(cid):
+    dims, chunks, schedule, partition, axis = CONFIGS[cid]
+    rlosses, rgrads, rparams = reference()
+    losses, grads, params, stats, pipe = train(dims, chunks, schedule, partition, axis)
+    what = f"{cid} (stage {pipe.stage}, partition {pipe.partition})"
+    close(losses, rlosses, f"{what}: losses per step", rtol=TOL, atol=0)
+    # every parameter belongs to exactly one stage (the names over all ranks of a group)
+    owned = COMM.allgather((pipe.grid.coords[:axis] + pipe.grid.coords[axis + 1:],
+                            sorted(params)))
+    first_line = [names for coords, names in owned if coords == owned[0][0]]
+    every = sorted(n for names in first_line for n in names)
+    expect(every == sorted(rparams), f"{what}: stage parameters over the stages {every} != "
+                                     f"{sorted(rparams)}")
+    initial = {n: p.data for n, p in model().named_parameters()}
+    for name in params:
+        err = rel_err(grads[name], rgrads[name])
+        expect(err <= TOL, f"{what}: gradient of {name} at the last step: relative error "
+                           f"{err:.3g}")
+        err = rel_err(params[name], rparams[name])
+        expect(err <= TOL, f"{what}: {name} after {STEPS} steps: relative error {err:.3g}")
+        expect(rel_err(rparams[name], initial[name]) > 1e-3, f"{what}: {name} barely moved")
+    expect(set(stats) >= {"forward_s", "backward_s", "wait_s", "wall_s", "bubble"}
+           and 0 <= stats["bubble"] <= 1 and stats["forward_s"] > 0,
+           f"{what}: last_stats {stats}")
+
+
+@guarded
+def test_stage_grid_coordinates_and_neighbours():
+    dims = {1: (1, 1, 1, 1, 1), 2: (1, 2, 1, 1, 1), 3: (1, 3, 1, 1, 1),
+            4: (2, 2, 1, 1, 1)}[SIZE]
+    g = grid(dims)
+    pipe = Pipeline(model(), g, chunks=1, partition="params")
+    try:
+        expect(pipe.stage_grid.dims == dims[:1] + dims[2:], f"stage grid {pipe.stage_grid}")
+        expect(pipe.stage_grid.coords == g.coords[:1] + g.coords[2:],
+               f"stage grid coords {pipe.stage_grid.coords} vs grid coords {g.coords}")
+        expect(pipe.stage == g.coords[1] == pipe._p2p.rank, "stage index")
+        # the neighbour of the same other coordinates, one stage on
+        line = pipe._p2p.allgather(g.coords[:1] + g.coords[2:])
+        expect(all(c == line[0] for c in line), f"pipeline line {line}")
+    finally:
+        pipe.release()
+
+
+@guarded
+def test_forward_evaluates_the_whole_batch_on_the_last_stage():
+    dims = {1: (1, 1, 1, 1, 1), 2: (1, 2, 1, 1, 1), 3: (1, 3, 1, 1, 1),
+            4: (2, 2, 1, 1, 1)}[SIZE]
+    x, _ = batches()[0]
+    m = model()
+    pipe = Pipeline(m, grid(dims), chunks=2, partition="params")
+    try:
+        xd = dt.from_global(x, grid=pipe.stage_grid, split=(0, None, 1, 2, 3)) \
+            if pipe.stage == 0 else None
+        out = pipe(xd)
+        g = self_grid()
+        want = model()(Tensor(dt.from_global(x, grid=g, split=(0, None, 1, 2, 3)))).numpy()
+        if pipe.stage == pipe.stages - 1:
+            expect(out is not None and rel_err(out.numpy(), want) <= TOL,
+                   f"last stage output differs: {None if out is None else out.numpy()}")
+        else:
+            expect(out is None, "stages before the last return None")
+    finally:
+        pipe.release()
+
+
+# -- the reducer's multi-pass accumulation ------------------------------------------------------
+@guarded
+def test_reducer_accumulates_passes_and_starts_buckets_in_the_last():
+    """Three backward passes of different batches with ``accumulate(3)``: after the first
+    two, no bucket has started and no ``.grad`` is set; after the third, ``.grad`` is the
+    sum of the three passes' gradients (plain model on one rank, one pass at a time)."""
+    g = grid((SIZE, 1, 1, 1))
+    data = batches()[:3]
+    ref = model()
+    for x, y in data:  # .grad accumulates over the passes
+        sg = self_grid()
+        F.mse_loss(ref(Tensor(dt.from_global(x[:SIZE], grid=sg, split=(0, None, 1, 2, 3)))),
+                   Tensor(dt.from_global(y[:SIZE], grid=sg, split=(0, None)))).backward()
+    m = model()
+    red = GradientReducer(m.parameters(), g, bucket_bytes=256)
+    try:
+        red.accumulate(3)
+        for k, (x, y) in enumerate(data):
+            F.mse_loss(m(Tensor(dt.from_global(x[:SIZE], grid=g, split=(0, None, 1, 2, 3)))),
+                       Tensor(dt.from_global(y[:SIZE], grid=g, split=(0, None)))).backward()
+            if k < 2:
+                expect(all(b.request is None for b in red.buckets),
+                       f"a bucket started in pass {k}")
+                expect(all(p.grad is None for p in m.parameters()), f".grad set in pass {k}")
+        for (name, p), q in zip(m.named_parameters(), ref.parameters()):
+            err = rel_err(p.grad, q.grad)
+            expect(err <= TOL, f"{name}: accumulated gradient relative error {err:.3g}")
+        # the next step starts afresh
+        expect(red._passes_done == 0 and not red._reported, "step state not reset")
+    finally:
+        red.release()
+
+
+def test_reducer_accumulate_rejects_bad_passes():
+    g = grid((SIZE, 1, 1, 1))
+    red = GradientReducer(model().parameters(), g)
+    try:
+        for bad in (0, -1, 1.5, True):
+            with pytest.raises(ValueError, match="positive integer"):
+                red.accumulate(bad)
+    finally:
+        red.release()
+
+
+# -- partitions ---------------------------------------------------------------------------------
+def test_check_partition_and_balanced_partition():
+    assert check_partition([(0, 2), (2, 5)], 5, 2) == [(0, 2), (2, 5)]
+    for bad, msg in [([(0, 2)], "1 ranges for 2 stages"), ([(0, 2), (3, 5)], "starts at 3"),
+                     ([(0, 3), (2, 5)], "starts at 2"), ([(0, 0), (0, 5)], "empty"),
+                     ([(0, 2), (2, 4)], "covers layers \\[0, 4\\)"), ("ab", "list of"),
+                     ([(0, 2.5), (2.5, 5)], "list of")]:
+        with pytest.raises(ValueError, match=msg):
+            check_partition(bad, 5, 2)
+    # the minimum of the largest stage sum, found by brute force
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        n = int(rng.integers(1, 8))
+        s = int(rng.integers(1, n + 1))
+        costs = rng.integers(0, 10, n)
+        got = balanced_partition(costs, s)
+        check_partition(got, n, s)
+        best = min(max(costs[a:b].sum() for a, b in zip((0,) + cuts, cuts + (n,)))
+                   for cuts in _cut_sets(n, s))
+        assert max(costs[a:b].sum() for a, b in got) == best, (costs, s, got)
+
+
+def _cut_sets(n, s):
+    import itertools
+    return [tuple(c) for c in itertools.combinations(range(1, n), s - 1)]
+
+
+# -- bad input raises on every rank -------------------------------------------------------------
+def _pipe_dims():
+    return (1, SIZE, 1, 1, 1)
+
+
+@pytest.mark.parametrize("kwargs,exc,match", [
+    (dict(chunks=0), ValueError, "chunks must be a positive integer"),
+    (dict(chunks=2.0), ValueError, "chunks must be a positive integer"),
+    (dict(schedule="interleaved"), ValueError, "schedule must be one of"),
+    (dict(partition=[(0, NLAYERS)] * 2), ValueError, "ranges for|starts at"),
+    (dict(partition="balanced"), ValueError, "'params' or 'auto'"),
+    (dict(partition="auto"), ValueError, "needs sample="),
+    (dict(stage_axis=7), ValueError, "stage_axis 7"),
+])
+def test_bad_configuration_raises_everywhere(kwargs, exc, match):
+    args = dict(chunks=1, partition="params")
+    args.update(kwargs)
+    assert_raises_all(COMM, exc, match, lambda: Pipeline(model(), grid(_pipe_dims()), **args))
+
+
+def test_partition_not_covering_raises_everywhere():
+    n = SIZE
+    bad = [(i, i + 1) for i in range(n)]  # leaves layers out
+    assert_raises_all(COMM, ValueError, f"covers layers \\[0, {n}\\)",
+                      lambda: Pipeline(model(), grid(_pipe_dims()), partition=bad))
+
+
+@pytest.mark.skipif(SIZE < 2, reason="needs two stages")
+def test_more_stages_than_layers_raises_everywhere():
+    tiny = Sequential(Linear(3, 2, dtype="float64", rng=np.random.default_rng(0)))
+    assert_raises_all(COMM, ValueError, "stages but the model has only 1 layers",
+                      lambda: Pipeline(tiny, grid(_pipe_dims())))
+
+
+@pytest.mark.skipif(SIZE < 2, reason="needs two ranks")
+def test_rank_dependent_chunks_raise_everywhere():
+    chunks = 4 if COMM.rank == SIZE - 1 else 2
+    assert_raises_all(COMM, dt.ArgumentMismatchError, "Pipeline: arguments differ.*chunks",
+                      lambda: Pipeline(model(), grid(_pipe_dims()), chunks=chunks))
+
+
+def test_batch_not_divisible_raises_everywhere():
+    pipe = Pipeline(model(), grid(_pipe_dims()), chunks=3)
+    try:
+        x, y = batches()[0]
+        sg = pipe.stage_grid
+        xd = dt.from_global(x, grid=sg, split=(0, None, 1, 2, 3))
+        yd = dt.from_global(y, grid=sg, split=(0, None))
+        assert_raises_all(COMM, ValueError, "divisible by 3",
+                          lambda: pipe.train_step(xd, yd, F.mse_loss))
+        assert_raises_all(COMM, TypeError, "x must be a DistArray",
+                          lambda: pipe.train_step(None, yd, F.mse_loss))
+        # targets of another batch size (checked on the last stage)
+        pipe2 = Pipeline(model(), grid(_pipe_dims()), chunks=2)
+        try:
+            xs = dt.from_global(x, grid=pipe2.stage_grid, split=(0, None, 1, 2, 3))
+            ys = dt.from_global(y[:4], grid=pipe2.stage_grid, split=(0, None))
+            assert_raises_all(COMM, ValueError, "y holds 4 samples, x holds 8",
+                              lambda: pipe2.train_step(xs, ys, F.mse_loss))
+            # a good step afterwards still works (nothing was left half done)
+            yd2 = dt.from_global(y, grid=pipe2.stage_grid, split=(0, None))
+            loss = pipe2.train_step(xs, yd2, F.mse_loss)
+            assert_all_ranks(COMM, np.isfinite(loss) and loss > 0, f"loss {loss}")
+        finally:
+            pipe2.release()
+    finally:
+        pipe.release()
+
+
+@pytest.mark.skipif(SIZE != 4, reason="two groups need four ranks")
+def test_unequal_group_blocks_raise_everywhere():
+    pipe = Pipeline(model(), grid((2, 2, 1, 1, 1)), chunks=1)
+    try:
+        x, y = batches()[0]
+        sg = pipe.stage_grid
+        xd = dt.from_global(x, grid=sg, split=(0, None, 1, 2, 3), sizes=[(6, 2), None, None,
+                                                                      None, None])
+        yd = dt.from_global(y, grid=sg, split=(0, None))
+        assert_raises_all(COMM, ValueError, "equal blocks",
+                          lambda: pipe.train_step(xd, yd, F.mse_loss))
+    finally:
+        pipe.release()
