@@ -344,3 +344,73 @@ def test_unequal_group_blocks_raise_everywhere():
                           lambda: pipe.train_step(xd, yd, F.mse_loss))
     finally:
         pipe.release()
+
+
+# -- batch norm: micro-batch statistics ---------------------------------------------------------
+def bn_model():
+    from disttensor.nn.layers import BatchNorm3d, Conv3d, Flatten, LeakyReLU, MaxPool3d
+    rng = np.random.default_rng(5)
+    # no conv bias: batch norm cancels it (its gradient would be rounding noise)
+    return Sequential(Conv3d(2, 3, 3, padding=1, bias=False, dtype="float64", rng=rng),
+                      BatchNorm3d(3, dtype="float64"), LeakyReLU(0.3), MaxPool3d(2),
+                      Flatten(), Linear(3 * 4 * 4 * 4, 3, dtype="float64", rng=rng))
+
+
+BN_STEPS = 4
+
+
+@guarded
+def test_batch_norm_uses_micro_batch_statistics():
+    """With batch norm each micro-batch is normalized with its own statistics (over all the
+    groups) and the running statistics move once per micro-batch: the same as a one-rank run
+    that takes the micro-batches one after another (micro-batch ``j`` holds samples
+    ``g * B/G + j*b + i`` of every group ``g``), summing ``loss_j / chunks``."""
+    dims = {1: (1, 1, 1, 1, 1), 2: (1, 2, 1, 1, 1), 3: (1, 3, 1, 1, 1),
+            4: (2, 2, 1, 1, 1)}[SIZE]
+    G, chunks = dims[0], 2
+    b = B // (G * chunks)
+    data = batches()[:BN_STEPS]
+    # reference
+    ref = bn_model()
+    ropt = optimizer(ref.parameters())
+    sg = self_grid()
+    rlosses = []
+    for x, y in data:
+        ropt.zero_grad()
+        total = 0.0
+        for j in range(chunks):
+            idx = [g * (B // G) + j * b + i for g in range(G) for i in range(b)]
+            loss = F.mse_loss(ref(Tensor(dt.from_global(x[idx], grid=sg,
+                                                        split=(0, None, 1, 2, 3)))),
+                              Tensor(dt.from_global(y[idx], grid=sg, split=(0, None)))) \
+                * (1.0 / chunks)
+            loss.backward()
+            total += loss.item()
+        ropt.step()
+        rlosses.append(total)
+    m = bn_model()
+    layers = 6
+    partition = [(0, 2), (2, layers)] if dims[1] == 2 else \
+        [(0, layers)] if dims[1] == 1 else [(0, 1), (1, 3), (3, layers)]
+    pipe = Pipeline(m, grid(dims), chunks=chunks, partition=partition, schedule="1f1b")
+    try:
+        opt = optimizer(pipe.parameters())
+        losses = []
+        for x, y in data:
+            opt.zero_grad()
+            losses.append(pipe.train_step(
+                dt.from_global(x, grid=pipe.stage_grid, split=(0, None, 1, 2, 3)),
+                dt.from_global(y, grid=pipe.stage_grid, split=(0, None)), F.mse_loss))
+            opt.step()
+    finally:
+        pipe.release()
+    close(losses, rlosses, "losses per step", rtol=TOL, atol=0)
+    want = dict(ref.state_dict())
+    for name, v in pipe.stage_module.state_dict().items():
+        # stage_module names its layers 0, 1, ...; map back by position in the model
+        i, rest = name.split(".", 1)
+        full = f"{pipe.partition[pipe.stage][0] + int(i)}.{rest}"
+        err = rel_err(v, want[full])
+        expect(err <= TOL, f"{full} ({name} on stage {pipe.stage}): relative error {err:.3g}")
+        if rest == "num_batches_tracked":
+            expect(int(v) == BN_STEPS * chunks, f"{full} = {v}, expected {BN_STEPS * chunks}")
