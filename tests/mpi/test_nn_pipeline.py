@@ -114,6 +114,7 @@ def _configs():
                 "s3-uneven-gpipe-c2": ((1, 3, 1, 1, 1), 2, "gpipe", [(0, 5), (5, 9), (9, 11)],
                                        1)}
     return {"s4-1f1b-c4": ((1, 4, 1, 1, 1), 4, "1f1b", [(0, 3), (3, 6), (6, 8), (8, 11)], 1),
+            "s4-1f1b-c2": ((1, 4, 1, 1, 1), 2, "1f1b", [(0, 1), (1, 4), (4, 8), (8, 11)], 1),
             "g2s2-gpipe-c2": ((2, 2, 1, 1, 1), 2, "gpipe", "params", 1),
             "g2s2-1f1b-c4": ((2, 2, 1, 1, 1), 4, "1f1b", [(0, 4), (4, 11)], 1),
             "s2d2-1f1b-c2": ((1, 2, 2, 1, 1), 2, "1f1b", [(0, 5), (5, 11)], 1),
@@ -414,3 +415,37 @@ def test_batch_norm_uses_micro_batch_statistics():
         expect(err <= TOL, f"{full} ({name} on stage {pipe.stage}): relative error {err:.3g}")
         if rest == "num_batches_tracked":
             expect(int(v) == BN_STEPS * chunks, f"{full} = {v}, expected {BN_STEPS * chunks}")
+
+
+# -- partition="auto" (disttensor.nn.partition) -------------------------------------------------
+@guarded
+def test_auto_partition_is_agreed_and_trains_like_one_rank():
+    """``partition="auto"`` measures the layers on a micro-batch (a NumPy array laid out on
+    the stage grid), every rank gets the same valid partition, and the steps still equal the
+    one-rank steps (any valid partition computes the same thing)."""
+    dims = {1: (1, 1, 1, 1, 1), 2: (1, 2, 1, 1, 1), 3: (1, 3, 1, 1, 1),
+            4: (2, 2, 1, 1, 1)}[SIZE]
+    steps = 3
+    rlosses, _, _ = reference()
+    chunks = 2
+    micro = batches()[0][0][:B // chunks]
+    m = model()
+    pipe = Pipeline(m, grid(dims), chunks=chunks, partition="auto", sample=micro)
+    try:
+        everyone = COMM.allgather(pipe.partition)
+        expect(all(p == everyone[0] for p in everyone), f"partitions differ: {everyone}")
+        check_partition(pipe.partition, NLAYERS, dims[1])
+        opt = optimizer(pipe.parameters()) if list(pipe.parameters()) else None
+        losses = []
+        for x, y in batches()[:steps]:
+            if opt is not None:
+                opt.zero_grad()
+            losses.append(pipe.train_step(
+                dt.from_global(x, grid=pipe.stage_grid, split=(0, None, 1, 2, 3)),
+                dt.from_global(y, grid=pipe.stage_grid, split=(0, None)), F.mse_loss))
+            if opt is not None:
+                opt.step()
+    finally:
+        pipe.release()
+    close(losses, rlosses[:steps], f"auto partition {pipe.partition}: losses", rtol=TOL,
+          atol=0)
