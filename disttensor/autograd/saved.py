@@ -46,8 +46,9 @@ import numpy as np
 from ..array import DistArray
 from .tensor import Node, Tensor, _state, _walk
 
-__all__ = ["record_nodes", "record_node", "observe_nodes", "Packed", "saved_arrays", "saved_bytes", "array_bytes",
-           "saved_tensors_hooks", "OffloadGroup", "backward_subgraph"]
+__all__ = ["record_nodes", "record_node", "observe_nodes", "Packed", "saved_arrays",
+           "saved_bytes", "array_bytes", "saved_tensors_hooks", "OffloadGroup",
+           "backward_subgraph"]
 
 _MAX_DEPTH = 8
 

@@ -35,8 +35,8 @@ Layer ``i`` has saved bytes ``s_i``, input bytes ``a_i``, forward and backward t
   segment ``j..k`` is one checkpoint: only its input (``a_j`` bytes) stays resident; its
   backward first re-runs the forward of the segment (added time ``f_j + ... + f_k``), whose
   saved state ``s_j + ... + s_k``, plus the recomputed output ``o_k`` (alive next to the
-  first forward's copy until the recomputation ends), is then a transient.  Short segments keep more inputs
-  resident, long ones a larger transient: the planner chooses the cuts too.
+  first forward's copy until the recomputation ends), is then a transient.  Short segments
+  keep more inputs resident, long ones a larger transient: the planner chooses the cuts.
 
 The modelled peak of saved bytes (at the start of backward, where everything kept is still
 alive) is ``sum(s_i, keep) + sum(a_j, recompute runs) + max(transients)``: one transient at a
@@ -325,8 +325,36 @@ def _timed(node: Node, acc: list, i: int, cuda: bool) -> None:
     node.backward = backward
 
 
+def _profile_step(layers, xt, y, loss_fn, exclude, cuda):
+    """One step, timed and measured per layer: ``(saved, in, out, fwd, bwd)`` lists."""
+    n = len(layers)
+    fwd, bwd = [0.0] * n, [0.0] * n
+    in_b, out_b, groups = [], [], []
+    h = xt
+    for i, layer in enumerate(layers):
+        in_b.append(_value_bytes(h))
+        _sync(cuda)
+        t0 = time.perf_counter()
+        with record_nodes() as nodes:
+            h = layer(h)
+        _sync(cuda)
+        fwd[i] = time.perf_counter() - t0
+        out_b.append(_value_bytes(h))
+        groups.append(nodes)
+    seen: set = set()
+    saved = [array_bytes(saved_arrays(nodes, exclude), seen) for nodes in groups]
+    for i, nodes in enumerate(groups):
+        for node in nodes:
+            _timed(node, bwd, i, cuda)
+    del nodes, groups
+    loss = loss_fn(h, as_tensor(y))
+    del h
+    loss.backward()
+    return saved, in_b, out_b, fwd, bwd
+
+
 def profile_memory(layers, x, y, loss_fn, *, bandwidth: float | None = None,
-                   comm=None) -> MemoryProfile:
+                   comm=None, repeat: int = 1) -> MemoryProfile:
     """Run one training step ``loss_fn(layers[-1](...layers[0](x)), y).backward()`` and record
     per layer its saved bytes, input/output bytes, forward and backward time (see
     :class:`LayerProfile`).
@@ -334,8 +362,10 @@ def profile_memory(layers, x, y, loss_fn, *, bandwidth: float | None = None,
     ``layers``: modules in forward order, or a model (:func:`~disttensor.nn.sequential_layers`).
     ``x``, ``y``: tensors (or DistArrays).  ``bandwidth`` (bytes/s): the host<->device
     bandwidth to plan with; by default measured on a GPU, else :data:`ASSUMED_BANDWIDTH`
-    (reported as assumed).  The step leaves no trace: gradients are reset to ``None`` and
-    buffers (running statistics, dropout counters) restored.  Collective over ``x``'s grid
+    (reported as assumed).  ``repeat``: steps to run, keeping each layer's least time (the
+    first step of a process also compiles kernels: warm up, or repeat).  The steps leave no
+    trace: gradients are set back to what they were and buffers (running statistics,
+    dropout counters) restored.  Collective over ``x``'s grid
     (or ``comm``): every figure is the maximum over the ranks, so all ranks get the same
     profile."""
     layers = _layer_list(layers)
@@ -349,33 +379,18 @@ def profile_memory(layers, x, y, loss_fn, *, bandwidth: float | None = None,
     params = [p for layer in layers for p in layer.parameters()]
     grads = [p.grad for p in params]
     n = len(layers)
-    fwd, bwd = [0.0] * n, [0.0] * n
-    in_b, out_b, groups = [], [], []
+    best_f, best_b = [math.inf] * n, [math.inf] * n
     try:
-        h = xt
-        for i, layer in enumerate(layers):
-            in_b.append(_value_bytes(h))
-            _sync(cuda)
-            t0 = time.perf_counter()
-            with record_nodes() as nodes:
-                h = layer(h)
-            _sync(cuda)
-            fwd[i] = time.perf_counter() - t0
-            out_b.append(_value_bytes(h))
-            groups.append(nodes)
-        seen: set = set()
-        saved = [array_bytes(saved_arrays(nodes, exclude), seen) for nodes in groups]
-        for i, nodes in enumerate(groups):
-            for node in nodes:
-                _timed(node, bwd, i, cuda)
-        del nodes, groups
-        loss = loss_fn(h, as_tensor(y))
-        del h
-        loss.backward()
+        for _ in range(max(1, int(repeat))):
+            saved, in_b, out_b, fwd, bwd = _profile_step(layers, xt, y, loss_fn, exclude, cuda)
+            best_f = [min(u, v) for u, v in zip(best_f, fwd)]
+            best_b = [min(u, v) for u, v in zip(best_b, bwd)]
+            _restore(slots, before)
     finally:
         _restore(slots, before)
         for p, g in zip(params, grads):
             p.grad = g
+    fwd, bwd = best_f, best_b
     figures = np.array([saved, in_b, out_b, fwd, bwd], dtype=np.float64)
     if comm is not None and comm.size > 1:
         figures = allreduce(comm, figures, "max")
@@ -571,8 +586,8 @@ def plan_memory(profile: MemoryProfile, budget_bytes, bandwidth: float | None = 
     ``O(n^4 * budget / unit)`` with ``n`` layers: pseudo-polynomial.  Optimal when every size
     is a multiple of ``unit``; otherwise optimal for the rounded sizes.  Without ``unit``, when
     no plan fits at the coarse unit (rounding), units 16, 256, ... times finer are tried, and
-    last the greatest common divisor of the sizes (exact; when ``budget / gcd <= 2**20``).  A budget at or above
-    the keep-all peak gives every layer ``keep``.
+    last the greatest common divisor of the sizes (exact; when ``budget / gcd <= 2**20``).
+    A budget at or above the keep-all peak gives every layer ``keep``.
 
     Raises ``ValueError`` when the budget is below the smallest peak any plan reaches (every
     rank alike when ``comm`` is given: then collective, the ranks agree on the budget).
@@ -762,8 +777,8 @@ def apply_plan(layers, plan) -> PlannedModel:
     """A model computing what ``layers`` (modules in forward order, or a model, expanded by
     :func:`~disttensor.nn.sequential_layers`) compute, with ``plan`` (a :class:`MemoryPlan`
     or a sequence of choices) applied in its forward: each segment of ``'recompute'`` layers
-    (``plan.segments``) is one :func:`checkpoint`; each ``'offload'`` layer's saved arrays go to host
-    memory after its forward and are prefetched back when the next layer's backward starts
+    (``plan.segments``) is one :func:`checkpoint`; each ``'offload'`` layer's saved arrays go
+    to host memory after its forward and are prefetched back when the next layer's backward starts
     (simulated, counted only, for NumPy blocks); ``'keep'`` layers run as they are.  The
     layers (and their parameters) are shared with the original model, not copied; a
     model's own input checks (e.g. CosmoFlow's sample shape) are not run.  Collective when
