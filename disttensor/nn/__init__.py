@@ -30,3 +30,8 @@ from . import backward_update  # noqa: E402  (weight update inside backward)
 from .backward_update import BackwardUpdate  # noqa: E402
 
 __all__ += ["backward_update", "BackwardUpdate"]
+
+from . import memory  # noqa: E402  (keep / offload / recompute saved activations)
+from .memory import apply_plan, checkpoint, plan_memory, profile_memory  # noqa: E402
+
+__all__ += ["memory", "checkpoint", "profile_memory", "plan_memory", "apply_plan"]
