@@ -43,11 +43,15 @@ A step (:meth:`Pipeline.train_step`)
   gradients equal those of the unpipelined step.
 * Stage ``s > 0`` wraps what it receives as a leaf ``Tensor(a, requires_grad=True)``; the
   backward of a stage ``s < S-1`` runs ``out.backward(received_grad)`` and sends the leaf's
-  gradient back.  Activations and gradients move point to point between stage neighbours as a
-  small pickled header (global shape, :class:`~disttensor.distribution.Distribution`, dtype,
-  device) and then the contiguous local block, with non-blocking sends completed at the end of
-  the step, so neither schedule can deadlock.  Device (CuPy) blocks go through host memory
-  unless MPI is CUDA-aware.
+  gradient back.  Activations and gradients move point to point between stage neighbours as
+  the contiguous local block, with non-blocking sends completed at the end of the step, so
+  neither schedule can deadlock.  An activation is preceded by a small pickled header (its
+  :class:`~disttensor.distribution.Distribution`, dtype and device) only when the layout of
+  ``x`` differs from the previous step's (stage 0 tells the pipeline the layout of ``x`` in
+  the one broadcast a step starts with; the layers' output layouts follow from it, so the
+  headers of the last step are reused); a gradient is sent laid out like the activation it
+  belongs to, which the receiver knows, so it never needs one.  Device (CuPy) blocks go
+  through host memory unless MPI is CUDA-aware.
 * Schedules: ``"gpipe"`` (every forward, then every backward in reverse micro-batch order;
   all ``chunks`` activation graphs are alive at the peak) and ``"1f1b"`` (PipeDream-flush:
   stage ``s`` runs ``min(S-s-1, chunks)`` warm-up forwards, then alternates one forward and one
@@ -263,13 +267,15 @@ class Pipeline(Module):
                                 stage_axis=stage_axis, stages=stages, stage=stage,
                                 chunks=int(chunks), schedule=schedule, partition=ranges,
                                 reducer=reducer, _p2p=p2p,
-                                _sends=[], last_stats={}).items():
+                                _sends=[], _layout=None, _heads={},
+                                last_stats={}).items():
             object.__setattr__(self, name, value)
         assert p2p.rank == stage, (p2p.rank, stage)
 
     # -- point to point between stage neighbours ----------------------------------------------
-    def _send(self, a: DistArray, dest: int, kind: int, j: int) -> None:
-        """Post the header and the block of ``a`` to stage ``dest`` (non-blocking)."""
+    def _send(self, a: DistArray, dest: int, kind: int, j: int, head: bool) -> None:
+        """Post the block of ``a`` to stage ``dest`` (non-blocking), after its header (the
+        distribution, dtype and device, pickled) when ``head``."""
         block = a.local
         device = "cpu" if array_module(block) is np else "cuda"
         if device == "cuda":
@@ -280,20 +286,24 @@ class Pipeline(Module):
             else:
                 block = to_host(block)
         block = np.ascontiguousarray(block) if array_module(block) is np else block
-        head = pickle.dumps((a.distribution, a.dtype.str, device), protocol=5)
         tag = kind + _KINDS * j
-        self._sends.append((self._p2p.Isend([head, MPI.BYTE], dest, tag), head))
+        if head:
+            h = pickle.dumps((a.distribution, a.dtype.str, device), protocol=5)
+            self._sends.append((self._p2p.Isend([h, MPI.BYTE], dest, tag), h))
         self._sends.append((self._p2p.Isend([block, MPI.BYTE], dest, tag + 1), block))
 
-    def _recv(self, source: int, kind: int, j: int) -> DistArray:
-        """Receive what :meth:`_send` posted (blocking) as a DistArray on the stage grid."""
+    def _recv(self, source: int, kind: int, j: int, meta=None) -> DistArray:
+        """Receive what :meth:`_send` posted (blocking) as a DistArray on the stage grid;
+        ``meta = (distribution, dtype, device)`` when known (no header was sent)."""
         tag = kind + _KINDS * j
-        status = MPI.Status()
-        with waiting(self._p2p, "pipeline receive from a neighbouring stage"):
-            self._p2p.Probe(source, tag, status)
-            head = bytearray(status.Get_count(MPI.BYTE))
-            self._p2p.Recv([head, MPI.BYTE], source, tag)
-        dist, dtype, device = pickle.loads(head)
+        if meta is None:
+            status = MPI.Status()
+            with waiting(self._p2p, "pipeline receive from a neighbouring stage"):
+                self._p2p.Probe(source, tag, status)
+                head = bytearray(status.Get_count(MPI.BYTE))
+                self._p2p.Recv([head, MPI.BYTE], source, tag)
+            meta = pickle.loads(head)
+        dist, dtype, device = meta
         shape = dist.block_shape(self.stage_grid.coords)
         on_device = device == "cuda" and cuda_aware_mpi()
         if on_device:
@@ -301,11 +311,15 @@ class Pipeline(Module):
             block = cupy.empty(shape, dtype=dtype)
         else:
             block = np.empty(shape, dtype=dtype)
+        status = MPI.Status()
         with waiting(self._p2p, "pipeline receive from a neighbouring stage"):
-            self._p2p.Recv([block, MPI.BYTE], source, tag + 1)
+            self._p2p.Recv([block, MPI.BYTE], source, tag + 1, status)
+        if status.Get_count(MPI.BYTE) != block.nbytes:  # a cached layout that went stale
+            raise RuntimeError(f"Pipeline: stage {self.stage} expected {block.nbytes} bytes "
+                               f"from stage {source}, got {status.Get_count(MPI.BYTE)}")
         if device == "cuda" and not on_device:
             block = to_device(block, "cuda")
-        return DistArray(block, dist, self.stage_grid)
+        return DistArray(block, dist, self.stage_grid), meta
 
     def _complete_sends(self) -> None:
         if self._sends:
@@ -358,11 +372,16 @@ class Pipeline(Module):
         timing in :attr:`last_stats`."""
         S, s, m = self.stages, self.stage, self.chunks
         first, last = s == 0, s == S - 1
-        batch = None
+        # what stage 0 was given, told down the pipeline: the batch size for the checks, and
+        # whether the activations are laid out as in the last step (then no headers move)
+        key = None
         if first and isinstance(x, DistArray):
-            batch = x.shape[0]
+            key = (x.shape[0], x.distribution, x.dtype.str, x.device)
         if S > 1:
-            batch = self._p2p.bcast(batch, root=0)
+            key = self._p2p.bcast(key, root=0)
+        batch = None if key is None else key[0]
+        repeat = key is not None and key == self._layout
+        heads = self._heads if repeat else {}
         with collective(self.grid.cart, "Pipeline.train_step", chunks=m):
             if not callable(loss_fn):
                 raise TypeError("Pipeline.train_step: loss_fn must be callable")
@@ -380,7 +399,7 @@ class Pipeline(Module):
             if first:
                 inp = Tensor(self._micro(x, px, j))
             else:
-                a = self._recv(s - 1, _ACT_HEAD, j)
+                a, heads[j] = self._recv(s - 1, _ACT_HEAD, j, heads.get(j))
                 t1 = time.perf_counter()
                 stats["wait_s"] += t1 - t0
                 t0 = t1
@@ -390,7 +409,7 @@ class Pipeline(Module):
                 out = loss_fn(out, Tensor(self._micro(y, py, j))) * (1.0 / m)
                 losses.append(out.item())
             else:
-                self._send(out.data, s + 1, _ACT_HEAD, j)
+                self._send(out.data, s + 1, _ACT_HEAD, j, head=not repeat)
             live[j] = (inp, out)
             stats["forward_s"] += time.perf_counter() - t0
 
@@ -399,12 +418,13 @@ class Pipeline(Module):
             t0 = time.perf_counter()
             grad = None
             if not last:
-                grad = self._recv(s + 1, _GRAD_HEAD, j)
+                # sent laid out like this stage's output: no header needed
+                o = out.data
+                grad, _ = self._recv(s + 1, _GRAD_HEAD, j,
+                                     (o.distribution, o.dtype.str, o.device))
                 t1 = time.perf_counter()
                 stats["wait_s"] += t1 - t0
                 t0 = t1
-                if grad.distribution != out.data.distribution:
-                    grad = grad.redistribute(distribution=out.data.distribution)
             if out.requires_grad:
                 if self.reducer is not None:
                     self.reducer.arm()
@@ -416,7 +436,9 @@ class Pipeline(Module):
                                   inp.data.distribution, self.stage_grid)
                 elif g.distribution != inp.data.distribution:
                     g = g.redistribute(distribution=inp.data.distribution)
-                self._send(g, s - 1, _GRAD_HEAD, j)
+                if g.dtype != inp.data.dtype:
+                    g = g.astype(inp.data.dtype)
+                self._send(g, s - 1, _GRAD_HEAD, j, head=False)
             stats["backward_s"] += time.perf_counter() - t0
 
         try:
@@ -439,6 +461,8 @@ class Pipeline(Module):
             stats["wait_s"] += time.perf_counter() - t0
         finally:
             live.clear()
+        object.__setattr__(self, "_layout", key)
+        object.__setattr__(self, "_heads", heads)
         loss = float(sum(losses)) if last else None
         if S > 1:
             loss = self._p2p.bcast(loss, root=S - 1)
@@ -470,10 +494,10 @@ class Pipeline(Module):
                 inp = xa if xa.grid is self.stage_grid else \
                     DistArray(xa.buffer, xa.distribution, self.stage_grid, xa.halo)
             else:
-                inp = self._recv(s - 1, _EVAL_HEAD, 0)
+                inp, _ = self._recv(s - 1, _EVAL_HEAD, 0)
             out = self.stage_module(Tensor(inp))
             if s < S - 1:
-                self._send(out.data, s + 1, _EVAL_HEAD, 0)
+                self._send(out.data, s + 1, _EVAL_HEAD, 0, head=True)
                 self._complete_sends()
                 return None
         return out

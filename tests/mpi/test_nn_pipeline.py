@@ -449,3 +449,51 @@ def test_auto_partition_is_agreed_and_trains_like_one_rank():
         pipe.release()
     close(losses, rlosses[:steps], f"auto partition {pipe.partition}: losses", rtol=TOL,
           atol=0)
+
+
+# -- activation headers: sent when the layout of x changes, reused otherwise --------------------
+@guarded
+def test_changing_batch_layout_between_steps():
+    """Steps of 8, 8, 4, 8 samples: headers go with the activations of the first step and
+    again whenever the layout of ``x`` changes (not on a repeat), and every step equals the
+    one-rank step."""
+    dims = {1: (1, 1, 1, 1, 1), 2: (1, 2, 1, 1, 1), 3: (1, 3, 1, 1, 1),
+            4: (1, 2, 2, 1, 1)}[SIZE]
+    chunks = 2
+    data = batches()[:4]
+    data[2] = (data[2][0][:4], data[2][1][:4])
+    ref = model()
+    ropt = optimizer(ref.parameters())
+    sg = self_grid()
+    rlosses = []
+    for x, y in data:
+        ropt.zero_grad()
+        loss = F.mse_loss(ref(Tensor(dt.from_global(x, grid=sg, split=(0, None, 1, 2, 3)))),
+                          Tensor(dt.from_global(y, grid=sg, split=(0, None))))
+        loss.backward()
+        ropt.step()
+        rlosses.append(loss.item())
+    partition = [(0, 2), (2, 5), (5, 11)] if dims[1] == 3 else "params"
+    pipe = Pipeline(model(), grid(dims), chunks=chunks, partition=partition, schedule="1f1b")
+    heads = []
+    plain = pipe._send
+
+    def counting(a, dest, kind, j, head):
+        heads[-1] += bool(head)
+        return plain(a, dest, kind, j, head)
+    object.__setattr__(pipe, "_send", counting)
+    try:
+        opt = optimizer(pipe.parameters())
+        losses = []
+        for x, y in data:
+            heads.append(0)
+            opt.zero_grad()
+            losses.append(pipe.train_step(
+                dt.from_global(x, grid=pipe.stage_grid, split=(0, None, 1, 2, 3)),
+                dt.from_global(y, grid=pipe.stage_grid, split=(0, None)), F.mse_loss))
+            opt.step()
+    finally:
+        pipe.release()
+    close(losses, rlosses, "losses per step", rtol=TOL, atol=0)
+    sends = chunks if pipe.stage < pipe.stages - 1 else 0
+    expect(heads == [sends, 0, sends, sends], f"headers sent per step {heads}")
