@@ -325,12 +325,16 @@ class OffloadGroup:
     back (asynchronously, on the side stream); each node's backward first calls
     :meth:`restore`, which prefetches if that has not happened and makes the compute stream
     wait for the copies.  NumPy arrays are not moved: the group counts their bytes as
-    ``simulated_bytes`` (CPU runs have no device memory to relieve).  ``exclude``: ids of
-    arrays never moved (parameters, buffers).  Local (each rank moves its own blocks)."""
+    ``simulated_bytes`` (CPU runs have no device memory to relieve), unless ``copy_host``:
+    then they are copied out and back like device arrays (no memory is relieved; this runs
+    the whole replace-and-restore path on CPU, for tests).  ``exclude``: ids of arrays never
+    moved (parameters, buffers).  Local (each rank moves its own blocks)."""
 
-    def __init__(self, nodes, exclude=()):
+    def __init__(self, nodes, exclude=(), copy_host: bool = False):
         self.nodes = [n for n in nodes if n.backward is not None]
         self.exclude = set(exclude)
+        self.copy_host = bool(copy_host)
+        self._done = None
         self.offloaded_bytes = 0     # device bytes copied to the host
         self.simulated_bytes = 0     # host (NumPy) bytes that would have moved
         self._moved: list[_Moved] = []
@@ -354,11 +358,17 @@ class OffloadGroup:
         def pack(a):
             if not _is_array(a) or id(a) in self.exclude:
                 return a
-            if isinstance(a, np.ndarray):
-                self.simulated_bytes += array_bytes([a], seen)
-                return a
             if id(a) in moved_by_id:  # the same array reached twice: one host copy
                 return moved_by_id[id(a)]
+            if isinstance(a, np.ndarray):
+                if not self.copy_host:
+                    self.simulated_bytes += array_bytes([a], seen)
+                    return a
+                m = _Moved(np.array(a, copy=True), None, None)
+                self.offloaded_bytes += int(a.nbytes)
+                self._moved.append(m)
+                moved_by_id[id(a)] = m
+                return m
             import cupy
             import cupyx
             s = self._side_stream()
@@ -385,15 +395,19 @@ class OffloadGroup:
         if self._state != "offloaded":
             return
         self._state = "prefetching"
-        if not self._moved:
+        for m in self._moved:
+            if m.event is None:  # a NumPy array copied out (copy_host)
+                m.device = m.host.copy()
+        moved = [m for m in self._moved if m.event is not None]
+        if not moved:
             return
         import cupy
         s = self._side_stream()
-        _reap(wait=any(m.keep is not None for m in self._moved))
-        for m in self._moved:  # allocated in the compute stream's order ...
+        _reap(wait=any(m.keep is not None for m in moved))
+        for m in moved:  # allocated in the compute stream's order ...
             m.device = cupy.empty(m.host.shape, dtype=m.host.dtype)
         s.wait_event(cupy.cuda.get_current_stream().record())  # ... so copy after it
-        for m in self._moved:
+        for m in moved:
             m.device.set(m.host, stream=s)
         self._done = s.record()
 
@@ -403,8 +417,9 @@ class OffloadGroup:
             return
         self.prefetch()
         if self._moved:
-            import cupy
-            cupy.cuda.get_current_stream().wait_event(self._done)
+            if self._done is not None:
+                import cupy
+                cupy.cuda.get_current_stream().wait_event(self._done)
 
             def unpack(p):
                 return p.device if isinstance(p, _Moved) else p

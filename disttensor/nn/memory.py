@@ -729,8 +729,9 @@ class PlannedModel(Module):
     holds, for the last forward, the bytes moved to the host (``offloaded_bytes``, GPU) and
     the bytes whose move was simulated (``simulated_bytes``, CPU)."""
 
-    def __init__(self, layers, plan):
+    def __init__(self, layers, plan, copy_host: bool = False):
         super().__init__()
+        self.copy_host = bool(copy_host)
         plan = plan if isinstance(plan, MemoryPlan) else MemoryPlan(tuple(plan))
         layers = list(layers)
         if len(plan.choices) != len(layers):
@@ -764,7 +765,7 @@ class PlannedModel(Module):
                 _run_first(max(live, key=lambda nd: nd.seq), pending.prefetch)
             pending = None
             if choices[i] == "offload" and is_grad_enabled():
-                grp = OffloadGroup(live, exclude).offload()
+                grp = OffloadGroup(live, exclude, self.copy_host).offload()
                 stats["offloaded_bytes"] += grp.offloaded_bytes
                 stats["simulated_bytes"] += grp.simulated_bytes
                 pending = grp
@@ -773,7 +774,7 @@ class PlannedModel(Module):
         return h
 
 
-def apply_plan(layers, plan) -> PlannedModel:
+def apply_plan(layers, plan, *, copy_host: bool = False) -> PlannedModel:
     """A model computing what ``layers`` (modules in forward order, or a model, expanded by
     :func:`~disttensor.nn.sequential_layers`) compute, with ``plan`` (a :class:`MemoryPlan`
     or a sequence of choices) applied in its forward: each segment of ``'recompute'`` layers
@@ -781,6 +782,7 @@ def apply_plan(layers, plan) -> PlannedModel:
     to host memory after its forward and are prefetched back when the next layer's backward starts
     (simulated, counted only, for NumPy blocks); ``'keep'`` layers run as they are.  The
     layers (and their parameters) are shared with the original model, not copied; a
-    model's own input checks (e.g. CosmoFlow's sample shape) are not run.  Collective when
-    the layers are."""
-    return PlannedModel(_layer_list(layers), plan)
+    model's own input checks (e.g. CosmoFlow's sample shape) are not run.  ``copy_host``:
+    offload NumPy blocks by copying them out and back like device arrays (relieves nothing;
+    exercises the offload path on CPU).  Collective when the layers are."""
+    return PlannedModel(_layer_list(layers), plan, copy_host)

@@ -78,11 +78,11 @@ def batches(spatial=(8, 8, 8)):
             for _ in range(STEPS)]
 
 
-def train(make, g, plan=None, ddp=False):
+def train(make, g, plan=None, ddp=False, copy_host=False):
     """``STEPS`` SGD steps; the losses, the gradients of the last step, the parameters and
     buffers after the steps, and the simulated offload bytes of the last forward."""
     m = make()
-    net = apply_plan(m, plan) if plan is not None else m
+    net = apply_plan(m, plan, copy_host=copy_host) if plan is not None else m
     top = DistributedDataParallel(net, g, bucket_bytes=512) if ddp else net
     opt = SGD(list(m.parameters()), lr=0.05, momentum=0.9)
     losses = []
@@ -149,6 +149,35 @@ def test_cosmoflow_plans_match_plain(cid, pid):
     # the dropout counter moved once per step, as in the plain model
     expect(int(got[3]["head.3.rng_counter"]) == STEPS, f"{pid}: dropout counter "
                                                        f"{got[3]['head.3.rng_counter']}")
+
+
+@pytest.mark.parametrize("pid", ["mixed", "offload"])
+@pytest.mark.parametrize("cid", sorted(CONFIGS))
+@guarded
+def test_offload_moves_and_restores(cid, pid):
+    """The offload path proper on CPU (``copy_host``: saved NumPy blocks are copied out, the
+    closures' references replaced, and put back before backward): same training."""
+    g = grid(CONFIGS[cid])
+    got = train(lambda: cosmoflow(0.3), g, COSMO_PLANS[pid], copy_host=True)
+    compare(got, plain("cosmo", cid), f"copied offload {pid} on {CONFIGS[cid]}")
+    expect(got[4]["offloaded_bytes"] > 0 and got[4]["simulated_bytes"] == 0,
+           f"{pid}: offload stats {got[4]}")
+    # after the forward, an offloaded layer's nodes hold no arrays
+    m = cosmoflow()
+    layers = sequential_layers(m)
+    x, y = _xy(g, 8, 2)
+    pm = apply_plan(layers, MemoryPlan(("offload",) * len(layers)), copy_host=True)
+    with record_nodes() as nodes:
+        out = pm(x)
+    params = {id(p.data) for p in m.parameters()}
+    expect(saved_bytes(nodes, exclude=params) == 0, "offloaded arrays still referenced")
+    loss = F.mse_loss(out, y)
+    loss.backward()
+    want = {n: np.array(p.grad) for n, p in m.named_parameters()}
+    m.zero_grad()
+    F.mse_loss(m(x), y).backward()
+    for n, p in m.named_parameters():
+        expect(rel_err(want[n], p.grad) <= TOL, f"gradient of {n} after offload")
 
 
 @pytest.mark.parametrize("pid", sorted(BN_PLANS))
