@@ -300,6 +300,15 @@ class _Moved(Packed):
         self.host, self.event, self.device, self.keep = host, event, None, keep
 
 
+def _copy_to_host(src, host, stream) -> None:
+    """Queue ``host[...] = src`` on ``stream`` without waiting (CuPy >= 13 waits unless told
+    ``blocking=False``; older CuPy is asynchronous whenever a stream is given)."""
+    try:
+        src.get(stream=stream, out=host, blocking=False)
+    except TypeError:
+        src.get(stream=stream, out=host)
+
+
 _INFLIGHT: list = []   # offload copies whose source may still be read by the side stream
 
 
@@ -376,7 +385,7 @@ class OffloadGroup:
             ready = cupy.cuda.get_current_stream().record()
             s.wait_event(ready)
             host = cupyx.empty_pinned(src.shape, dtype=src.dtype)
-            src.get(stream=s, out=host)
+            _copy_to_host(src, host, s)
             m = _Moved(host, s.record(), keep=(a, src))  # device copies alive until done
             self.offloaded_bytes += int(src.nbytes)
             self._moved.append(m)
