@@ -497,3 +497,41 @@ def test_changing_batch_layout_between_steps():
     close(losses, rlosses, "losses per step", rtol=TOL, atol=0)
     sends = chunks if pipe.stage < pipe.stages - 1 else 0
     expect(heads == [sends, 0, sends, sends], f"headers sent per step {heads}")
+
+
+# -- with the weight update inside backward (disttensor.nn.backward_update) ---------------------
+@guarded
+def test_pipeline_with_weight_update_inside_backward():
+    """``BackwardUpdate(opt, pipe)``: each stage parameter is updated when its bucket's
+    all-reduce completes in the last micro-batch's backward, once per step, with the gradient
+    summed over the micro-batches: the same steps as the one-rank run, no ``.grad`` kept."""
+    from disttensor.nn.backward_update import BackwardUpdate
+    dims, chunks, schedule, partition = {
+        1: ((1, 1, 1, 1, 1), 2, "gpipe", "params"),
+        2: ((1, 2, 1, 1, 1), 4, "1f1b", [(0, 4), (4, 11)]),
+        3: ((1, 3, 1, 1, 1), 2, "gpipe", [(0, 1), (1, 7), (7, 11)]),
+        4: ((2, 2, 1, 1, 1), 2, "1f1b", [(0, 3), (3, 11)])}[SIZE]
+    rlosses, _, rparams = reference()
+    m = model()
+    pipe = Pipeline(m, grid(dims), chunks=chunks, partition=partition, schedule=schedule,
+                    bucket_bytes=256)
+    try:
+        opt = optimizer(pipe.parameters())
+        upd = BackwardUpdate(opt, pipe)
+        losses = []
+        for x, y in batches():
+            losses.append(pipe.train_step(
+                dt.from_global(x, grid=pipe.stage_grid, split=(0, None, 1, 2, 3)),
+                dt.from_global(y, grid=pipe.stage_grid, split=(0, None)), F.mse_loss))
+            expect(all(p.grad is None for p in pipe.parameters()), ".grad kept")
+        expect(upd.updates == STEPS * len(list(pipe.parameters())),
+               f"{upd.updates} updates for {STEPS} steps")
+        upd.remove()
+    finally:
+        pipe.release()
+    close(losses, rlosses, f"{dims} {schedule}: losses per step", rtol=TOL, atol=0)
+    mine = {id(p) for p in pipe.parameters()}
+    for name, p in m.named_parameters():
+        if id(p) in mine:
+            err = rel_err(p.data, rparams[name])
+            expect(err <= TOL, f"{name} after {STEPS} steps: relative error {err:.3g}")
