@@ -125,7 +125,11 @@ def checkpoint(module, x) -> Tensor:
     dropout draws the same mask again and running statistics are updated once.  The module's
     ``training`` mode must not change between forward and backward.  After the recomputation
     the output tensor's ``data`` is the recomputed array (equal values; the first forward's
-    copy is then freed unless referenced elsewhere).  Collective exactly when
+    copy is then freed unless referenced elsewhere).  A parameter used both inside and
+    outside the checkpoint (or in two checkpoints) gets its gradient in two parts, each
+    announced to its gradient-ready hooks: correct in ``.grad``, but a data-parallel reducer
+    expects one announcement per pass, so do not share weights across checkpoints under
+    :class:`~disttensor.nn.DistributedDataParallel`.  Collective exactly when
     ``module``'s forward is (every rank recomputes the same layers in the same order)."""
     xt = as_tensor(x)
     if not is_grad_enabled():
