@@ -67,6 +67,10 @@ A step (:meth:`Pipeline.train_step`)
   the gradient all-reduce wait included in backward), ``wait_s`` (blocked on receives and
   send completion), ``wall_s`` and ``bubble = 1 - (forward_s + backward_s) / wall_s``.
 
+Checkpoints: each rank's ``model`` is current only in this stage's layers;
+:meth:`Pipeline.full_state_dict` gathers the whole trained state on every rank (and
+``pipe.model.load_state_dict(state)`` loads one: the stage layers are the model's own).
+
 Evaluation: :meth:`Pipeline.forward` passes a whole batch through the stages without
 recording a graph (no micro-batching) and returns the output on the ranks of the last stage,
 ``None`` on the others (no broadcast: the output can be large, and the last stage is where
@@ -502,10 +506,28 @@ class Pipeline(Module):
                 return None
         return out
 
+    def full_state_dict(self) -> dict:
+        """The whole model's state dict (the names of ``model.state_dict()``) with every
+        entry taken from the stage that trains it, on every rank (for checkpoints: only this
+        stage's entries of the local ``model`` are current).  Collective over the grid: one
+        all-gather of the stages' entries along each pipeline line (host copies; the whole
+        state passes through every rank's memory)."""
+        from ..backend import to_host as _host
+        own = {id(v) for v in self.stage_module.state_dict().values()}
+        full = self.model.state_dict()
+        mine = {n: np.array(_host(v)) for n, v in full.items() if id(v) in own}
+        parts = self._p2p.allgather(mine) if self.stages > 1 else [mine]
+        out = {}
+        for n in full:
+            src = next((part for part in parts if n in part), None)
+            out[n] = src[n] if src is not None else np.array(_host(full[n]))
+        return out
+
     def release(self) -> None:
-        """Free the stage reducer's and the pipeline's communicators (collective)."""
+        """Free the stage reducer's and the pipeline's communicators (collective; once)."""
         if self.reducer is not None:
             self.reducer.release()
+            object.__setattr__(self, "reducer", None)
         if self._p2p != MPI.COMM_NULL:
             self._p2p.Free()
 

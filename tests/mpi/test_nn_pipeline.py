@@ -3,11 +3,14 @@
 A small float64 CosmoFlow trained ``STEPS`` steps of SGD (momentum, weight decay) through a
 pipeline (GPipe and 1F1B, 1 to 4 stages, 1 or 2 groups, a spatial split inside the stages,
 uneven partitions, 1, 2 and 4 micro-batches) gives, step by step, the same loss, and at the
-end the same gradients (of the last step) and parameters of every stage, as the same steps of
-the unpipelined model on one rank (``MPI.COMM_SELF``), to 1e-10 relative.  The gradient
-reducer's multi-pass accumulation is checked on its own: no bucket starts before the last
-pass, and the sums equal those of the passes one by one.  Bad configurations raise the same
-exception on every rank.
+end the same gradients (of the last step) and parameters of every stage (and, gathered by
+``full_state_dict``, of the whole model on every rank), as the same steps of the unpipelined
+model on one rank (``MPI.COMM_SELF``), to 1e-10 relative; also with ``partition="auto"``, with
+the weight update inside backward, and with the batch layout changing between steps.  Batch
+norm uses micro-batch statistics (checked against one rank taking the micro-batches in turn).
+The gradient reducer's multi-pass accumulation is checked on its own: no bucket starts before
+the last pass, and the sums equal those of the passes one by one.  Bad configurations raise
+the same exception on every rank.
 """
 from __future__ import annotations
 
@@ -94,9 +97,10 @@ def train(dims, chunks, schedule, partition, stage_axis=1):
             opt.step()
         params = {n: np.array(p.data) for n, p in m.named_parameters() if id(p) in mine}
         stats = pipe.last_stats
+        full = pipe.full_state_dict()
     finally:
         pipe.release()
-    return losses, grads, params, stats, pipe
+    return losses, grads, params, stats, pipe, full
 
 
 def _configs():
@@ -129,7 +133,7 @@ CONFIGS = _configs()
 def test_pipeline_matches_one_rank(cid):
     dims, chunks, schedule, partition, axis = CONFIGS[cid]
     rlosses, rgrads, rparams = reference()
-    losses, grads, params, stats, pipe = train(dims, chunks, schedule, partition, axis)
+    losses, grads, params, stats, pipe, full = train(dims, chunks, schedule, partition, axis)
     what = f"{cid} (stage {pipe.stage}, partition {pipe.partition})"
     close(losses, rlosses, f"{what}: losses per step", rtol=TOL, atol=0)
     # every parameter belongs to exactly one stage (the names over all ranks of a group)
@@ -147,6 +151,11 @@ def test_pipeline_matches_one_rank(cid):
         err = rel_err(params[name], rparams[name])
         expect(err <= TOL, f"{what}: {name} after {STEPS} steps: relative error {err:.3g}")
         expect(rel_err(rparams[name], initial[name]) > 1e-3, f"{what}: {name} barely moved")
+    # the whole trained model on every rank, each entry from the stage that trained it
+    expect(sorted(full) == sorted(rparams), f"{what}: full_state_dict names {sorted(full)}")
+    for name, rp in rparams.items():
+        err = rel_err(full.get(name, np.zeros(0)), rp)
+        expect(err <= TOL, f"{what}: full_state_dict {name}: relative error {err:.3g}")
     expect(set(stats) >= {"forward_s", "backward_s", "wait_s", "wall_s", "bubble"}
            and 0 <= stats["bubble"] <= 1 and stats["forward_s"] > 0,
            f"{what}: last_stats {stats}")
