@@ -105,9 +105,10 @@ class BackwardUpdate:
     Collective construction (over ``comm``): bad arguments raise the same exception on every
     rank.  Other errors: ``TypeError`` for an ``optimizer`` that is not an
     :class:`~disttensor.nn.optim.Optimizer` or a ``reducer`` that holds no
-    :class:`~disttensor.nn.parallel.GradientReducer`; ``ValueError`` when the optimizer has
-    parameters the reducer does not reduce, or (no reducer) parameters that a reducer reduces
-    (their hook would see per-rank shares, not gradients).
+    :class:`~disttensor.nn.parallel.GradientReducer`; ``ValueError`` when the optimizer
+    already has a live ``BackwardUpdate``, has parameters the reducer does not reduce, or
+    (no reducer) has parameters that a reducer reduces (their hooks would see per-rank
+    shares, not gradients).
 
     ``track_memory=True`` records in ``peak_grad_bytes`` the most gradient bytes held at once at
     the update points (the gradients being applied, ``.grad`` arrays of the optimizer's
@@ -143,6 +144,11 @@ class BackwardUpdate:
                     "the whole step on an overflow, so it needs every gradient before any "
                     "update and cannot run with the weight update inside backward; drop one "
                     "of the two")
+            other = getattr(optimizer, "_backward_update", None)
+            if other is not None and not other._removed:
+                raise ValueError("the optimizer already updates inside backward (another "
+                                 "BackwardUpdate): call its remove() first, or every "
+                                 "parameter would be updated twice per step")
             params = [p for g in optimizer.param_groups for p in g["params"]
                       if getattr(p, "requires_grad", True)]
             if reducer is not None:
@@ -174,6 +180,7 @@ class BackwardUpdate:
         self.track_memory = bool(track_memory)
         self.peak_grad_bytes = 0
         self._removed = False
+        optimizer._backward_update = self
         if reducer is not None:
             reducer.on_bucket_done(self._bucket_done)
         else:
@@ -214,6 +221,8 @@ class BackwardUpdate:
         if self._removed:
             return
         self._removed = True
+        if getattr(self.optimizer, "_backward_update", None) is self:
+            self.optimizer._backward_update = None
         if self.reducer is not None:
             self.reducer.remove_bucket_done(self._bucket_done)
         else:

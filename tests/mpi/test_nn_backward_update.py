@@ -269,7 +269,11 @@ def test_incompatible_options_raise_on_every_rank():
                           lambda: BackwardUpdate(opt, net, grad_scaler=GradScaler()))
         # a disabled scaler is a pass-through: accepted
         upd = BackwardUpdate(opt, net, grad_scaler=GradScaler(enabled=False))
+        # a second one on the same optimizer would update every parameter twice
+        assert_raises_all(COMM, ValueError, "already updates inside backward",
+                          lambda: BackwardUpdate(opt, net))
         upd.remove()
+        BackwardUpdate(opt, net).remove()  # accepted once the first is removed
         assert_raises_all(COMM, TypeError, "needs a disttensor.nn.optim.Optimizer",
                           lambda: BackwardUpdate(object(), net))
         # the parameters are reduced by DDP's reducer: without it the hooks would see shares
