@@ -179,10 +179,10 @@ class GradientReducer:
         with any ``.grad`` already held added in: what ``.grad`` would become; possibly views
         of the bucket's buffer, valid during the call only: copy one to keep it).  The
         callback takes a gradient by setting ``grads[i] = None``; the others go into ``.grad``
-        (copied) as without callbacks.  Completion is polled (``MPI_Test``, local) each time backward hands
-        over a parameter's last share of the step, and :meth:`finish` delivers the rest, so
-        when a bucket arrives differs between ranks: a callback must not communicate.  Buckets
-        arrive in index order, each once per step (:meth:`finish`)."""
+        (copied) as without callbacks.  Completion is polled (``MPI_Test``, local) each time
+        backward hands over a parameter's last share of the step, and :meth:`finish` delivers
+        the rest, so when a bucket arrives differs between ranks: a callback must not
+        communicate.  Buckets arrive in index order, each once per step (:meth:`finish`)."""
         if not callable(callback):
             raise TypeError(f"on_bucket_done takes a callable, got {type(callback).__name__}")
         self._done_hooks.append(callback)
