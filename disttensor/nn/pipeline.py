@@ -145,25 +145,37 @@ def check_partition(partition, nlayers: int, stages: int) -> list[tuple[int, int
     return ranges
 
 
-def balanced_partition(costs, stages: int) -> list[tuple[int, int]]:
+def balanced_partition(costs, stages: int, idle=None) -> list[tuple[int, int]]:
     """Contiguous non-empty ranges of ``len(costs)`` layers over ``stages`` stages minimizing
-    the largest stage sum of ``costs`` (dynamic program; ties go to the split that ends the
-    earlier stages first).  Pure."""
+    the largest stage sum of ``costs``; among those, the fewest stages made only of layers
+    flagged in ``idle`` (e.g. layers without parameters: a stage of them has nothing to train).
+    Two exact dynamic programs (the min-max, then the fewest idle stages under it); ties go to
+    the split whose earlier stages end first.  Pure."""
     n = len(costs)
     if not 1 <= stages <= n:
         raise ValueError(f"cannot cut {n} layers into {stages} non-empty stages")
     pre = np.concatenate([[0.0], np.cumsum(np.asarray(costs, dtype=np.float64))])
+    busy = np.concatenate([[0], np.cumsum([not f for f in (idle or [False] * n)])])
     inf = float("inf")
-    # best[k][i]: smallest max stage cost cutting the first i layers into k stages
-    best = [[inf] * (n + 1) for _ in range(stages + 1)]
-    cut = [[0] * (n + 1) for _ in range(stages + 1)]
-    best[0][0] = 0.0
-    for k in range(1, stages + 1):
-        for i in range(k, n - (stages - k) + 1):
-            for j in range(k - 1, i):
-                v = max(best[k - 1][j], pre[i] - pre[j])
-                if v < best[k][i]:
-                    best[k][i], cut[k][i] = v, j
+
+    def solve(value, combine):
+        # best[k][i]: best value cutting the first i layers into k stages
+        best = [[inf] * (n + 1) for _ in range(stages + 1)]
+        cut = [[0] * (n + 1) for _ in range(stages + 1)]
+        best[0][0] = 0.0
+        for k in range(1, stages + 1):
+            for i in range(k, n - (stages - k) + 1):
+                for j in range(k - 1, i):
+                    v = combine(best[k - 1][j], value(j, i))
+                    if v < best[k][i]:
+                        best[k][i], cut[k][i] = v, j
+        return best[stages][n], cut
+
+    top, cut = solve(lambda j, i: pre[i] - pre[j], max)
+    if idle is not None:
+        limit = top * (1 + 1e-12)
+        _, cut = solve(lambda j, i: inf if pre[i] - pre[j] > limit else
+                       float(busy[i] == busy[j]), lambda a, b: a + b)
     ranges, i = [], n
     for k in range(stages, 0, -1):
         j = cut[k][i]
@@ -187,7 +199,8 @@ class Pipeline(Module):
     chunks : micro-batches per mini-batch (``>= 1``).
     partition : ``S`` ``(start, stop)`` ranges over ``sequential_layers(model)``; or
         ``"params"``: balanced by parameter count (plus one per layer, so parameter-free
-        layers spread too; a stage may still get no parameters); or ``"auto"``:
+        layers spread too), and among the balanced ones the fewest stages without
+        parameters; or ``"auto"``:
         :func:`disttensor.nn.partition.auto_partition` on the measured layer costs of
         ``sample`` (one micro-batch: a global NumPy array, distributed on the stage grid
         for the measurement like ``x``, or a DistArray/Tensor the profiler runs as it is),
@@ -245,7 +258,8 @@ class Pipeline(Module):
         axes = [a for a in range(grid.ndim) if a != stage_axis]
         stage_grid = ProcessGrid(tuple(grid.dims[a] for a in axes), comm=grid.sub_comm(axes))
         if partition == "params":
-            ranges = balanced_partition([m.num_parameters() + 1 for m in layers], stages)
+            ranges = balanced_partition([m.num_parameters() + 1 for m in layers], stages,
+                                        idle=[m.num_parameters() == 0 for m in layers])
         elif partition == "auto":
             from .partition import auto_partition
             if not isinstance(sample, (DistArray, Tensor)):
@@ -512,15 +526,14 @@ class Pipeline(Module):
         stage's entries of the local ``model`` are current).  Collective over the grid: one
         all-gather of the stages' entries along each pipeline line (host copies; the whole
         state passes through every rank's memory)."""
-        from ..backend import to_host as _host
         own = {id(v) for v in self.stage_module.state_dict().values()}
         full = self.model.state_dict()
-        mine = {n: np.array(_host(v)) for n, v in full.items() if id(v) in own}
+        mine = {n: np.array(to_host(v)) for n, v in full.items() if id(v) in own}
         parts = self._p2p.allgather(mine) if self.stages > 1 else [mine]
         out = {}
         for n in full:
             src = next((part for part in parts if n in part), None)
-            out[n] = src[n] if src is not None else np.array(_host(full[n]))
+            out[n] = src[n] if src is not None else np.array(to_host(full[n]))
         return out
 
     def release(self) -> None:

@@ -24,7 +24,7 @@ from disttensor.nn import functional as F
 from disttensor.nn.layers import Linear
 from disttensor.nn.models import CosmoFlow
 from disttensor.nn.optim import SGD
-from disttensor.nn.pipeline import balanced_partition, check_partition
+from disttensor.nn.pipeline import check_partition
 
 from checks import COMM, SIZE, expect, grid
 from conftest import assert_all_ranks, assert_raises_all
@@ -243,33 +243,6 @@ def test_reducer_accumulate_rejects_bad_passes():
                 red.accumulate(bad)
     finally:
         red.release()
-
-
-# -- partitions ---------------------------------------------------------------------------------
-def test_check_partition_and_balanced_partition():
-    assert check_partition([(0, 2), (2, 5)], 5, 2) == [(0, 2), (2, 5)]
-    for bad, msg in [([(0, 2)], "1 ranges for 2 stages"), ([(0, 2), (3, 5)], "starts at 3"),
-                     ([(0, 3), (2, 5)], "starts at 2"), ([(0, 0), (0, 5)], "empty"),
-                     ([(0, 2), (2, 4)], "covers layers \\[0, 4\\)"), ("ab", "list of"),
-                     ([(0, 2.5), (2.5, 5)], "list of")]:
-        with pytest.raises(ValueError, match=msg):
-            check_partition(bad, 5, 2)
-    # the minimum of the largest stage sum, found by brute force
-    rng = np.random.default_rng(0)
-    for _ in range(30):
-        n = int(rng.integers(1, 8))
-        s = int(rng.integers(1, n + 1))
-        costs = rng.integers(0, 10, n)
-        got = balanced_partition(costs, s)
-        check_partition(got, n, s)
-        best = min(max(costs[a:b].sum() for a, b in zip((0,) + cuts, cuts + (n,)))
-                   for cuts in _cut_sets(n, s))
-        assert max(costs[a:b].sum() for a, b in got) == best, (costs, s, got)
-
-
-def _cut_sets(n, s):
-    import itertools
-    return [tuple(c) for c in itertools.combinations(range(1, n), s - 1)]
 
 
 # -- bad input raises on every rank -------------------------------------------------------------
