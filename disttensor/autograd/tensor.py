@@ -423,9 +423,14 @@ def _walk(root: Tensor, grad, retain_graph: bool) -> None:
             if len(pgrads) != len(node.parents):
                 raise RuntimeError(f"{node.name} backward returned {len(pgrads)} gradients "
                                    f"for {len(node.parents)} inputs")
+        parents = node.parents
+        del nodes[key]
         if not retain_graph:
+            # the node is done: dropping its backward (saved state) and its parents (the
+            # input tensors, hence their values) frees activations as backward passes them
             node.backward = None
-        for p, pg in zip(node.parents, pgrads):
+            node.parents = ()
+        for p, pg in zip(parents, pgrads):
             if p is None:
                 continue
             pkey = id(p.node) if p.node is not None else id(p)

@@ -161,8 +161,16 @@ def batch_norm(x, running_mean, running_var, weight, bias, training: bool = Fals
 
 # -- activations -----------------------------------------------------------------------------
 def _activation(name, x, alpha=None):
+    """Backward keeps only the output ``y`` where it determines the derivative: relu, and
+    leaky_relu / elu with ``alpha >= 0`` (``y > 0`` exactly where ``x > 0``; the kernels read
+    ``x`` only through that sign test), sigmoid and tanh (derivative from ``y``).  The input
+    can then be freed after the forward: half the activation memory of a conv -> activation
+    pair.  A negative ``alpha`` keeps ``x`` as well."""
     xv = unwrap(x)
     y = ops.activation_forward(name, xv, alpha)
+    if name in ("relu", "sigmoid", "tanh") or alpha is None or float(alpha) >= 0:
+        return make_result(y, (x,), lambda g: (ops.activation_backward(name, g, y, y, alpha),),
+                           name)
     return make_result(y, (x,), lambda g: (ops.activation_backward(name, g, xv, y, alpha),),
                        name)
 
