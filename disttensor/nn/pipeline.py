@@ -407,6 +407,13 @@ class Pipeline(Module):
                 px = self._split_info(x, "x")
             if last and batch is not None:
                 py = self._split_info(y, "y", batch)
+                gx = key[1].split[0]
+                px_ = 1 if gx is None else self.stage_grid.dims[gx]
+                if py != px_ or (py > 1 and y.split[0] != gx):
+                    # micro-batch j must hold the same samples of x and y
+                    raise ValueError(f"Pipeline.train_step: y must split its samples over the "
+                                     f"same grid axis as x ({key[1].split[0]}), got "
+                                     f"{y.split[0]}")
         wall0 = time.perf_counter()
         stats = dict(forward_s=0.0, backward_s=0.0, wait_s=0.0)
         live: dict[int, tuple] = {}

@@ -325,6 +325,11 @@ def test_unequal_group_blocks_raise_everywhere():
         yd = dt.from_global(y, grid=sg, split=(0, None))
         assert_raises_all(COMM, ValueError, "equal blocks",
                           lambda: pipe.train_step(xd, yd, F.mse_loss))
+        # targets whole on every group: micro-batch j of y would hold other samples than x's
+        xd = dt.from_global(x, grid=sg, split=(0, None, 1, 2, 3))
+        yd = dt.from_global(y, grid=sg, split=(None, None))
+        assert_raises_all(COMM, ValueError, "y must split its samples over the same grid axis",
+                          lambda: pipe.train_step(xd, yd, F.mse_loss))
     finally:
         pipe.release()
 
