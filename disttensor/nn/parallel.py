@@ -229,6 +229,8 @@ class GradientReducer:
             self.arm()
         b, i = self._where[id(p)]
         if b.buffer is None:  # first use, or freed after its gradients were taken
+            if self._done_hooks:
+                self._poll_done()  # free what has completed before allocating more
             b.buffer = np.zeros(b.size, dtype=b.dtype)
         seg = b.buffer[b.offsets[i]:b.offsets[i] + p.data.size]
         seen = self._reported.get(id(p), 0)
