@@ -310,9 +310,10 @@ class Pipeline(Module):
             self._sends.append((self._p2p.Isend([h, MPI.BYTE], dest, tag), h))
         self._sends.append((self._p2p.Isend([block, MPI.BYTE], dest, tag + 1), block))
 
-    def _recv(self, source: int, kind: int, j: int, meta=None) -> DistArray:
-        """Receive what :meth:`_send` posted (blocking) as a DistArray on the stage grid;
-        ``meta = (distribution, dtype, device)`` when known (no header was sent)."""
+    def _recv(self, source: int, kind: int, j: int, meta=None) -> tuple[DistArray, tuple]:
+        """Receive what :meth:`_send` posted (blocking): ``(DistArray on the stage grid,
+        meta)``; ``meta = (distribution, dtype, device)`` is given when known (no header was
+        sent), else read from the header."""
         tag = kind + _KINDS * j
         if meta is None:
             status = MPI.Status()
@@ -383,13 +384,17 @@ class Pipeline(Module):
     def train_step(self, x, y, loss_fn) -> float:
         """One training step over the mini-batch (collective over the whole grid): forward and
         backward of every micro-batch under the schedule, the stage gradients summed over the
-        stage grid into each parameter's ``.grad``.  ``x``: the mini-batch ``(B, C, *S)`` on
-        :attr:`stage_grid` (read on stage 0, may be ``None`` elsewhere); ``y``: the targets
-        on the stage grid (read on the last stage); ``loss_fn(out, target) -> Tensor``
-        (a mean over the batch).  Returns the mini-batch loss, the same float on every rank;
-        timing in :attr:`last_stats`."""
+        stage grid into each parameter's ``.grad`` (added to what ``.grad`` holds: call the
+        optimizer's ``zero_grad`` first).  ``x``: the mini-batch ``(B, C, *S)``, a DistArray
+        (or Tensor) on :attr:`stage_grid` (read on stage 0, may be ``None`` elsewhere), its
+        samples in equal blocks over the groups; ``y``: the targets on the stage grid, their
+        samples split like ``x``'s (read on the last stage, may be ``None`` elsewhere);
+        ``loss_fn(out, target) -> Tensor`` (a mean over the batch).  Returns the mini-batch
+        loss, the same float on every rank; timing in :attr:`last_stats`."""
         S, s, m = self.stages, self.stage, self.chunks
         first, last = s == 0, s == S - 1
+        x = x.data if isinstance(x, Tensor) else x
+        y = y.data if isinstance(y, Tensor) else y
         # what stage 0 was given, told down the pipeline: the batch size for the checks, and
         # whether the activations are laid out as in the last step (then no headers move)
         key = None
