@@ -549,12 +549,14 @@ class Pipeline(Module):
         return out
 
     def release(self) -> None:
-        """Free the stage reducer's and the pipeline's communicators (collective; once)."""
+        """Free the stage reducer's, the stage grid's and the pipeline's communicators
+        (collective; once; DistArrays on :attr:`stage_grid` are unusable after it)."""
         if self.reducer is not None:
             self.reducer.release()
             object.__setattr__(self, "reducer", None)
         if self._p2p != MPI.COMM_NULL:
             self._p2p.Free()
+            self.stage_grid.free()
 
     def extra_repr(self) -> str:
         return (f"stage={self.stage}/{self.stages}, partition={self.partition}, "
