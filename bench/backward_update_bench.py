@@ -14,7 +14,9 @@ for the in-backward update it is counted at every update point (``track_memory=T
 before each bucket's buffer is freed, which is when the most buffers are alive).  Rows: no
 reducer (the ops all-reduce each gradient; one rank only) and
 :class:`~disttensor.nn.DistributedDataParallel` for each ``--bucket-kb``.  Step times are
-medians of interleaved steps of the two variants in the same run (slowest rank).
+medians of interleaved steps of the two variants in the same run (slowest rank).  For scale,
+each row also gives the whole process's peak during a step as :mod:`tracemalloc` sees it
+(parameters, optimizer state, activations, gradients: everything NumPy allocated).
 
     mpiexec -n 2 python -m mpi4py bench/backward_update_bench.py [--size 32] [--reps 6]
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tracemalloc
 
 import numpy as np
 from mpi4py import MPI
@@ -113,14 +116,22 @@ def main(argv=None):
 
     rows = ([0] if comm.size == 1 else []) + [int(float(k) * 1024)
                                               for k in args.bucket_kb.split(",")]
+    warm = Variant(args, grid, rows[0], False)  # one-time caches (kernels, plans) first
+    for _ in range(2):
+        warm.step()
+    warm.close()
     for bucket in rows:
         what = "no reducer" if not bucket else f"DDP bucket {bucket // 1024} KiB"
         # memory: a few steps of each, the in-backward one counting at its update points
-        mem = {}
+        mem, traced = {}, {}
         for inb in (False, True):
+            tracemalloc.start()
             v = Variant(args, grid, bucket, inb, track=True)
-            for _ in range(2):
-                v.step()
+            v.step()
+            tracemalloc.reset_peak()
+            v.step()
+            traced[inb] = comm.allreduce(tracemalloc.get_traced_memory()[1], op=MPI.MAX)
+            tracemalloc.stop()
             mem[inb] = comm.allreduce(v.peak, op=MPI.MAX)
             nb = len(v.reducer.buckets) if v.reducer else 0
             v.close()
@@ -134,7 +145,9 @@ def main(argv=None):
             f"in-backward {mib(mem[True])}, ratio {mem[True] / mem[False]:.3f} "
             f"({(1 - mem[True] / mem[False]):.0%} less); step ordinary "
             f"{t['ordinary'] * 1e3:.1f} ms, in-backward {t['in_backward'] * 1e3:.1f} ms, "
-            f"ratio {t['in_backward'] / t['ordinary']:.3f}", flush=True)
+            f"ratio {t['in_backward'] / t['ordinary']:.3f}; whole-process peak of a step "
+            f"(tracemalloc: model, state, activations, gradients) ordinary "
+            f"{mib(traced[False])}, in-backward {mib(traced[True])}", flush=True)
     if probe:
         probe.close()
 
