@@ -14,7 +14,8 @@ for the in-backward update it is counted at every update point (``track_memory=T
 before each bucket's buffer is freed, which is when the most buffers are alive).  Rows: no
 reducer (the ops all-reduce each gradient; one rank only) and
 :class:`~disttensor.nn.DistributedDataParallel` for each ``--bucket-kb``.  Step times are
-medians of interleaved steps of the two variants in the same run (slowest rank).  For scale,
+medians of interleaved steps of the two variants in the same run (slowest rank), in wall
+time and in CPU time (the latter is steadier on a machine shared with other jobs).  For scale,
 each row also gives the whole process's peak during a step as :mod:`tracemalloc` sees it
 (parameters, optimizer state, activations, gradients: everything NumPy allocated).
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 import tracemalloc
 
 import numpy as np
@@ -40,6 +42,14 @@ from disttensor.nn import functional as F  # noqa: E402
 from disttensor.nn.backward_update import gradient_bytes  # noqa: E402
 from disttensor.nn.models import CosmoFlow  # noqa: E402
 from disttensor.nn.optim import Adam  # noqa: E402
+
+
+def cpu_time(fn) -> float:
+    """CPU seconds of one collective call, the largest rank's (less sensitive than wall time
+    to other processes sharing the cores)."""
+    t0 = time.process_time()
+    fn()
+    return MPI.COMM_WORLD.allreduce(time.process_time() - t0, op=MPI.MAX)
 
 
 def mib(n):
@@ -139,13 +149,16 @@ def main(argv=None):
         a, b = Variant(args, grid, bucket, False), Variant(args, grid, bucket, True)
         t = compare({"ordinary": a.step, "in_backward": b.step}, reps=args.reps,
                     warmup=args.warmup)
+        c = compare({"ordinary": a.step, "in_backward": b.step}, reps=args.reps,
+                    warmup=0, timer=cpu_time)
         a.close()
         b.close()
         say(f"  {what:>20} ({nb} buckets): gradient memory ordinary {mib(mem[False])}, "
             f"in-backward {mib(mem[True])}, ratio {mem[True] / mem[False]:.3f} "
             f"({(1 - mem[True] / mem[False]):.0%} less); step ordinary "
             f"{t['ordinary'] * 1e3:.1f} ms, in-backward {t['in_backward'] * 1e3:.1f} ms, "
-            f"ratio {t['in_backward'] / t['ordinary']:.3f}; whole-process peak of a step "
+            f"ratio {t['in_backward'] / t['ordinary']:.3f} (CPU time ratio "
+            f"{c['in_backward'] / c['ordinary']:.3f}); whole-process peak of a step "
             f"(tracemalloc: model, state, activations, gradients) ordinary "
             f"{mib(traced[False])}, in-backward {mib(traced[True])}", flush=True)
     if probe:
