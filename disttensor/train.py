@@ -76,8 +76,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--schedule", choices=("constant", "cosine", "step", "cosmoflow"),
-                   default="constant")
+    p.add_argument("--schedule", choices=("constant", "cosine", "step", "cosmoflow", "hybrid"),
+                   default="constant", help="learning-rate schedule per step; hybrid: "
+                   "GroPipe's mix of cosine and linear decay (--cosine-weight)")
+    p.add_argument("--cosine-weight", type=float, default=0.5,
+                   help="weight of the cosine part of --schedule hybrid (1: cosine, 0: linear)")
     p.add_argument("--warmup-epochs", type=int, default=0)
     p.add_argument("--clip-grad", type=float, default=None, help="clip by global norm")
     p.add_argument("--widths", default=None, help="CosmoFlow conv widths, e.g. 8,16,32")
@@ -95,6 +98,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-overlap", action="store_true",
                    help="all-reduce each layer's gradients as backward reaches it (blocking)")
     p.add_argument("--no-prefetch", action="store_true")
+    p.add_argument("--stages", type=int, default=1, help="pipeline stages: the model is cut "
+                   "by layers into this many stages, each on its own ranks (a --grid per "
+                   "stage; the job runs on stages x grid ranks); CosmoFlow only")
+    p.add_argument("--micro-batches", type=int, default=None, help="micro-batches per global "
+                   "batch in the pipeline (default: --stages)")
+    p.add_argument("--pipeline-schedule", choices=("gpipe", "1f1b"), default="1f1b")
+    p.add_argument("--partition", default="params", help="pipeline stages: 'params' "
+                   "(balanced parameter counts), 'auto' (measured layer times, dynamic "
+                   "programming) or layer ranges like 0:6,6:11")
+    p.add_argument("--update-in-backward", action="store_true", help="update each parameter "
+                   "as soon as its gradient is final (after its all-reduce bucket), freeing the "
+                   "gradient; not with --clip-grad or --amp")
+    p.add_argument("--memory-budget", type=float, default=None, help="fraction (0, 1] of the "
+                   "unconstrained saved-activation peak: a planner chooses per layer to keep, "
+                   "offload or recompute activations to fit it (profiled on the first batch)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.h5")
     p.add_argument("--no-checkpoint", action="store_true")
     p.add_argument("--quiet", action="store_true")
@@ -115,6 +133,17 @@ def choose_grid(nranks: int, batch: int, spatial: tuple[int, int, int]) -> tuple
         return (s, 1, 1, 1)
     d, h = MPI.Compute_dims(rest, 2)
     return (s, d, h, 1)
+
+
+def _parse_partition(text: str):
+    """``--partition``: 'params', 'auto' or ``a:b,b:c,...`` layer ranges."""
+    if text in ("params", "auto"):
+        return text
+    try:
+        return [tuple(int(v) for v in part.split(":")) for part in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--partition {text!r}: expected 'params', 'auto' or layer ranges "
+                         "like 0:6,6:11") from None
 
 
 def _parse_grid(text: str) -> tuple[int, ...]:
@@ -172,6 +201,9 @@ def build_schedule(args, opt, steps_per_epoch: int):
     warm = args.warmup_epochs * steps_per_epoch
     total = max(args.epochs * steps_per_epoch, 1)
     S = nn.lr_scheduler
+    if args.schedule == "hybrid":
+        return S.HybridCosineLinearLR(opt, total_steps=total, warmup_steps=min(warm, total - 1),
+                                      cosine_weight=args.cosine_weight)
     if args.schedule == "cosmoflow":
         return S.CosmoFlowLR(opt, warmup_epochs=max(args.warmup_epochs, 1) * steps_per_epoch,
                              boundaries=(total // 2, 3 * total // 4))
@@ -297,20 +329,62 @@ def _check_args(args, comm):
                              "kernels compute in float32 or float64")
         if args.epochs < 1:
             raise ValueError(f"--epochs must be >= 1, got {args.epochs}")
+        if args.stages < 1:
+            raise ValueError(f"--stages must be >= 1, got {args.stages}")
+        if comm.size % args.stages:
+            raise ValueError(f"--stages {args.stages} does not divide the {comm.size} ranks")
+        if args.micro_batches is not None and args.micro_batches < 1:
+            raise ValueError(f"--micro-batches must be >= 1, got {args.micro_batches}")
+        if args.stages > 1:
+            if args.model != "cosmoflow":
+                raise ValueError("--stages > 1 cuts a sequential model into stages; the U-Net's "
+                                 "skip connections make it one layer: use cosmoflow")
+            for flag, on in (("--clip-grad", args.clip_grad), ("--amp", args.amp),
+                             ("--memory-budget", args.memory_budget)):
+                if on:
+                    raise ValueError(f"{flag} is not supported with --stages > 1 (it needs "
+                                     "every stage's gradients or activations at once)")
+            _parse_partition(args.partition)
+        if args.memory_budget is not None and not 0 < args.memory_budget <= 1:
+            raise ValueError(f"--memory-budget is a fraction in (0, 1], got "
+                             f"{args.memory_budget}")
+        if args.update_in_backward and (args.clip_grad or args.amp):
+            raise ValueError(f"--update-in-backward updates each parameter before the others' "
+                             f"gradients exist, so it cannot run with "
+                             f"{'--clip-grad' if args.clip_grad else '--amp'} (which needs "
+                             "every gradient first)")
+        per_stage = comm.size // args.stages
         if args.grid is not None:
             dims = _parse_grid(args.grid)
-            if math.prod(dims) != comm.size:
+            if math.prod(dims) != per_stage:
                 raise ValueError(f"--grid {args.grid} has {math.prod(dims)} ranks but the job "
-                                 f"runs on {comm.size}")
+                                 f"runs on {per_stage}" + (f" per stage ({comm.size} ranks / "
+                                 f"{args.stages} stages)" if args.stages > 1 else ""))
             if args.batch_size % dims[0]:
                 raise ValueError(f"the global batch {args.batch_size} is not divisible by the "
                                  f"{dims[0]} ranks of the grid's sample axis")
+            chunks = _micro_batches(args)
+            if args.stages > 1 and args.batch_size % (dims[0] * chunks):
+                raise ValueError(f"the global batch {args.batch_size} does not split into "
+                                 f"{chunks} micro-batches on each of the {dims[0]} ranks of "
+                                 "the sample axis")
 
 
-def _checkpoint_state(model, opt, sched, result, epoch, step_in_epoch, config, scaler):
+def _micro_batches(args) -> int:
+    return args.micro_batches if args.micro_batches is not None else args.stages
+
+
+def _checkpoint_state(model, opt, sched, result, epoch, step_in_epoch, config, scaler,
+                      pipe=None):
+    state = model.state_dict() if pipe is None else pipe.full_state_dict()
     host = {f"model/{k}": (v.get() if hasattr(v, "get") else np.asarray(v))
-            for k, v in model.state_dict().items()}
+            for k, v in state.items()}
     oh, osc = flatten_state(opt.state_dict())
+    if pipe is not None and pipe.stages > 1:
+        # each stage's optimizer holds its own parameters' state: every rank writes all
+        parts = pipe._p2p.allgather((oh, osc))
+        oh = {f"stage{s}/{k}": v for s, (h, _) in enumerate(parts) for k, v in h.items()}
+        osc = {f"stage{s}.{k}": v for s, (_, c) in enumerate(parts) for k, v in c.items()}
     host.update({f"optimizer/{k}": v for k, v in oh.items()})
     scalars = {f"optimizer.{k}": v for k, v in osc.items()}
     scalars.update({"epoch": epoch, "step_in_epoch": step_in_epoch, "step": result.steps,
@@ -320,7 +394,7 @@ def _checkpoint_state(model, opt, sched, result, epoch, step_in_epoch, config, s
     return host, scalars
 
 
-def _restore(path, grid, model, opt, sched, result, config, scaler):
+def _restore(path, grid, model, opt, sched, result, config, scaler, pipe=None):
     _, host, scalars = load_checkpoint(path, grid=grid)
     with collective(grid.cart):
         if scalars.get("config") != config:
@@ -330,9 +404,12 @@ def _restore(path, grid, model, opt, sched, result, config, scaler):
     model.load_state_dict({k[len("model/"):]: v for k, v in host.items()
                            if k.startswith("model/")})
     check_replicas(model, grid.cart, f"model loaded from {path!r}")
+    ho, so = "optimizer/", "optimizer."
+    if pipe is not None and pipe.stages > 1:
+        ho, so = f"optimizer/stage{pipe.stage}/", f"optimizer.stage{pipe.stage}."
     opt.load_state_dict(unflatten_state(
-        {k[len("optimizer/"):]: v for k, v in host.items() if k.startswith("optimizer/")},
-        {k[len("optimizer."):]: v for k, v in scalars.items() if k.startswith("optimizer.")}))
+        {k[len(ho):]: v for k, v in host.items() if k.startswith(ho)},
+        {k[len(so):]: v for k, v in scalars.items() if k.startswith(so)}))
     sched.load_state_dict(json.loads(scalars["schedule"]))
     scaler.load_state_dict(json.loads(scalars["scaler"]))
     result.losses = json.loads(scalars["losses"])
@@ -364,9 +441,16 @@ def run(argv=None, comm=None, on_step=None) -> TrainResult:
     sample_shape, n_train = probe.sample_shape, probe.num_samples
     args.outputs = probe.num_targets
     probe.close()
-    dims = _parse_grid(args.grid) if args.grid else choose_grid(comm.size, args.batch_size,
+    per_stage = comm.size // args.stages
+    dims = _parse_grid(args.grid) if args.grid else choose_grid(per_stage, args.batch_size,
                                                                 sample_shape[1:])
-    grid = ProcessGrid(dims, comm=comm)
+    full = None
+    if args.stages > 1:
+        # (groups, stages, d, h, w); the ranks of one stage hold a (sample, d, h, w) grid
+        full = ProcessGrid((dims[0], args.stages) + tuple(dims[1:]), comm=comm)
+        grid = ProcessGrid(dims, comm=full.sub_comm([0, 2, 3, 4]))
+    else:
+        grid = ProcessGrid(dims, comm=comm)
     with collective(comm):
         if args.batch_size > n_train:
             raise ValueError(f"the global batch {args.batch_size} is larger than the "
@@ -388,7 +472,7 @@ def run(argv=None, comm=None, on_step=None) -> TrainResult:
                                  f"training samples {sample_shape}")
             model = build_model(args, sample_shape, nn.init.manual_seed(args.seed))
         return _train(args, comm, grid, train_ds, val_ds, model, progress, segmentation,
-                      yname, sample_shape, on_step)
+                      yname, sample_shape, on_step, full)
     finally:
         train_ds.close()
         val_ds.close()
@@ -409,20 +493,64 @@ def _num_classes(ds, comm) -> int:
     return comm.bcast(out, root=0)
 
 
+def _plan_memory(args, model, train_ds, loss_fn, dtype, segmentation, comm, progress):
+    """``--memory-budget``: profile one training step on the first batch, plan keep /
+    offload / recompute per layer under the budget, and return the planned model (sharing
+    ``model``'s layers)."""
+    x, y = train_ds.read_batch(train_ds.batch_indices(0)[0])
+    xt = Tensor(x if x.dtype == dtype else x.astype(dtype))
+    yt = Tensor(y if segmentation or y.dtype == dtype else y.astype(dtype))
+    prof = nn.memory.profile_memory(model, xt, yt, loss_fn, comm=comm)
+    budget = int(args.memory_budget * prof.keep_all_peak)
+    plan = nn.memory.plan_memory(prof, budget, comm=comm)
+    progress.say(f"memory plan for {args.memory_budget:.0%} of the saved-activation peak "
+                 f"({prof.keep_all_peak / 2 ** 20:.1f} MiB per rank):\n{plan.report()}")
+    return nn.memory.apply_plan(model, plan)
+
+
 def _train(args, comm, grid, train_ds, val_ds, model, progress, segmentation, yname,
-           sample_shape, on_step) -> TrainResult:
-    ddp = nn.DistributedDataParallel(model, grid, bucket_bytes=int(args.bucket_mb * 2 ** 20),
-                                     overlap=not args.no_overlap)
-    params = list(model.parameters())
+           sample_shape, on_step, full=None) -> TrainResult:
+    loss_fn = F.cross_entropy if segmentation else F.mse_loss
+    dtype = np.dtype("float16" if args.amp else args.dtype)
+    bucket_bytes = int(args.bucket_mb * 2 ** 20)
+    pipe = ddp = None
+    if full is not None:
+        chunks = _micro_batches(args)
+        partition = _parse_partition(args.partition)
+        sample = None
+        if partition == "auto":  # one micro-batch of the first batch, for the layer costs
+            x0, _ = train_ds.read_batch(train_ds.batch_indices(0)[0])
+            sample = x0.to_numpy()[:args.batch_size // chunks].astype(dtype)
+        pipe = nn.Pipeline(model, full, chunks=chunks, partition=partition,
+                           schedule=args.pipeline_schedule, bucket_bytes=bucket_bytes,
+                           overlap=not args.no_overlap, sample=sample)
+        params = list(pipe.parameters())
+        progress.say(f"pipeline: {pipe.stages} stages {pipe.partition} of "
+                     f"{len(nn.sequential_layers(model))} layers, {chunks} micro-batches, "
+                     f"{args.pipeline_schedule}")
+    else:
+        net = model
+        if args.memory_budget is not None:
+            net = _plan_memory(args, model, train_ds, loss_fn, dtype, segmentation, comm,
+                               progress)
+        ddp = nn.DistributedDataParallel(net, grid, bucket_bytes=bucket_bytes,
+                                         overlap=not args.no_overlap)
+        params = list(model.parameters())
     opt = build_optimizer(args, params)
     steps_per_epoch = len(train_ds)
     sched = build_schedule(args, opt, steps_per_epoch)
     scaler = nn.amp.GradScaler(enabled=args.amp)
-    loss_fn = F.cross_entropy if segmentation else F.mse_loss
+    update = None
+    if args.update_in_backward:
+        update = nn.BackwardUpdate(opt, pipe if pipe is not None else ddp,
+                                   clip_grad_norm=args.clip_grad, grad_scaler=scaler)
     config = json.dumps({"model": args.model, "sample_shape": list(sample_shape),
                          "parameters": [[n, list(p.shape)] for n, p in
                                         model.named_parameters()],
-                         "dtype": args.dtype, "optimizer": args.optimizer})
+                         "dtype": args.dtype, "optimizer": args.optimizer,
+                         **({"stages": pipe.stages, "partition": pipe.partition}
+                            if pipe is not None else {})})
+    ckpt_grid = full if full is not None else grid
     result = TrainResult(grid=grid.dims)
     out = args.out
     ckpt = os.path.join(out, CHECKPOINT)
@@ -433,19 +561,20 @@ def _train(args, comm, grid, train_ds, val_ds, model, progress, segmentation, yn
     if args.resume:
         exists = comm.bcast(os.path.exists(ckpt) if comm.rank == 0 else None, root=0)
         if exists:
-            start_epoch, skip = _restore(ckpt, grid, model, opt, sched, result, config,
-                                         scaler)
+            start_epoch, skip = _restore(ckpt, ckpt_grid, model, opt, sched, result, config,
+                                         scaler, pipe)
             progress.say(f"resumed from {ckpt}: epoch {start_epoch + 1}, step "
                          f"{result.steps}")
     if not segmentation:
         tmean = _target_mean(train_ds.files, train_ds.stacked, yname, comm)
     progress.say(f"disttensor.train {args.model}: {comm.size} ranks, grid "
-                 f"(sample, d, h, w) = {grid.dims}, {model.num_parameters():,} parameters, "
+                 f"(sample, d, h, w) = {grid.dims}"
+                 f"{f' per stage x {pipe.stages} stages' if pipe is not None else ''}, "
+                 f"{model.num_parameters():,} parameters, "
                  f"{train_ds.num_samples} training / {val_ds.num_samples} validation samples "
                  f"of shape {sample_shape}, global batch {args.batch_size}")
     stop = _StopFlag()
     stop.install()
-    dtype = np.dtype("float16" if args.amp else args.dtype)
     try:
         for epoch in range(start_epoch, args.epochs):
             model.train()
@@ -454,24 +583,29 @@ def _train(args, comm, grid, train_ds, val_ds, model, progress, segmentation, yn
             nbatches = len(train_ds)
             it = _batches(train_ds, epoch, skip)
             for k, (x, y) in enumerate(it, start=skip):
-                xt = Tensor(x if x.dtype == dtype else x.astype(dtype))
-                yt = Tensor(y if segmentation or y.dtype == dtype else y.astype(dtype))
-                loss = loss_fn(ddp(xt), yt)
+                x = x if x.dtype == dtype else x.astype(dtype)
+                y = y if segmentation or y.dtype == dtype else y.astype(dtype)
                 opt.zero_grad()
-                loss.backward(scaler.scale(1.0) if args.amp else None)
-                if args.amp:
-                    scaler.unscale_(opt)
-                if args.clip_grad:
-                    nn.utils.clip_grad_norm_(params, args.clip_grad)
-                scaler.step(opt)
-                scaler.update()
+                if pipe is not None:
+                    lossv = pipe.train_step(x, y, loss_fn)
+                else:
+                    loss = loss_fn(ddp(Tensor(x)), Tensor(y))
+                    loss.backward(scaler.scale(1.0) if args.amp else None)
+                    lossv = float(loss.item())
+                if update is None:  # else every parameter was updated inside backward
+                    if args.amp:
+                        scaler.unscale_(opt)
+                    if args.clip_grad:
+                        nn.utils.clip_grad_norm_(params, args.clip_grad)
+                    scaler.step(opt)
+                    scaler.update()
                 sched.step()
                 result.steps += 1
-                result.losses.append(float(loss.item()))
+                result.losses.append(lossv)
                 seen += args.batch_size
                 rate = seen / max(time.perf_counter() - t0, 1e-9)
                 progress.update(f"epoch {epoch + 1}/{args.epochs} step {k + 1}/{nbatches}"
-                                f" loss {loss.item():.5f} {rate:.1f} samples/s")
+                                f" loss {lossv:.5f} {rate:.1f} samples/s")
                 if on_step is not None:
                     on_step(result.steps)
                 signalled = bool(comm.allreduce(stop.raised, op=MPI.LOR))
@@ -479,8 +613,8 @@ def _train(args, comm, grid, train_ds, val_ds, model, progress, segmentation, yn
                                      result.steps >= args.max_steps)
                 if halt and k + 1 < nbatches:  # stopping inside an epoch
                     if not args.no_checkpoint:
-                        _save(ckpt, grid, model, opt, sched, result, epoch, k + 1, config,
-                              scaler)
+                        _save(ckpt, ckpt_grid, model, opt, sched, result, epoch, k + 1,
+                              config, scaler, pipe)
                     progress.update(f"stopped at step {result.steps} ("
                                     f"{'signal' if signalled else '--max-steps'}); "
                                     f"checkpoint {ckpt}", final=True)
@@ -491,8 +625,11 @@ def _train(args, comm, grid, train_ds, val_ds, model, progress, segmentation, yn
             skip = 0
             # rank 0's clock, so every rank records the same metrics (and checkpoint)
             elapsed = comm.bcast(time.perf_counter() - t0, root=0)
-            metrics = _validate(model, val_ds, loss_fn, segmentation, dtype,
-                                None if segmentation else tmean, args)
+            metrics = _validate(model if pipe is None else pipe, val_ds, loss_fn,
+                                segmentation, dtype, None if segmentation else tmean, args)
+            if pipe is not None:  # computed on the last stage
+                metrics = comm.bcast(metrics, root=full.rank_of(
+                    (0, pipe.stages - 1) + (0,) * (full.ndim - 2)))
             metrics.update({"epoch": epoch + 1, "step": result.steps,
                             "train_loss": float(np.mean(result.losses[-max(seen //
                                                 args.batch_size, 1):])),
@@ -504,13 +641,19 @@ def _train(args, comm, grid, train_ds, val_ds, model, progress, segmentation, yn
             if comm.rank == 0:
                 _append_csv(os.path.join(out, METRICS), metrics)
             if not args.no_checkpoint:
-                _save(ckpt, grid, model, opt, sched, result, epoch + 1, 0, config, scaler)
+                _save(ckpt, ckpt_grid, model, opt, sched, result, epoch + 1, 0, config, scaler,
+                      pipe)
             if halt:
                 result.interrupted = signalled
                 break
     finally:
         stop.restore()
-        ddp.reducer.release()
+        if update is not None:
+            update.remove()
+        if pipe is not None:
+            pipe.release()
+        else:
+            ddp.reducer.release()
     if result.val:
         last = result.val[-1]
         result.baseline = {k: last[k] for k in last if k.startswith("baseline_")}
@@ -526,13 +669,17 @@ def _batches(ds, epoch, skip):
         yield ds.read_batch(idx)
 
 
-def _save(path, grid, model, opt, sched, result, epoch, step_in_epoch, config, scaler):
+def _save(path, grid, model, opt, sched, result, epoch, step_in_epoch, config, scaler,
+         pipe=None):
     host, scalars = _checkpoint_state(model, opt, sched, result, epoch, step_in_epoch, config,
-                                      scaler)
+                                      scaler, pipe)
     save_checkpoint(path, host=host, scalars=scalars, grid=grid)
 
 
 def _validate(model, ds, loss_fn, segmentation, dtype, tmean, args) -> dict:
+    """Validation metrics (collective).  ``model`` may be a :class:`~disttensor.nn.Pipeline`:
+    its output exists on the last stage only, whose metrics are the result (the other stages
+    return theirs unfilled; the caller broadcasts the last stage's)."""
     model.eval()
     total, n = 0.0, 0
     abs_err = base_abs = base_sq = 0.0
@@ -542,6 +689,8 @@ def _validate(model, ds, loss_fn, segmentation, dtype, tmean, args) -> dict:
             xt = Tensor(x if x.dtype == dtype else x.astype(dtype))
             pred = model(xt)
             b = x.shape[0]
+            if pred is None:  # an earlier pipeline stage
+                continue
             total += loss_fn(pred, Tensor(y)).item() * b
             n += b
             if segmentation:
