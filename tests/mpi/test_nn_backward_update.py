@@ -374,3 +374,27 @@ def test_pipeline_in_backward(opt_name, schedule):
            {n: v for n, v in rstate.items() if n in inback[1]}, rinfo)
     compare(f"{what}: in-backward vs one rank", inback, ref, rtol=TOL)
     check_in_backward_info(what, inback[3])
+
+
+def test_step_parameter_is_the_step_of_one_parameter():
+    """Optimizer.step_parameter(p, grad) updates p exactly as step() does with p.grad = grad
+    (its group's options, its state), leaves .grad alone, and refuses a foreign parameter."""
+    from disttensor.nn import Parameter
+    rng = np.random.default_rng(5)
+    for make in (OPTIMIZERS["nesterov"], OPTIMIZERS["adamw"]):
+        a = [Parameter(rng.standard_normal((3, 4))), Parameter(rng.standard_normal(5))]
+        b = [Parameter(p.data.copy()) for p in a]
+        oa = make([{"params": [a[0]]}, {"params": [a[1]], "lr": 0.2}])
+        ob = make([{"params": [b[0]]}, {"params": [b[1]], "lr": 0.2}])
+        for _ in range(3):
+            grads = [rng.standard_normal(p.data.shape) for p in a]
+            for p, g in zip(a, grads):
+                p.grad = g
+            oa.step()
+            for p, g in reversed(list(zip(b, grads))):
+                ob.step_parameter(p, g)
+                assert p.grad is None
+        for p, q in zip(a, b):
+            assert np.array_equal(p.data, q.data)
+        with pytest.raises(KeyError, match="in none of the optimizer's parameter groups"):
+            ob.step_parameter(Parameter(np.zeros(2)), np.zeros(2))
