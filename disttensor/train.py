@@ -543,7 +543,7 @@ def _train(args, comm, grid, train_ds, val_ds, model, progress, segmentation, yn
     update = None
     if args.update_in_backward:
         update = nn.BackwardUpdate(opt, pipe if pipe is not None else ddp,
-                                   clip_grad_norm=args.clip_grad, grad_scaler=scaler)
+                                   clip_grad_norm=args.clip_grad or None, grad_scaler=scaler)
     config = json.dumps({"model": args.model, "sample_shape": list(sample_shape),
                          "parameters": [[n, list(p.shape)] for n, p in
                                         model.named_parameters()],
