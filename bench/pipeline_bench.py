@@ -183,12 +183,15 @@ def main():
     ap.add_argument("--steps", type=int, default=8, help="timed steps per configuration")
     ap.add_argument("--profile-repeats", type=int, default=2)
     args = ap.parse_args()
-    if COMM.size != 4:
-        raise SystemExit("pipeline_bench.py runs on 4 ranks (mpiexec -n 4)")
+    if COMM.size not in (2, 4):
+        raise SystemExit("pipeline_bench.py runs on 4 ranks (mpiexec -n 4), or on 2 (DP vs "
+                         "2 stages: no oversubscription on a 2-core machine)")
     cores = os.cpu_count()
-    say(f"# pipeline bench: 4 ranks on {cores} cores"
+    configs = [("(b) pipeline 1 x 4 stages:   ", 1, 4), ("(c) pipeline 2 groups x 2:   ", 2, 2)] \
+        if COMM.size == 4 else [("(b) pipeline 1 x 2 stages:   ", 1, 2)]
+    say(f"# pipeline bench: {COMM.size} ranks on {cores} cores"
         + (" (oversubscribed: absolute speeds meaningless, ratios only indicative)"
-           if cores < 4 else "")
+           if cores < COMM.size else "")
         + f"; global batch {args.batch}, {args.chunks} micro-batches, {args.schedule}, "
           f"samples {args.size}^3, {args.steps} timed steps (median)")
     for name in args.models.split(","):
@@ -205,10 +208,9 @@ def main():
                 f"{chk[0] * 1e3:.1f} ms vs measured forward+backward {chk[1] * 1e3:.1f} ms "
                 f"(x{chk[0] / chk[1]:.2f})")
         dp = run_dp(name, args)
-        say(f"(a) data parallel (4,1,1,1):   {args.batch / dp:8.2f} samples/s  "
+        say(f"(a) data parallel ({COMM.size},1,1,1):   {args.batch / dp:8.2f} samples/s  "
             f"step {dp * 1e3:8.1f} ms  (baseline)")
-        for label, groups, stages in [("(b) pipeline 1 x 4 stages:   ", 1, 4),
-                                      ("(c) pipeline 2 groups x 2:   ", 2, 2)]:
+        for label, groups, stages in configs:
             r = run_pipeline(name, args, groups, stages)
             plan = r["plan"]
             say(f"{label}{args.batch / r['step']:8.2f} samples/s  step {r['step'] * 1e3:8.1f} ms"
