@@ -73,18 +73,7 @@ else record "setup" "FAIL(rc=$?)" $(( $(date +%s) - t0 )); fi
 # --- the idle-sleep shim for oversubscribed MPICH ----------------------------------------------
 SHIM=""
 if [ "${DISTTENSOR_MPI_IDLE_SLEEP:-1}" != 0 ]; then
-  SHIM_SRC=scripts/mpi_idle_sleep.c
-  SHIM_SO=$ROOT/build/libmpi_idle_sleep.so
-  CC_BIN=$(command -v cc || command -v gcc || true)
-  if [ -f "$SHIM_SO" ] && [ "$SHIM_SO" -nt "$SHIM_SRC" ]; then
-    SHIM=$SHIM_SO
-  elif [ -n "$CC_BIN" ] && mkdir -p build \
-      && "$CC_BIN" -O2 -shared -fPIC -o "$SHIM_SO.tmp" "$SHIM_SRC" -ldl \
-      && mv -f "$SHIM_SO.tmp" "$SHIM_SO"; then
-    SHIM=$SHIM_SO
-  else
-    echo "[test] could not build $SHIM_SRC; MPI tests run without the idle-sleep shim"
-  fi
+  SHIM=$(bash scripts/idle_shim.sh)
 fi
 MPIEXEC_ENV=()
 if [ -n "$SHIM" ]; then
