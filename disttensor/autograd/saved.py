@@ -48,7 +48,7 @@ from .tensor import Node, Tensor, _state, _walk
 
 __all__ = ["record_nodes", "record_node", "observe_nodes", "Packed", "saved_arrays",
            "saved_bytes", "array_bytes", "saved_tensors_hooks", "OffloadGroup",
-           "backward_subgraph"]
+           "backward_subgraph", "run_before_backward"]
 
 _MAX_DEPTH = 8
 
@@ -235,7 +235,7 @@ def saved_bytes(nodes, exclude=(), seen: set | None = None) -> int:
 
 
 # -- pack / unpack hooks ---------------------------------------------------------------------
-def _wrap_backward(node: Node, before) -> None:
+def run_before_backward(node: Node, before) -> None:
     """Make ``node``'s backward call ``before()`` first (once per backward run)."""
     inner = node.backward
     if inner is None:
@@ -395,7 +395,7 @@ class OffloadGroup:
 
         for n in self.nodes:
             _map(n.backward, pack)
-            _wrap_backward(n, self.restore)
+            run_before_backward(n, self.restore)
         self._state = "offloaded"
         return self
 

@@ -64,7 +64,7 @@ import numpy as np
 
 from ..array import DistArray
 from ..autograd.saved import (OffloadGroup, array_bytes, backward_subgraph, record_node,
-                              record_nodes, saved_arrays)
+                              record_nodes, run_before_backward, saved_arrays)
 from ..autograd.tensor import Node, Tensor, as_tensor, enable_grad, is_grad_enabled, no_grad
 from ..comm import allreduce, collective
 from .module import Module, ModuleList, Sequential, sequential_layers
@@ -715,17 +715,6 @@ def _knapsack(s, a, o, f, off, T, cap, unit, allow_off, allow_rec):
 
 
 # -- applying a plan ----------------------------------------------------------------------------
-def _run_first(node: Node, before) -> None:
-    inner = node.backward
-    if inner is None:
-        return
-
-    def backward(g):
-        before()
-        return inner(g)
-    node.backward = backward
-
-
 class PlannedModel(Module):
     """``layers`` applied in order with a :class:`MemoryPlan` (see :func:`apply_plan`).
 
@@ -766,7 +755,7 @@ class PlannedModel(Module):
                     h = layers[i](h)
             live = [nd for nd in nodes if nd.backward is not None]
             if pending is not None and live:
-                _run_first(max(live, key=lambda nd: nd.seq), pending.prefetch)
+                run_before_backward(max(live, key=lambda nd: nd.seq), pending.prefetch)
             pending = None
             if choices[i] == "offload" and is_grad_enabled():
                 grp = OffloadGroup(live, exclude, self.copy_host).offload()
