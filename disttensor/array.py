@@ -359,6 +359,36 @@ class DistArray:
     def T(self) -> "DistArray":
         return self.transpose()
 
+    @property
+    def mT(self) -> "DistArray":
+        """The last two axes swapped (array API ``matrix_transpose``; metadata only)."""
+        from .manipulation import swapaxes
+        if self.ndim < 2:
+            raise ValueError("x.mT needs an array of at least 2 dimensions")
+        return swapaxes(self, -1, -2)
+
+    def __array_namespace__(self, *, api_version=None):
+        """The array API namespace :mod:`disttensor.array_api` (standard version 2024.12;
+        ``api_version`` ``None`` or one of 2021.12 ... 2024.12)."""
+        if api_version not in (None, "2021.12", "2022.12", "2023.12", "2024.12"):
+            raise ValueError(f"unsupported array API version {api_version!r}")
+        from . import array_api
+        return array_api
+
+    @property
+    def mT(self) -> "DistArray":
+        """The last two axes swapped (no data moves)."""
+        from .linalg import matrix_transpose
+        return matrix_transpose(self)
+
+    def __matmul__(self, other):
+        from .linalg import matmul
+        return matmul(self, other)
+
+    def __rmatmul__(self, other):
+        from .linalg import matmul
+        return matmul(other, self)
+
     def __len__(self) -> int:
         if self.ndim == 0:
             raise TypeError("len() of a 0-d DistArray")
