@@ -359,14 +359,6 @@ class DistArray:
     def T(self) -> "DistArray":
         return self.transpose()
 
-    @property
-    def mT(self) -> "DistArray":
-        """The last two axes swapped (array API ``matrix_transpose``; metadata only)."""
-        from .manipulation import swapaxes
-        if self.ndim < 2:
-            raise ValueError("x.mT needs an array of at least 2 dimensions")
-        return swapaxes(self, -1, -2)
-
     def __array_namespace__(self, *, api_version=None):
         """The array API namespace :mod:`disttensor.array_api` (standard version 2024.12;
         ``api_version`` ``None`` or one of 2021.12 ... 2024.12)."""
