@@ -88,3 +88,5 @@ HANDLED = {
 }
 from . import shaping as _shaping  # noqa: E402
 HANDLED.update(_shaping.HANDLED_FUNCTIONS)
+from . import linalg as _linalg  # noqa: E402
+HANDLED.update(_linalg.HANDLED_FUNCTIONS)

@@ -126,6 +126,10 @@ def array_ufunc(ufunc, method, inputs, kwargs):
             **({"dtype": kwargs["dtype"]} if "dtype" in kwargs and _REDUCE[ufunc] in ("sum", "prod") else {}))
     if method != "__call__":
         return NotImplemented
+    if ufunc.signature is not None:  # gufuncs: np.matmul, np.vecdot (disttensor.linalg)
+        from .linalg import GUFUNCS
+        impl = GUFUNCS.get(ufunc)
+        return NotImplemented if impl is None else impl(*inputs, **kwargs)
     return _call(ufunc, inputs, kwargs)
 
 
