@@ -40,7 +40,6 @@ from .indexing import flip
 from .manipulation import concatenate, moveaxis, reshape, swapaxes, transpose, where
 from .reductions import all, any, argmax, argmin, max, mean, min, prod, std, sum, var
 from .shaping import (allclose, array_equal, broadcast_arrays, broadcast_to, expand_dims, eye, isclose, meshgrid, nanargmax, nanargmin, nanmax, nanmean, nanmin, nanprod, nanstd, nansum, nanvar, pad, repeat, roll, squeeze, stack, tile, tril, triu, unstack)  # noqa: E501
-from .shaping import (allclose, array_equal, broadcast_arrays, broadcast_to, expand_dims, eye, isclose, meshgrid, nanargmax, nanargmin, nanmax, nanmean, nanmin, nanprod, nanstd, nansum, nanvar, pad, repeat, roll, squeeze, stack, tile, tril, triu, unstack)  # noqa: E501
 from .linalg import einsum, matmul, tensordot, vecdot  # noqa: E402  (also binds disttensor.linalg)
 
 __version__ = "0.1.0"
