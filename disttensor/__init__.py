@@ -41,6 +41,7 @@ from .manipulation import concatenate, moveaxis, reshape, swapaxes, transpose, w
 from .reductions import all, any, argmax, argmin, max, mean, min, prod, std, sum, var
 from .shaping import (allclose, array_equal, broadcast_arrays, broadcast_to, expand_dims, eye, isclose, meshgrid, nanargmax, nanargmin, nanmax, nanmean, nanmin, nanprod, nanstd, nansum, nanvar, pad, repeat, roll, squeeze, stack, tile, tril, triu, unstack)  # noqa: E501
 from .linalg import einsum, matmul, tensordot, vecdot  # noqa: E402  (also binds disttensor.linalg)
+from . import fft  # noqa: E402  (disttensor.fft: distributed FFTs)
 
 __version__ = "0.1.0"
 

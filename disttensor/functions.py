@@ -90,3 +90,5 @@ from . import shaping as _shaping  # noqa: E402
 HANDLED.update(_shaping.HANDLED_FUNCTIONS)
 from . import linalg as _linalg  # noqa: E402
 HANDLED.update(_linalg.HANDLED_FUNCTIONS)
+from . import fft as _fft  # noqa: E402
+HANDLED.update(_fft.HANDLED_FUNCTIONS)
