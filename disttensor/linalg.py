@@ -189,7 +189,7 @@ def _from_full(full, grid: ProcessGrid, d: Distribution, xp=np) -> DistArray:
     """This rank's block of the replicated global array ``full`` laid out as ``d``."""
     full = np.asarray(full)
     block = full[d.block_slices(grid.coords)] if full.ndim else full
-    block = np.ascontiguousarray(block)
+    block = np.array(block, order="C")  # (ascontiguousarray would make a 0-d array 1-d)
     return DistArray(block if xp is np else xp.asarray(block), d, grid)
 
 
