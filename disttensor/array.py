@@ -612,6 +612,28 @@ class DistArray:
         from . import reductions
         return reductions.all(self, axis=axis, keepdims=keepdims)
 
+    # -- sorting and scans (disttensor.sorting, disttensor.scans) ------------------------------
+    def sort(self, axis=-1) -> None:
+        """Sort in place along ``axis`` (as ``ndarray.sort``; collective)."""
+        from . import sorting
+        self._local[...] = sorting.sort(self, axis=axis).local
+
+    def argsort(self, axis=-1):
+        from . import sorting
+        return sorting.argsort(self, axis=axis)
+
+    def cumsum(self, axis=None, dtype=None):
+        from . import scans
+        return scans.cumsum(self, axis=axis, dtype=dtype)
+
+    def cumprod(self, axis=None, dtype=None):
+        from . import scans
+        return scans.cumprod(self, axis=axis, dtype=dtype)
+
+    def nonzero(self):
+        from . import sorting
+        return sorting.nonzero(self)
+
     # -- shape manipulation -------------------------------------------------------------------
     def transpose(self, *axes):
         from . import manipulation

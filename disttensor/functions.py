@@ -92,3 +92,5 @@ from . import linalg as _linalg  # noqa: E402
 HANDLED.update(_linalg.HANDLED_FUNCTIONS)
 from . import fft as _fft  # noqa: E402
 HANDLED.update(_fft.HANDLED_FUNCTIONS)
+from . import sorting as _sorting  # noqa: E402
+HANDLED.update(_sorting.HANDLED_FUNCTIONS)

@@ -157,7 +157,12 @@ def flip(x: DistArray, axis) -> DistArray:
 
 @collective_entry
 def getitem(x: DistArray, key) -> DistArray:
-    """``x[key]`` (collective: the ranks agree on the key; a rank-dependent index raises)."""
+    """``x[key]`` (collective: the ranks agree on the key; a rank-dependent index raises).
+    A boolean mask (DistArray or NumPy array of ``x``'s shape) selects as
+    :func:`disttensor.sorting.mask_getitem`."""
+    if _is_mask(key):
+        from .sorting import mask_getitem
+        return mask_getitem.__wrapped__(x, key)  # this entry point's agreement is its own
     with agreed(x.grid.cart, "getitem", x=x, key=key):
         sels, new_axes = normalize_key(key, x.shape)
     local_sl, dist = _selection(x, sels)
@@ -180,6 +185,12 @@ def getitem(x: DistArray, key) -> DistArray:
     return y
 
 
+def _is_mask(key) -> bool:
+    """A DistArray key (masks are the DistArray keys supported) or a NumPy boolean array."""
+    return isinstance(key, DistArray) or (isinstance(key, np.ndarray) and key.dtype == np.bool_
+                                          and key.ndim >= 1)
+
+
 def _insert_axes(y: DistArray, positions) -> DistArray:
     d = y.distribution
     shape, split, sizes = list(d.shape), list(d.split), list(d.split_sizes)
@@ -197,6 +208,9 @@ def setitem(x: DistArray, key, value) -> None:
     metadata; a scalar value is data, agreed by type)."""
     from .array import _check_grids
     from .ufuncs import align, operand_shape
+    if _is_mask(key):
+        from .sorting import mask_setitem
+        return mask_setitem.__wrapped__(x, key, value)
     if isinstance(value, (list, tuple)):  # nested sequences are arrays, as in NumPy
         value = np.asarray(value)
     with agreed(x.grid.cart, "setitem", x=x, key=key, value=operand_key(value)):

@@ -1,0 +1,174 @@
+"""Set functions of DistArrays: the array API's ``unique_values``, ``unique_counts``,
+``unique_inverse``, ``unique_all`` and NumPy's ``unique`` (``axis=None`` only).
+
+Algorithm (collective): flatten ``x`` (``x.reshape(-1)``), sort it with its permutation
+(:mod:`disttensor.sorting`: sample sort along the split axis, stable), mark the first element
+of each run of equal values (the last element of the previous non-empty block is all-gathered
+along the grid axis, ``O(p)``), and select the marked elements locally.  First-occurrence
+indices are the permutation at the marks (the sort is stable); counts are the distances
+between consecutive marks (the next block's first mark is all-gathered); inverse indices are a
+running count of the marks (:mod:`disttensor.scans`) sent back to the elements' original
+positions by one ``MPI_Alltoallv`` (the inverse permutation).
+
+Output distributions (data-dependent): ``values``, ``indices`` and ``counts`` are 1-D, split
+over the grid axis of the flattened ``x`` with explicit uneven ownership (rank ``c`` owns the
+unique values whose first sorted occurrence it held; replicated when ``x.reshape(-1)`` is);
+``inverse_indices`` has ``x``'s shape and distribution.  Indices and counts are ``int64``.
+
+NaNs: the array API functions treat every NaN as distinct (``equal_nan=False``); NumPy's
+``unique`` collapses them (``equal_nan=True``), as NumPy 2 does.
+"""
+from __future__ import annotations
+
+from collections import namedtuple
+
+import numpy as np
+
+from .array import DistArray, agreed, canon, collective_entry
+from .backend import to_host
+from .distribution import Distribution
+
+__all__ = ["unique_values", "unique_counts", "unique_inverse", "unique_all", "unique",
+           "HANDLED_FUNCTIONS"]
+
+UniqueAllResult = namedtuple("UniqueAllResult", ["values", "indices", "inverse_indices", "counts"])
+UniqueCountsResult = namedtuple("UniqueCountsResult", ["values", "counts"])
+UniqueInverseResult = namedtuple("UniqueInverseResult", ["values", "inverse_indices"])
+
+
+def _eq(a, b, equal_nan: bool):
+    e = a == b
+    if equal_nan and a.dtype.kind in "fc":
+        e |= np.isnan(a) & np.isnan(b)
+    return e
+
+
+def _scatter_back(comm, vals: np.ndarray, pos: np.ndarray, offsets, my_off: int, m: int):
+    """Inverse permutation: element ``vals[i]`` goes to global position ``pos[i]`` of a 1-D
+    array whose blocks along ``comm``'s ranks start at ``offsets``; returns this rank's block
+    (length ``m``, starting at ``my_off``)."""
+    from .sorting import alltoallv
+    owner = np.searchsorted(np.asarray(offsets), pos, side="right") - 1
+    order = np.argsort(owner, kind="stable")
+    counts = np.bincount(owner, minlength=comm.size) if owner.size else np.zeros(comm.size, int)
+    rv, _ = alltoallv(comm, vals[order], counts)
+    rp, _ = alltoallv(comm, pos[order], counts)
+    out = np.empty(m, dtype=vals.dtype)
+    out[rp - my_off] = rv
+    return out
+
+
+@collective_entry
+def _unique(x: DistArray, equal_nan: bool, call: str, want: tuple, axis=None):
+    from .sorting import _check, _hits_dist, _sort_any
+    _check(x)
+    with agreed(x.grid.cart, call, x=x, equal_nan=bool(equal_nan), want=want, axis=canon(axis)):
+        if axis is not None:
+            raise TypeError(f"{call}: only axis=None is supported for DistArrays")
+        if x.dtype.kind not in "biufc":
+            raise TypeError(f"{call}: unsupported dtype {x.dtype}")
+    y = x.reshape(-1) if x.ndim != 1 else x
+    n = y.shape[0]
+    vals, perm = _sort_any(y, 0, False, "both") if n else (y, y.astype(np.int64))
+    xp = y.xp
+    s = to_host(vals.local)
+    pm = to_host(perm.local)
+    g = y.split[0]
+    comm = y.grid.sub_comm([g]) if g is not None and y.grid.dims[g] > 1 else None
+    d = y.distribution
+    my_off = d.offsets[0][d.axis_coord(0, y.grid.coords)]
+    m = s.shape[0]
+    prev = None
+    if comm is not None:
+        info = comm.allgather(s[-1:])
+        for blk in info[:comm.rank][::-1]:
+            if blk.size:
+                prev = blk
+                break
+    start = np.ones(m, dtype=bool)
+    if m:
+        start[1:] = ~_eq(s[1:], s[:-1], equal_nan)
+        if prev is not None:
+            start[0] = not bool(_eq(s[:1], prev, equal_nan)[0])
+    pos = np.flatnonzero(start).astype(np.int64) + my_off
+    hd = _hits_dist(y, int(pos.shape[0]))
+
+    def wrap(a):
+        return DistArray(a if xp is np else xp.asarray(a), hd, y.grid)
+
+    out = {"values": wrap(s[start])}
+    if "indices" in want:
+        out["indices"] = wrap(pm[start].astype(np.int64))
+    if "counts" in want:
+        nxt = n
+        if comm is not None:
+            firsts = comm.allgather(pos[:1])
+            for blk in firsts[comm.rank + 1:]:
+                if blk.size:
+                    nxt = int(blk[0])
+                    break
+        out["counts"] = wrap(np.diff(np.append(pos, nxt)).astype(np.int64))
+    if "inverse" in want:
+        from .scans import _scan
+        st = DistArray(start.astype(np.int64), Distribution(d.shape, d.grid_dims, d.split,
+                                                            d.split_sizes), y.grid)
+        inv_sorted = to_host(_scan(st, 0, np.int64, "sum", False).local) - 1
+        if comm is None:
+            inv = np.empty(m, dtype=np.int64)
+            inv[pm] = inv_sorted
+        else:
+            inv = _scatter_back(comm, inv_sorted, pm.astype(np.int64), d.offsets[0], my_off, m)
+        r = DistArray(inv if xp is np else xp.asarray(inv), d, y.grid)
+        if x.ndim != 1:
+            r = r.reshape(x.shape)
+            if r.distribution != x.distribution:
+                r = r.redistribute(distribution=x.distribution)
+        out["inverse"] = r
+    return out
+
+
+def unique_values(x: DistArray, /) -> DistArray:
+    """Array API ``unique_values``: sorted distinct values (NaNs distinct), 1-D, uneven
+    distribution (module docstring)."""
+    return _unique(x, False, "unique_values", ("values",))["values"]
+
+
+def unique_counts(x: DistArray, /) -> UniqueCountsResult:
+    """Array API ``unique_counts``: ``(values, counts)``."""
+    r = _unique(x, False, "unique_counts", ("values", "counts"))
+    return UniqueCountsResult(r["values"], r["counts"])
+
+
+def unique_inverse(x: DistArray, /) -> UniqueInverseResult:
+    """Array API ``unique_inverse``: ``(values, inverse_indices)``; ``inverse_indices`` has
+    ``x``'s shape and distribution."""
+    r = _unique(x, False, "unique_inverse", ("values", "inverse"))
+    return UniqueInverseResult(r["values"], r["inverse"])
+
+
+def unique_all(x: DistArray, /) -> UniqueAllResult:
+    """Array API ``unique_all``: ``(values, indices, inverse_indices, counts)``."""
+    r = _unique(x, False, "unique_all", ("values", "indices", "inverse", "counts"))
+    return UniqueAllResult(r["values"], r["indices"], r["inverse"], r["counts"])
+
+
+def unique(x: DistArray, return_index=False, return_inverse=False, return_counts=False,
+           axis=None, *, equal_nan=True):
+    """NumPy ``unique`` with ``axis=None`` (NaNs collapsed by default, as NumPy); returns the
+    values, or a tuple with the requested extras in NumPy's order (collective)."""
+    want = ("values",) + (("indices",) if return_index else ()) + \
+        (("inverse",) if return_inverse else ()) + (("counts",) if return_counts else ())
+    r = _unique(x, bool(equal_nan), "unique", want, axis)
+    if len(want) == 1:
+        return r["values"]
+    return tuple(r[k] for k in want)
+
+
+HANDLED_FUNCTIONS = {np.unique: lambda ar, return_index=False, return_inverse=False,
+                     return_counts=False, axis=None, *, equal_nan=True, sorted=True:
+                     unique(ar, return_index, return_inverse, return_counts, axis,
+                            equal_nan=equal_nan)}
+for _name, _fn in (("unique_values", unique_values), ("unique_counts", unique_counts),
+                   ("unique_inverse", unique_inverse), ("unique_all", unique_all)):
+    if hasattr(np, _name):
+        HANDLED_FUNCTIONS[getattr(np, _name)] = _fn
