@@ -299,7 +299,9 @@ def repeat(x: DistArray, repeats, axis=None) -> DistArray:
     if isinstance(repeats, DistArray):
         repeats = repeats.to_numpy()
     rep = np.asarray(repeats)
-    with agreed(x.grid.cart, "repeat", x=x, repeats=operand_key(rep), axis=canon(axis)):
+    if rep.size == 0 and rep.dtype.kind == "f":  # an empty list: NumPy's float64 default
+        rep = rep.astype(np.int64)
+    with agreed(x.grid.cart, "repeat", x=x, repeats=canon(rep), axis=canon(axis)):
         if rep.dtype.kind not in "iu" and not (rep.dtype.kind == "b" and rep.ndim == 0):
             raise TypeError("repeats must be integers")
         if rep.ndim > 1:
@@ -577,7 +579,7 @@ def take(x: DistArray, indices, axis=None) -> DistArray:
     if isinstance(indices, DistArray):
         indices = indices.to_numpy()
     idx = np.asarray(indices)
-    with agreed(x.grid.cart, "take", x=x, indices=operand_key(idx), axis=canon(axis)):
+    with agreed(x.grid.cart, "take", x=x, indices=canon(idx), axis=canon(axis)):
         if idx.dtype.kind not in "iu":
             raise IndexError("arrays used as indices must be of integer type")
         ax = None if axis is None else _axis(axis, x.ndim)
