@@ -13,7 +13,7 @@ the other ``numpy.fft`` functions dispatch here through ``__array_function__``
 (:data:`HANDLED_FUNCTIONS`).
 
 Semantics are NumPy 2's: ``s`` pads with zeros or crops each axis before its transform
-(``-1`` keeps the axis' length), ``s`` without ``axes`` means the last ``len(s)`` axes,
+(``-1`` keeps the input axis' length, also for ``irfftn``), ``s`` without ``axes`` means the last ``len(s)`` axes,
 ``norm`` is ``"backward"`` (default), ``"ortho"`` or ``"forward"``, repeated axes transform
 twice, float32/complex64 give complex64 and float64/integers complex128; ``rfftn`` applies
 the real transform on the *last* axis of ``axes`` first (it becomes ``n // 2 + 1`` long) and
@@ -84,7 +84,7 @@ _NORMS = (None, "backward", "ortho", "forward")
 
 # -- planning (pure) ---------------------------------------------------------------------------
 def _out_len(kind: str, n: int) -> int:
-    return n // 2 + 1 if kind == "r2c" else n
+    return n // 2 + 1 if kind == "rfft" else n
 
 
 def plan_transposes(shape, grid_dims, split, phases):
@@ -150,7 +150,7 @@ def _axes_and_s(x: DistArray, s, axes, real_inverse: bool = False):
         if isinstance(s, numbers.Integral):
             raise TypeError("s must be a sequence of integers, not an integer")
         s = [int(v) if isinstance(v, numbers.Integral) else v for v in s]
-        if any(not isinstance(v, int) for v in s):
+        if any(v is not None and not isinstance(v, int) for v in s):
             raise TypeError(f"s must be a sequence of integers, got {s!r}")
     if axes is None:
         axes = list(range(nd)) if s is None else list(range(nd - len(s), nd))
@@ -169,7 +169,9 @@ def _axes_and_s(x: DistArray, s, axes, real_inverse: bool = False):
             raise ValueError("Shape and axes have different lengths.")
         ns = list(s)
         for i, a in enumerate(axes):
-            if ns[i] == -1:
+            if ns[i] == -1:  # NumPy: the whole input axis (also for irfftn)
+                ns[i] = x.shape[a]
+            elif ns[i] is None:  # NumPy (deprecated): the 1-D transform's default length
                 ns[i] = 2 * (x.shape[a] - 1) if real_inverse and i == len(axes) - 1 \
                     else x.shape[a]
     for n in ns:
@@ -486,7 +488,7 @@ def gaussian_random_field(shape, power, grid=None, seed=0, split=None) -> DistAr
     Output: float64 of ``shape`` with split ``split`` (default: the grid's default)."""
     from .random import default_rng
     g = _grid(grid)
-    with agreed(g.cart, "gaussian_random_field", shape=canon(shape), seed=seed,
+    with agreed(g.cart, "gaussian_random_field", seed=seed,
                 **layout_args(shape, g, split, None)):
         if not callable(power):
             raise TypeError("power must be callable")
