@@ -22,7 +22,8 @@ removed again), batch axes broadcast.  The product is computed by one of these p
   the union of ``a``'s column and ``b``'s row block boundaries; for each cut, the owning grid
   column broadcasts its ``a`` panel along the grid rows (``grid.sub_comm([c])``) and the owning
   grid row its ``b`` panel along the grid columns (``grid.sub_comm([r])``), and every rank adds
-  ``A_panel @ B_panel`` to its block.  Uneven and empty blocks are fine.  The next panel's
+  ``A_panel @ B_panel`` to its block (panels at most 1024 wide).  Uneven and empty blocks are
+  fine.  The next panel's
   broadcasts are posted (``Ibcast``) before the current panel's product runs.
 * **redistribute, then aligned**: candidate layouts ``rows`` (``a`` split on rows over all
   ranks, ``b`` replicated), ``cols`` (``a`` replicated, ``b`` split on columns), ``k`` (both
@@ -278,6 +279,9 @@ def _bcast(comm, buf, root: int):
     return req, host
 
 
+_PANEL = 1024  # SUMMA panel width cap: more, narrower panels overlap better, cost more calls
+
+
 def _summa(a: DistArray, b: DistArray, grid: ProcessGrid) -> DistArray:
     """SUMMA for ``a`` and ``b`` both split ``(r, c)`` over the same grid (see module doc)."""
     r, c = a.split
@@ -290,7 +294,8 @@ def _summa(a: DistArray, b: DistArray, grid: ProcessGrid) -> DistArray:
     my_c, my_r = grid.coords[c], grid.coords[r]
     mloc, nloc = a.local.shape[0], b.local.shape[1]
     out = xp.zeros((mloc, nloc), dtype=dtype)
-    segs = [(k0, k1) for k0, k1 in zip(cuts[:-1], cuts[1:]) if k1 > k0]
+    segs = [(k0, min(k0 + _PANEL, k1)) for c0, k1 in zip(cuts[:-1], cuts[1:])
+            for k0 in range(c0, k1, _PANEL)]
 
     def post(k0, k1):
         ca, rb = da.owner_coord(1, k0), db.owner_coord(0, k0)
@@ -992,8 +997,7 @@ def svd(a: DistArray, full_matrices: bool = True, compute_uv: bool = True, hermi
             xp = q.xp
             u = DistArray(q.local @ (ur if xp is np else xp.asarray(ur)),
                           q.distribution, q.grid)
-            return _move(u, a.grid, u.distribution) if u.grid is not a.grid and \
-                u.grid.dims == a.grid.dims else u, _replicated(s, a.grid), _replicated(vh, a.grid)
+            return u, _replicated(s, a.grid), _replicated(vh, a.grid)
         at = matrix_transpose(a)
         if a.dtype.kind == "c":
             at = np.conj(at)

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 
 import disttensor as dt
 from disttensor import linalg as L
-from checks import COMM, SIZE, check_blocks as check, collective_checks, dist, examples, expect, grid
+from checks import (COMM, SIZE, check_blocks as check, collective_checks, dist, examples, expect,
+                    grid, last_rank_only, mismatch)
 from conftest import assert_raises_all
 from strategies import layouts
 
@@ -80,8 +81,7 @@ def test_matmul_every_plan(data, m, k, n, plan):
         a, b = dist(A, (dims, (0, 1), sa)), dist(B, (dims, (0, 1), sb))
     else:
         a = dist(A, data.draw(layouts((m, k), SIZE, 2)))
-        b = dist(B, (a.grid.dims,) + data.draw(layouts((k, n), SIZE, 2))[1:]
-                 if False else data.draw(layouts((k, n), SIZE, 2)))
+        b = dist(B, data.draw(layouts((k, n), SIZE, 2)))
     grid_ = a.grid
     shape = (m, n)
     osplit, osizes = L._output_layout(a, b, shape)
@@ -91,6 +91,13 @@ def test_matmul_every_plan(data, m, k, n, plan):
         return
     c = _run_plan(a, b, grid_, out_d, plans[plan])
     check(c, A @ B, f"plan {plan}", rtol=1e-12, atol=prod_tol(A, B))
+    if "summa" in plan:  # narrow panels: several per block, pipelined broadcasts
+        L._PANEL, old = 2, L._PANEL
+        try:
+            c = _run_plan(a, b, grid_, out_d, plans[plan])
+        finally:
+            L._PANEL = old
+        check(c, A @ B, f"plan {plan} narrow panels", rtol=1e-12, atol=prod_tol(A, B))
 
 
 def _all_plans(a, b, g, out_d):
@@ -384,3 +391,16 @@ def test_errors_on_every_rank(monkeypatch):
                       lambda: L.svd(a, full_matrices=True))
     q, r = L.qr(dt.from_global(rand((40, 2), 9), grid=g))  # TSQR is not guarded
     assert q.shape == (40, 2)
+
+
+def test_arguments_differing_between_ranks():
+    g = grid((SIZE,))
+    a = dt.from_global(rand((4, 4), 1), grid=g)
+    if SIZE == 1:
+        pytest.skip("needs 2 ranks")
+    with mismatch("tensordot", "axes"):
+        L.tensordot(a, a, last_rank_only(1, 2))
+    with mismatch("norm", "ord"):
+        L.norm(a, last_rank_only(1, 2))
+    with mismatch("qr", "mode"):
+        L.qr(a, last_rank_only("r", "reduced"))
