@@ -86,7 +86,6 @@ raised on every rank.
 """
 from __future__ import annotations
 
-import bisect
 import math
 import numbers
 import os
@@ -94,7 +93,6 @@ import string
 import weakref
 
 import numpy as np
-from mpi4py import MPI
 
 from .array import DistArray, agreed, canon, collective_entry, operand_key
 from .backend import array_module, to_host

@@ -187,7 +187,8 @@ def test_matmul_adjoint(data, m, k, n):
 # -- contractions -----------------------------------------------------------------------------
 @settings(max_examples=examples(25))
 @given(st.data(), st.sampled_from([
-    ("ij,jk->ik", (3, 4), (4, 5)), ("ij,jk->ki", (3, 0), (0, 2)), ("bij,bjk->bik", (2, 3, 4), (2, 4, 2)),
+    ("ij,jk->ik", (3, 4), (4, 5)), ("ij,jk->ki", (3, 0), (0, 2)),
+    ("bij,bjk->bik", (2, 3, 4), (2, 4, 2)),
     ("ij,ij->i", (4, 3), (4, 3)), ("ijk,kj->i", (2, 3, 4), (4, 3)), ("ij,kl->ijkl", (2, 3), (2, 2)),
     ("ij,jk", (3, 4), (4, 2)), ("ab,cb->", (3, 4), (2, 4)), ("iab,bc->ci", (2, 3, 5), (5, 4))]))
 @collective_checks
@@ -363,7 +364,7 @@ def test_gather_path_solvers(data, n, nrhs):
            np.isclose(logdet.item(), np.linalg.slogdet(A)[1], rtol=1e-10), "slogdet")
 
 
-# -- bad input: raises on every rank -----------------------------------------------------------------
+# -- bad input: raises on every rank ------------------------------------------------------------
 def test_errors_on_every_rank(monkeypatch):
     g = grid((SIZE,))
     a = dt.from_global(rand((4, 3), 1), grid=g)
@@ -380,7 +381,8 @@ def test_errors_on_every_rank(monkeypatch):
     assert_raises_all(COMM, ValueError, "two operands", lambda: dt.einsum("ij,jk,kl", a, b))
     assert_raises_all(COMM, ValueError, "sizes 3 and 4", lambda: dt.einsum("ij,jk", a, b))
     assert_raises_all(COMM, ValueError, "Invalid norm order", lambda: L.norm(a, "bad"))
-    assert_raises_all(COMM, ValueError, "Improper number", lambda: L.norm(dt.zeros((2, 2, 2), grid=g), 1))
+    assert_raises_all(COMM, ValueError, "Improper number",
+                      lambda: L.norm(dt.zeros((2, 2, 2), grid=g), 1))
     sq = dt.from_global(np.ones((3, 3)), grid=g)
     assert_raises_all(COMM, np.linalg.LinAlgError, "[Ss]ingular", lambda: L.inv(sq))
     assert_raises_all(COMM, np.linalg.LinAlgError, "not positive definite|Matrix is not",
