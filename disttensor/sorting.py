@@ -262,6 +262,7 @@ def searchsorted(x1: DistArray, x2, /, *, side="left", sorter=None):
         part = np.asarray(np.searchsorted(to_host(loc1), v, side=side), dtype=np.int64)
         if g is not None and x1.grid.dims[g] > 1:
             part = allreduce(x1.grid.sub_comm([g]), part, "sum")
+        part = np.asarray(part).reshape(v.shape)
         return part if v.ndim else int(part)
     y = x2
     if x2.grid is not x1.grid:  # another grid over the same ranks: replicate x2 on x1's
@@ -275,9 +276,9 @@ def searchsorted(x1: DistArray, x2, /, *, side="left", sorter=None):
         sizes[t] = None
         y = x2.redistribute(distribution=Distribution(d.shape, d.grid_dims, split, sizes))
     xp = x1.xp
-    part = xp.searchsorted(loc1, xp.asarray(y.local), side=side).astype(np.int64)
+    part = xp.asarray(xp.searchsorted(loc1, xp.asarray(y.local), side=side), dtype=np.int64)
     if g is not None and x1.grid.dims[g] > 1:
-        part = allreduce(x1.grid.sub_comm([g]), part, "sum")
+        part = allreduce(x1.grid.sub_comm([g]), part, "sum").reshape(y.local.shape)
     r = DistArray(part, y.distribution, x1.grid)
     return r if y is x2 else r.redistribute(grid=x2.grid, distribution=x2.distribution)
 
@@ -526,6 +527,8 @@ def bincount(x: DistArray, weights=None, minlength=0):
             else weights.redistribute(grid=x.grid, distribution=x.distribution)
         w = to_host(wd.local)
     h = np.bincount(to_host(x.local).astype(np.int64), weights=w, minlength=length)
+    if w is not None:  # NumPy gives int64 for empty input even with weights: keep ranks alike
+        h = h.astype(np.float64)
     comm = _split_comm(x)
     if comm is not None:
         h = allreduce(comm, h, "sum")
