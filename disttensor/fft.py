@@ -50,8 +50,8 @@ Cost: per rank ``O((N / P) log N)`` flops and, per redistribution, ``N / P`` ele
 (all-to-all within the rows of the grid axis moved).  Error: each 1-D transform is NumPy's
 pocketfft, so the result equals the serial transform up to the usual bound
 ``||fft(x) - F x|| <= c log2(N) eps ||F x||`` (the redistributions are exact copies); the
-distributed result is not bit-identical to ``numpy.fft.fftn`` because the order of the 1-D
-passes differs.
+distributed result is bit-identical to ``numpy.fft.fftn`` when the 1-D passes run in NumPy's
+order (last axis first: e.g. a slab over axis 0), and within that bound otherwise.
 
 Example: a Gaussian random field of spectrum ``P(k)`` on a 2x2 pencil grid::
 
