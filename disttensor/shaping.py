@@ -50,6 +50,7 @@ Output distributions and algorithms
 """
 from __future__ import annotations
 
+import builtins
 import math
 import numbers
 import operator
@@ -520,6 +521,11 @@ def clip(x: DistArray, min=None, max=None) -> DistArray:
     """``x`` limited to ``[min, max]`` (scalars, NumPy arrays or DistArrays, broadcast;
     ``None`` means no bound); the dtype is ``x``'s (the array API rule)."""
     _check(x)
+    if x.dtype.kind in "iu":  # a Python int bound outside the dtype's range bounds nothing
+        info = np.iinfo(x.dtype)
+        min, max = (v if not isinstance(v, int) or isinstance(v, bool)
+                    else builtins.min(builtins.max(v, int(info.min)), int(info.max))
+                    for v in (min, max))
     ops = [x] + [v for v in (min, max) if v is not None]
     has_lo, has_hi = min is not None, max is not None
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from .. import shaping as _s
 from ..array import DistArray
+from ..backend import array_module
 
 UNARY = {
     "abs": np.absolute, "acos": np.arccos, "acosh": np.arccosh, "asin": np.arcsin,
@@ -101,4 +102,18 @@ def round(x, /):  # noqa: A001
     return _s.round(x, 0)
 
 
-FUNCTIONS.update(real=real, imag=imag, clip=clip, round=round)
+def sign(x, /):
+    """``-1``, ``0`` or ``1`` for real ``x``; ``x / |x|`` (``0`` at ``0``) for complex ``x``,
+    the standard's definition (computed so, not by ``numpy.sign``, whose complex result can
+    differ in the last bit)."""
+    _check_array(x, "sign")
+    if x.dtype.kind != "c":
+        return np.sign(x)
+
+    def f(u):
+        xp = array_module(u)
+        return u / xp.abs(xp.where(u != 0, u, xp.asarray(1.0, dtype=u.dtype)))
+    return _s.elementwise(f, "sign", (x,))
+
+
+FUNCTIONS.update(real=real, imag=imag, clip=clip, round=round, sign=sign)
