@@ -14,7 +14,9 @@ sort / argsort (``sort(x, axis=-1, descending=False, stable=True)``)
   cuts its sorted block at the splitters and one ``MPI_Alltoallv`` sends piece ``j`` to rank
   ``j``, which merges its ``p`` sorted runs (a stable merge-sort, which detects the runs).
   Keys are ``(value, global index)`` pairs, so ties never straddle a splitter unevenly and
-  the order is stable (ties in global index order); NaNs sort last as in NumPy.  The sorted
+  the order is stable (ties in global index order); NaNs sort last as in NumPy.  ``sort``
+  (values only) needs no index key: equal values are indistinguishable, so only the values
+  travel and the pieces are cut by value.  The sorted
   sequence (uneven, data-dependent blocks) is then redistributed to ``x``'s distribution.
   Cost: ``O((n/p) log(n/p))`` local work, ``O(p^2)`` samples, ``n/p`` elements per rank sent
   twice (Alltoallv + redistribution).
@@ -110,6 +112,24 @@ def alltoallv(comm, send: np.ndarray, counts) -> tuple[np.ndarray, np.ndarray]:
     return recv, rc
 
 
+def _sample_sort_values(comm, loc: np.ndarray) -> np.ndarray:
+    """Values-only sample sort (ascending; equal values are indistinguishable, so no index
+    key travels): this rank's run of the sorted sequence."""
+    p = comm.size
+    s = np.sort(loc)
+    m = s.shape[0]
+    samples = s[(np.arange(1, p) * m) // p] if m else s[:0]
+    sv = np.sort(np.concatenate(comm.allgather(samples)))
+    if sv.size:
+        cuts = np.searchsorted(s, sv[(np.arange(1, p) * sv.size) // p], "left")
+    else:
+        cuts = np.zeros(p - 1, dtype=np.int64)
+    counts = np.diff(np.concatenate([[0], cuts, [m]]).astype(np.int64))
+    rs, _ = alltoallv(comm, s, counts)
+    rs.sort(kind="stable")  # merges the p sorted runs
+    return rs
+
+
 def _sample_sort(comm, loc: np.ndarray, off: int, n: int, descending: bool):
     """Sample sort of a 1-D array whose block ``loc`` starts at global ``off`` (ranks of
     ``comm`` in block order).  Returns this rank's run of the sorted sequence (ascending by
@@ -163,7 +183,11 @@ def _sort_1d_split(x: DistArray, descending: bool, want: str):
     n = x.shape[0]
     off = x.distribution.offsets[0][x.grid.coords[g]]
     xp = x.xp
-    vals, gi = _sample_sort(comm, np.ascontiguousarray(to_host(x.local)), off, n, descending)
+    host = np.ascontiguousarray(to_host(x.local))
+    if want == "values":  # descending values = the ascending ones reversed
+        vals = gi = _sample_sort_values(comm, host)
+    else:
+        vals, gi = _sample_sort(comm, host, off, n, descending)
     sizes = comm.allgather(int(vals.shape[0]))
     d = Distribution((n,), x.grid.dims, (g,), [sizes])
     out = []
