@@ -158,6 +158,19 @@ def test_matmul_numpy_operand_and_dtypes():
     af = dt.from_global(A.real.astype(np.float32), grid=grid((SIZE,)), split=(None, 0))
     r = af @ dt.from_global(B.astype(np.float32), grid=grid((SIZE,)))
     check(r, A.real.astype(np.float32) @ B.astype(np.float32), "float32", rtol=1e-5, atol=1e-5)
+    # the array API names in np.linalg dispatch too
+    R = A.real
+    ar = dt.from_global(R, grid=grid((SIZE,)), split=(None, 0))
+    tol = dict(rtol=1e-12, atol=1e-12 * np.linalg.norm(R) ** 2)
+    check(np.linalg.matmul(ar, ar.mT), R @ R.T, "np.linalg.matmul", **tol)
+    check(ar.mT, R.T, "mT")
+    check(np.linalg.vector_norm(ar, axis=0), np.linalg.vector_norm(R, axis=0), "vector_norm",
+          **tol)
+    check(np.linalg.matrix_norm(ar, ord=2), np.linalg.matrix_norm(R, ord=2), "matrix_norm", **tol)
+    check(np.linalg.svdvals(ar), np.linalg.svdvals(R), "svdvals", **tol)
+    check(np.linalg.diagonal(ar, offset=1), np.linalg.diagonal(R, offset=1), "linalg.diagonal")
+    check(np.linalg.tensordot(ar, ar, axes=2), np.linalg.tensordot(R, R, axes=2), "tensordot",
+          **tol)
 
 
 @settings(max_examples=examples(10))
