@@ -244,7 +244,7 @@ def test_special_cases_bit_for_bit(split_sizes):
 ELEMENTWISE = sorted(xp._ELEMENTWISE)
 
 
-@settings(max_examples=examples(6), phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@settings(max_examples=examples(3), phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(shapes(1, 3, 5), st.integers(0, 2**16), st.data())
 @collective_checks
 def test_elementwise_functions_all_dtypes(shape, seed, data):
