@@ -96,13 +96,51 @@ def _provider(name: str):
     return None
 
 
+#: the standard's signatures of the names provided by other modules: the namespace exposes a
+#: wrapper with exactly this signature that calls the provider
+_LAZY_SIGNATURES = {
+    "argsort": "x, /, *, axis=-1, descending=False, stable=True",
+    "sort": "x, /, *, axis=-1, descending=False, stable=True",
+    "searchsorted": "x1, x2, /, *, side='left', sorter=None",
+    "nonzero": "x, /",
+    "unique_all": "x, /", "unique_counts": "x, /", "unique_inverse": "x, /",
+    "unique_values": "x, /",
+    "isin": "x1, x2, /, *, invert=False",
+    "cumulative_sum": "x, /, *, axis=None, dtype=None, include_initial=False",
+    "cumulative_prod": "x, /, *, axis=None, dtype=None, include_initial=False",
+    "matmul": "x1, x2, /", "tensordot": "x1, x2, /, *, axes=2",
+    "vecdot": "x1, x2, /, *, axis=-1",
+}
+_WRAPPERS: dict = {}
+
+
+def _wrapper(name: str, provider):
+    """A function with the standard's signature of ``name`` that calls ``provider``."""
+    sig = _LAZY_SIGNATURES[name]
+    pos, _, kw = sig.partition("/")
+    pos_names = [p.strip() for p in pos.split(",") if p.strip()]
+    kw_names = [p.split("=")[0].strip() for p in kw.split(",") if "=" in p]
+    call = ", ".join(pos_names + [f"{k}={k}" for k in kw_names])
+    src = f"def {name}({sig}):\n    return _f({call})\n"
+    ns = {"_f": provider}
+    exec(compile(src, f"<disttensor.array_api.{name}>", "exec"), ns)  # noqa: S102
+    f = ns[name]
+    f.__doc__ = provider.__doc__
+    f.__module__ = __name__
+    f.__wrapped_provider__ = provider
+    return f
+
+
 def __getattr__(name: str):
     if name in _LAZY:
         f = _provider(name)
         if f is None:
             raise AttributeError(f"disttensor.array_api.{name} needs {' or '.join(_LAZY[name])}"
                                  f", which does not provide {name!r} (yet)")
-        return f
+        w = _WRAPPERS.get(name)
+        if w is None or w.__wrapped_provider__ is not f:
+            w = _WRAPPERS[name] = _wrapper(name, f)
+        return w
     if name in _EXTENSIONS:
         try:
             return importlib.import_module(_EXTENSIONS[name])
