@@ -70,7 +70,7 @@ from .setfuncs import (unique, unique_all, unique_counts, unique_inverse,  # noq
 
 __all__ = ["sort", "argsort", "searchsorted", "nonzero", "argwhere", "count_nonzero",
            "mask_getitem", "mask_setitem", "histogram", "bincount", "quantile", "percentile",
-           "median", "HANDLED_FUNCTIONS"]
+           "median", "nanquantile", "nanpercentile", "nanmedian", "HANDLED_FUNCTIONS"]
 
 
 def _check(x, name: str = "x") -> None:
@@ -669,6 +669,93 @@ def median(x: DistArray, axis=None, keepdims=False):
     return _quantile(x, 0.5, axis, "linear", keepdims, "median", 1.0)
 
 
+def _nanquantile_one(s: DistArray, ax: int, valid: DistArray, q: float, method: str):
+    """One quantile of the non-NaN elements of each line of ``s`` (sorted along ``ax``, NaNs
+    last); ``valid`` (keepdims layout) counts them.  The order statistics are read with
+    ``take_along_axis`` at per-line indices."""
+    from .shaping import squeeze, take_along_axis
+    n = s.shape[ax]
+    v = (valid - 1) * q  # virtual index per line (negative for an all-NaN line)
+
+    def at(i):
+        i = np.clip(i, 0, n - 1).astype(np.int64)
+        return squeeze(take_along_axis(s, i, axis=ax), axis=ax)
+
+    if method == "lower":
+        r = at(np.floor(v))
+    elif method == "higher":
+        r = at(np.ceil(v))
+    elif method == "nearest":
+        r = at(np.around(v))
+    else:
+        lo = np.floor(v)
+        a, b = at(lo), at(np.ceil(v))
+        if a.dtype.kind in "biu":
+            a, b = a.astype(np.float64), b.astype(np.float64)
+        if method == "midpoint":
+            r = (a + b) / 2
+        else:
+            t = squeeze(v - lo, axis=ax)
+            diff = b - a
+            r = np.where(t >= 0.5, b - diff * (1 - t), a + diff * t)
+    return np.where(squeeze(valid, axis=ax) == 0, np.nan, r)
+
+
+@collective_entry
+def _nanquantile(x, q, axis, method, keepdims, what: str, scale: float):
+    from . import reductions
+    from .shaping import expand_dims, stack
+    _check(x)
+    qa = np.asarray(q, dtype=np.float64)
+    with agreed(x.grid.cart, what, x=x, q=canon(qa) if qa.size <= 4096 else qa.shape,
+                axis=canon(axis), method=method, keepdims=bool(keepdims)):
+        if method not in _METHODS:
+            raise ValueError(f"'method' must be one of {_METHODS}, got {method!r}")
+        if qa.ndim > 1:
+            raise ValueError(f"{what}: q must be a scalar or 1-D")
+        if not np.all((qa >= 0) & (qa <= scale)):
+            raise ValueError(f"{'Quantiles' if scale == 1 else 'Percentiles'} must be in the "
+                             f"range [0, {scale:g}]")
+        if axis is not None:
+            ax = _axis(axis, x.ndim)
+        if x.size == 0:
+            raise ValueError(f"{what} of an empty array is not supported for DistArrays")
+        if x.dtype.kind not in "biuf":
+            raise TypeError("a must be an array of real numbers")
+    if x.dtype.kind != "f":
+        return _quantile(x, q, axis, method, keepdims, what, scale)
+    qa = qa / scale
+    y = x.reshape(-1) if axis is None else x
+    ax = 0 if axis is None else ax
+    s = sort(y, axis=ax)
+    valid = reductions.sum(~np.isnan(y), axis=ax, dtype=np.int64, keepdims=True)
+    rs = [_nanquantile_one(s, ax, valid, float(v), method) for v in qa.reshape(-1)]
+    r = rs[0] if qa.ndim == 0 else stack(rs, axis=0)
+    if keepdims:
+        if axis is None:
+            for _ in range(x.ndim):
+                r = expand_dims(r, axis=r.ndim)
+        else:
+            r = expand_dims(r, axis=ax + (1 if qa.ndim else 0))
+    return r
+
+
+def nanquantile(x: DistArray, q, axis=None, method="linear", keepdims=False):
+    """NumPy ``nanquantile``: :func:`quantile` of the non-NaN elements of each line (NaN
+    for a line of NaNs only).  Collective."""
+    return _nanquantile(x, q, axis, method, keepdims, "nanquantile", 1.0)
+
+
+def nanpercentile(x: DistArray, q, axis=None, method="linear", keepdims=False):
+    """NumPy ``nanpercentile``: :func:`nanquantile` of ``q / 100``."""
+    return _nanquantile(x, q, axis, method, keepdims, "nanpercentile", 100.0)
+
+
+def nanmedian(x: DistArray, axis=None, keepdims=False):
+    """NumPy ``nanmedian``: :func:`nanquantile` 0.5."""
+    return _nanquantile(x, 0.5, axis, "linear", keepdims, "nanmedian", 1.0)
+
+
 # -- NumPy dispatch ---------------------------------------------------------------------------
 def _np_sort(a, axis=-1, kind=None, order=None, *, stable=None):
     if order is not None:
@@ -722,6 +809,10 @@ HANDLED_FUNCTIONS = {
     np.quantile: _np_q(quantile),
     np.percentile: _np_q(percentile),
     np.median: _np_median,
+    np.nanquantile: _np_q(nanquantile),
+    np.nanpercentile: _np_q(nanpercentile),
+    np.nanmedian: lambda a, axis=None, out=None, overwrite_input=False, keepdims=False:
+        nanmedian(a, axis=axis, keepdims=keepdims),
 }
 
 

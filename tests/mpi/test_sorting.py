@@ -210,6 +210,19 @@ def test_quantile(shape, data_, seed, method, keepdims, nans):
           np.percentile(a, 40, axis=axis, keepdims=keepdims), "percentile", rtol=1e-12,
           atol=1e-15)
     check(np.median(x, axis=axis), np.median(a, axis=axis), "median", rtol=1e-12, atol=1e-15)
+    if nans and a.size > 1:
+        a.flat[rng.integers(0, a.size)] = np.nan
+        if axis is not None and a.ndim > 1:  # one line of NaNs only
+            a[(slice(None),) * axis + (0,)] = np.nan
+    x = dist(a, layout)
+    for q in (0.3, [0.0, 0.25, 0.5, 1.0]):
+        check(np.nanquantile(x, q, axis=axis, method=method, keepdims=keepdims),
+              np.nanquantile(a, q, axis=axis, method=method, keepdims=keepdims),
+              f"nanquantile {method} q={q}", rtol=1e-12, atol=1e-15)
+    check(np.nanpercentile(x, 40, axis=axis), np.nanpercentile(a, 40, axis=axis),
+          "nanpercentile", rtol=1e-12, atol=1e-15)
+    check(np.nanmedian(x, axis=axis, keepdims=keepdims),
+          np.nanmedian(a, axis=axis, keepdims=keepdims), "nanmedian", rtol=1e-12, atol=1e-15)
 
 
 def test_errors(comm):
