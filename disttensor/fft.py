@@ -26,9 +26,11 @@ A 1-D FFT needs its axis whole on a rank.  The axes to transform that are not sp
 over a grid axis of one rank) are transformed at once on every local block
 (``numpy.fft``/``cupy.fft``).  Then, while a split axis ``a`` remains to be transformed, one
 redistribution moves its split (its grid axis) onto another axis ``b`` that is not split, and
-``a`` is transformed locally.  The pair ``(a, b)`` is chosen, in order of preference: ``b``
+``a`` is transformed locally (an axis split over a grid axis of one rank counts as not
+split).  The pair ``(a, b)`` is chosen, in order of preference: ``b``
 needs no further transform (already transformed, or not among the axes); ``b`` is at least as
-long as the number of ranks along the grid axis; ``|a - b|`` smallest; then the lower ``b``,
+long as the number of ranks along the grid axis; ``b`` is not split at all (rather than over
+a grid axis of one rank); ``|a - b|`` smallest; then the lower ``b``,
 then the lower ``a``.  So a transform costs one redistribution per split transformed axis,
 the minimum: a slab (one split axis) needs 1, a pencil (two) 2.  Only when no axis is free
 (every axis split, e.g. a 1-D array, or a 2-D array on a 2-D grid) is ``a`` gathered
@@ -110,13 +112,15 @@ def plan_transposes(shape, grid_dims, split, phases):
             if local:
                 steps.append(("fft", kind, tuple(a for a, _ in local),
                               tuple(n for _, n in local)))
-                for a, n in local:
+                for a, n in reversed(local):  # NumPy runs the last entry first
                     shape[a] = _out_len(kind, n)
                 pending = [e for e in pending if not whole(e[0])]
                 continue
             todo = {a for a, _ in pending}
-            free = [b for b in range(len(shape)) if split[b] is None]
-            pairs = [((b in later, shape[b] < grid_dims[split[a]], abs(a - b), b, a), a, b)
+            # a split over a grid axis of one rank counts as free (that grid axis is dropped)
+            free = [b for b in range(len(shape)) if whole(b)]
+            pairs = [((b in later, shape[b] < grid_dims[split[a]], split[b] is not None,
+                       abs(a - b), b, a), a, b)
                      for a in sorted(todo) for b in free]
             if pairs:
                 _, a, b = min(pairs)
@@ -200,7 +204,7 @@ def _target_split(out_split, nd):
 # -- execution ---------------------------------------------------------------------------------
 def _resized(dist: Distribution, axes, lens) -> Distribution:
     shape, sizes = list(dist.shape), list(dist.split_sizes)
-    for a, n in zip(axes, lens):
+    for a, n in reversed(list(zip(axes, lens))):  # repeated axes: the first entry is last
         shape[a] = n
         sizes[a] = None
     return Distribution(shape, dist.grid_dims, dist.split, sizes)

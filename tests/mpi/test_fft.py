@@ -28,6 +28,8 @@ from disttensor.fft import plan_transposes
 from strategies import layouts
 
 NORMS = [None, "backward", "ortho", "forward"]
+# NumPy's references with s but no axes warn (deprecated spelling, still NumPy 2 semantics)
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
 def values(shape, dtype, seed):
@@ -224,6 +226,11 @@ def test_one_and_two_dimensional_forms_and_numpy_dispatch():
                 got = getattr(np.fft, name)(xc, None, (1, 0))
                 want = getattr(np.fft, name)(c, None, (1, 0))
                 check(got, want, f"np.fft.{name} {what}", atol=tol(want, c.size, np.float64))
+            for axes, s in [((1, 1), None), ((0, 0), (3, 5)), ((0, 1, 0), None)]:
+                got = dt.fft.fftn(xc, s=s, axes=axes)  # repeated axes transform twice
+                want = np.fft.fftn(c, s=s, axes=axes)
+                check(got, want, f"repeated axes {axes} s={s} {what}",
+                      atol=tol(want, 64, np.float64) * 8)
             got = np.fft.irfftn(np.fft.rfftn(x), shape)
             check(got, a, f"np.fft.irfftn(np.fft.rfftn) {what}", atol=tol(a, a.size, np.float64))
 
@@ -269,6 +276,20 @@ def test_empty_blocks_and_zero_length_other_axes():
               atol=tol(want, a.size, np.float64))
         check(getattr(dt.fft, fn)(x, out_split="input"), want, f"{fn} out_split=input",
               atol=tol(want, a.size, np.float64), layout=((SIZE,), (0, None, None), sizes))
+    want = np.fft.fftn(a)
+    y = dt.fft.fftn(x, out_split=(None, None, 0))
+    check(y, want, "out_split=(None, None, 0)", atol=tol(want, a.size, np.float64),
+          layout=((SIZE,), (None, None, 0), None))
+    # no free axis (every axis split): the last one is gathered, its grid axis replicated
+    dims = (2, SIZE // 2) if SIZE % 2 == 0 else (1, SIZE)
+    b = rng.standard_normal((6, 5)) + 1j * rng.standard_normal((6, 5))
+    xb = dist(b, (dims, (0, 1), None))
+    steps, split = plan_transposes(b.shape, dims, (0, 1), [("fft", [(0, 6), (1, 5)])])
+    expect(min(dims) == 1 or ("move", 1, None) in steps, f"no gather in {steps}")
+    for fn in ("fftn", "ifftn"):
+        want = getattr(np.fft, fn)(b)
+        check(getattr(dt.fft, fn)(xb), want, f"{fn} on {dims} split (0, 1)",
+              atol=tol(want, b.size, np.float64), layout=(dims, split, None))
     z = np.zeros((0, 6))
     xz = dist(z, ((SIZE,), (None, 0), None))
     check(dt.fft.fftn(xz, axes=(1,)), np.fft.fftn(z, axes=(1,)), "zero-length other axis")
