@@ -35,6 +35,7 @@ Output distributions and algorithms
   the alignment rule; ``allclose``/``array_equal`` return Python ``bool`` (one all-reduce).
 * ``diff``: differences of two slices (``x[1:] - x[:-1]``, the alignment rule redistributes
   one of them); ``prepend``/``append`` are concatenated first.
+* ``isin``: the test values are gathered on every rank, then each block is tested locally.
 * ``take``: the indices are replicated (a DistArray of indices is gathered), the input is made
   whole along ``axis``, taken locally and cut into balanced blocks again.
   ``take_along_axis``: both arrays whole along ``axis`` in the layout of ``indices``, taken
@@ -64,7 +65,7 @@ from .distribution import Distribution, balanced_sizes
 
 __all__ = ["expand_dims", "squeeze", "stack", "unstack", "broadcast_to", "broadcast_arrays",
            "tile", "repeat", "roll", "pad", "meshgrid", "eye", "tril", "triu", "isclose",
-           "allclose", "array_equal", "clip", "round", "diff", "take", "take_along_axis",
+           "allclose", "array_equal", "clip", "round", "diff", "take", "take_along_axis", "isin",
            "nansum", "nanprod", "nanmean", "nanvar", "nanstd", "nanmin", "nanmax",
            "nanargmin", "nanargmax", "elementwise", "HANDLED_FUNCTIONS"]
 
@@ -643,6 +644,21 @@ def take_along_axis(x: DistArray, indices: DistArray, axis=-1) -> DistArray:
     return r if d == indices.distribution else r.redistribute(distribution=indices.distribution)
 
 
+@collective_entry
+def isin(x1, x2, invert=False) -> DistArray:
+    """Elementwise whether each element of ``x1`` (a DistArray) is in ``x2`` (a DistArray,
+    gathered on every rank, a NumPy array or a scalar): the result has ``x1``'s layout;
+    memory ``O(x2.size)`` per rank, no other messages."""
+    _check(x1, "x1")
+    with agreed(x1.grid.cart, "isin", x1=x1, x2=operand_key(x2), invert=bool(invert)):
+        if isinstance(x2, DistArray) and not x2.grid.compatible(x1.grid):
+            raise ValueError("the two grids are over different communicators")
+    vals = x2.to_numpy() if isinstance(x2, DistArray) else np.asarray(x2)
+    xp = x1.xp
+    loc = xp.isin(x1.local, xp.asarray(vals.reshape(-1)), invert=bool(invert))
+    return DistArray(loc, x1.distribution, x1.grid)
+
+
 # -- nan-reductions ------------------------------------------------------------------------------
 def _nan_prep(call, x, axis, keepdims, **more):
     from . import reductions
@@ -855,6 +871,8 @@ def _handled():
                                                                          append),
         np.take: lambda a, indices, axis=None, out=None, mode="raise": take(a, indices, axis),
         np.take_along_axis: lambda arr, indices, axis=-1: take_along_axis(arr, indices, axis),
+        np.isin: lambda element, test_elements, assume_unique=False, invert=False, **kw:
+            isin(element, test_elements, invert),
         np.nansum: _np_red(nansum, s + ("initial", "where")),
         np.nanprod: _np_red(nanprod, s + ("initial", "where")),
         np.nanmean: _np_red(nanmean, s + ("where",)),

@@ -45,7 +45,7 @@ _SORTING = ("disttensor.sorting", "disttensor.scans", "disttensor.setfuncs")
 _LAZY = {
     "argsort": _SORTING, "sort": _SORTING, "searchsorted": _SORTING, "nonzero": _SORTING,
     "unique_all": _SORTING, "unique_counts": _SORTING, "unique_inverse": _SORTING,
-    "unique_values": _SORTING, "isin": _SORTING, "cumulative_sum": _SORTING,
+    "unique_values": _SORTING, "isin": _SORTING + ("disttensor.shaping",), "cumulative_sum": _SORTING,
     "cumulative_prod": _SORTING,
     "matmul": ("disttensor.linalg",), "tensordot": ("disttensor.linalg",),
     "vecdot": ("disttensor.linalg",),

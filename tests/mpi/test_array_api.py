@@ -408,7 +408,7 @@ LAZY_CASES = {
     "matmul": lambda m, a: m.matmul(a, m.matrix_transpose(a)),
     "tensordot": lambda m, a: m.tensordot(a, a, axes=([0], [0])),
     "vecdot": lambda m, a: m.vecdot(a, a, axis=-2),
-    "isin": lambda m, a: m.isin(a, a[0, :]),
+    "isin": lambda m, a: m.isin(m.astype(a, m.int64), m.astype(a[0, :], m.int64)),
 }
 
 

@@ -153,6 +153,11 @@ def test_elementwise_and_diff(c1, c2, data):
     from disttensor import shaping
     check(shaping.diff(x, 1, t, prepend=x, append=x),
           np.diff(a, 1, t, prepend=a, append=a), "diff prepend/append")
+    r = np.round(a)
+    test = np.round(b).reshape(-1)[:3]
+    check(shaping.isin(dist(r, layout), test), np.isin(r, test), "isin")
+    check(np.isin(dist(r, layout), dt.from_global(test), invert=True),
+          np.isin(r, test, invert=True), "np.isin invert, distributed test values")
 
 
 @settings(max_examples=examples(20))
