@@ -59,6 +59,7 @@ def test_sort_argsort(shape, data_, seed, kind, descending):
           layout=layout)
     if not descending:
         check(np.sort(x, axis=axis), ws, "np.sort")
+        check(x.argsort(axis=axis), wi.astype(np.int64), "DistArray.argsort", layout=layout)
         y = x.copy()
         y.sort(axis=axis)
         check(y, ws, "DistArray.sort (in place)", layout=layout)
@@ -108,6 +109,8 @@ def test_nonzero_masks(shape, data_, seed):
     xm = x > 0
     for got, want in zip(dt.nonzero(x), np.nonzero(a)):
         check(got, want.astype(np.int64), "nonzero")
+    for got, want in zip(x.nonzero(), np.nonzero(a)):
+        check(got, want.astype(np.int64), "DistArray.nonzero")
     check(np.argwhere(x), np.argwhere(a).astype(np.int64), "argwhere")
     expect(np.count_nonzero(x) == np.count_nonzero(a), "count_nonzero")
     for ax in range(len(shape)):
