@@ -8,7 +8,6 @@ relative."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from mpi4py import MPI
