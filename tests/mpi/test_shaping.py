@@ -246,3 +246,24 @@ def test_arguments_differ_between_ranks():
         dt.pad(x, 1, last_rank_only("edge", "wrap"))
     with mismatch("repeat", "repeats"):
         dt.repeat(x, last_rank_only(3, 2), 0)
+
+
+@settings(max_examples=examples(15))
+@given(case(min_side=1), st.data())
+@collective_checks
+def test_roll_adjoint(c, data):
+    """roll is a permutation, so its adjoint is the opposite roll: <roll(x), y> equals
+    <x, roll(y, -s)> for x and y in different layouts (the dot-product test of the shift's
+    communication: concatenation of two slices, then the return to x's ownership)."""
+    shape, layout, seed = c
+    a, b = rand(shape, seed), rand(shape, seed + 1)
+    x, y = dist(a, layout), dist(b, data.draw(layouts(shape, SIZE)))
+    nd = len(shape)
+    t = data.draw(st.integers(0, nd - 1))
+    s = data.draw(st.integers(-9, 9))
+    lhs = float(dt.sum(dt.roll(x, s, t) * y))
+    rhs = float(dt.sum(x * dt.roll(y, -s, t)))
+    ref = float(np.sum(np.roll(a, s, t) * b))
+    scale = float(np.sum(np.abs(a) * np.abs(b[...]).max())) + 1e-300
+    expect(abs(lhs - rhs) <= 1e-12 * scale and abs(lhs - ref) <= 1e-12 * scale,
+           f"<Rx,y>={lhs} <x,R*y>={rhs} numpy={ref}")
