@@ -7,53 +7,54 @@ Functions
 irfft2``, ``fftfreq rfftfreq`` (distributed 1-D arrays), ``fftshift ifftshift`` and
 :func:`gaussian_random_field`.  All are collective over the array's grid; the ranks agree on
 every metadata argument (``s``, ``axes``, ``norm``, ``out_split``, ...) before any data moves,
-and bad input (an axis out of range, repeated or mismatched ``s``/``axes``, ``n < 1``, an
+and bad input (an axis out of range, ``s`` and ``axes`` of different lengths, ``n < 1``, an
 unknown ``norm``) raises the same NumPy-like exception on every rank.  ``np.fft.fftn(x)`` and
 the other ``numpy.fft`` functions dispatch here through ``__array_function__``
 (:data:`HANDLED_FUNCTIONS`).
 
 Semantics are NumPy 2's: ``s`` pads with zeros or crops each axis before its transform
-(``-1`` keeps the input axis' length, also for ``irfftn``), ``s`` without ``axes`` means the last ``len(s)`` axes,
-``norm`` is ``"backward"`` (default), ``"ortho"`` or ``"forward"``, repeated axes transform
-twice, float32/complex64 give complex64 and float64/integers complex128; ``rfftn`` applies
-the real transform on the *last* axis of ``axes`` first (it becomes ``n // 2 + 1`` long) and
-``irfftn`` the inverse real transform on it last (length ``s[-1]``, default
-``2 * (m - 1)``).
+(``-1`` keeps the input axis' length, also for ``irfftn``), ``s`` without ``axes`` means the
+last ``len(s)`` axes, ``norm`` is ``"backward"`` (default), ``"ortho"`` or ``"forward"``,
+repeated axes transform twice, float32/complex64 give complex64 and float64/integers
+complex128; ``rfftn`` applies the real transform on the *last* axis of ``axes`` first (it
+becomes ``n // 2 + 1`` long) and ``irfftn`` the inverse real transform on it last (length
+``s[-1]``, default ``2 * (m - 1)``).
 
 Algorithm (mpi4py-fft's)
 ------------------------
 A 1-D FFT needs its axis whole on a rank.  The axes to transform that are not split (or split
 over a grid axis of one rank) are transformed at once on every local block
 (``numpy.fft``/``cupy.fft``).  Then, while a split axis ``a`` remains to be transformed, one
-redistribution moves its split (its grid axis) onto another axis ``b`` that is not split, and
-``a`` is transformed locally (an axis split over a grid axis of one rank counts as not
-split).  The pair ``(a, b)`` is chosen, in order of preference: ``b``
-needs no further transform (already transformed, or not among the axes); ``b`` is at least as
-long as the number of ranks along the grid axis; ``b`` is not split at all (rather than over
-a grid axis of one rank); ``|a - b|`` smallest; then the lower ``b``,
-then the lower ``a``.  So a transform costs one redistribution per split transformed axis,
-the minimum: a slab (one split axis) needs 1, a pencil (two) 2.  Only when no axis is free
-(every axis split, e.g. a 1-D array, or a 2-D array on a 2-D grid) is ``a`` gathered
-instead (its grid axis becomes a replication axis; each rank along it then holds, and
-transforms, the whole axis: O(n) memory per rank for a 1-D array).
-:func:`plan_transposes` returns the plan without running it.
+redistribution moves its split (its grid axis) onto another axis ``b`` that is not split (or
+split over a grid axis of one rank), and ``a`` is transformed locally.  The pair ``(a, b)``
+is chosen, in order of preference: ``b`` needs no further transform (already transformed, or
+not among the axes); ``b`` is at least as long as the number of ranks along the grid axis;
+``b`` is not split at all; ``|a - b|`` smallest; then the lower ``b``, then the lower ``a``.
+So a transform costs one redistribution per split transformed axis, the minimum: a slab (one
+split axis) needs 1, a pencil (two) 2.  Only when no axis is free (every axis split, e.g. a
+1-D array, or a 2-D array on a 2-D grid) is ``a`` gathered instead (its grid axis becomes a
+replication axis; each rank along it then holds, and transforms, the whole axis: O(n) memory
+per rank for a 1-D array; no six-step 1-D FFT).  :func:`plan_transposes` returns the plan
+without running it.
 
 Output layout (``out_split=None``): the distribution the algorithm ends in, with balanced
 ownership on every axis it moved a split onto (axes not touched keep their ownership).  For a
 3-D array split ``(0, None, None)`` (a slab) ``fftn`` returns split ``(None, 0, None)``; for
 ``(0, 1, None)`` on a 2-D grid (a pencil) it returns ``(None, 0, 1)``.  By the rule above the
-inverse with default layout walks the same transposes backwards, so
-``ifftn(fftn(x))`` is split like ``x`` again (for slabs and pencils over all axes; with
-balanced ownership).  ``out_split="input"`` asks for the input's split (and its ownership on
-the axes whose length did not change), any split tuple for that split (balanced): one more
-redistribution.
+inverse with default layout walks the same transposes backwards, so ``ifftn(fftn(x))`` (and
+``irfftn(rfftn(x), x.shape)``) is split like ``x`` again for slabs and pencils over all axes
+with balanced ownership, when the axes are at least as long as the grid axes (uneven input
+ownership comes back balanced).  ``out_split="input"`` asks for the input's split (and its
+ownership on the axes whose length did not change), any split tuple for that split
+(balanced): one more redistribution.
 
 Cost: per rank ``O((N / P) log N)`` flops and, per redistribution, ``N / P`` elements sent
 (all-to-all within the rows of the grid axis moved).  Error: each 1-D transform is NumPy's
 pocketfft, so the result equals the serial transform up to the usual bound
 ``||fft(x) - F x|| <= c log2(N) eps ||F x||`` (the redistributions are exact copies); the
 distributed result is bit-identical to ``numpy.fft.fftn`` when the 1-D passes run in NumPy's
-order (last axis first: e.g. a slab over axis 0), and within that bound otherwise.
+order (last axis first: slabs and pencils over the leading axes), within that bound
+otherwise.
 
 Example: a Gaussian random field of spectrum ``P(k)`` on a 2x2 pencil grid::
 
@@ -67,7 +68,6 @@ which is ``irfftn(rfftn(w) * sqrt(P(|k|)))`` for white noise ``w`` from
 """
 from __future__ import annotations
 
-import math
 import numbers
 
 import numpy as np
@@ -309,39 +309,48 @@ def _one(n, axis):
 
 
 def fft(x, n=None, axis=-1, norm=None, out_split=None):
-    """1-D FFT along ``axis`` (``numpy.fft.fft``)."""
+    """1-D FFT along ``axis`` (``numpy.fft.fft``); ``axis`` split: one redistribution moves
+    its split to another axis (output layout per the module docstring)."""
     s, axes = _one(n, axis)
     return _transform("fft", x, s, axes, norm, out_split, "fft")
 
 
 def ifft(x, n=None, axis=-1, norm=None, out_split=None):
+    """Inverse of :func:`fft` (``numpy.fft.ifft``)."""
     s, axes = _one(n, axis)
     return _transform("ifft", x, s, axes, norm, out_split, "ifft")
 
 
 def rfft(x, n=None, axis=-1, norm=None, out_split=None):
+    """Real-input 1-D FFT (``numpy.fft.rfft``): ``axis`` becomes ``n // 2 + 1`` long."""
     s, axes = _one(n, axis)
     return _transform("rfft", x, s, axes, norm, out_split, "rfft")
 
 
 def irfft(x, n=None, axis=-1, norm=None, out_split=None):
+    """Inverse of :func:`rfft` (``numpy.fft.irfft``): real, ``axis`` ``n`` long (default
+    ``2 * (m - 1)``)."""
     s, axes = _one(n, axis)
     return _transform("irfft", x, s, axes, norm, out_split, "irfft")
 
 
 def fft2(x, s=None, axes=(-2, -1), norm=None, out_split=None):
+    """:func:`fftn` over the last two axes (``numpy.fft.fft2``)."""
     return _transform("fft2", x, s, axes, norm, out_split, "fft")
 
 
 def ifft2(x, s=None, axes=(-2, -1), norm=None, out_split=None):
+    """:func:`ifftn` over the last two axes (``numpy.fft.ifft2``)."""
     return _transform("ifft2", x, s, axes, norm, out_split, "ifft")
 
 
 def rfft2(x, s=None, axes=(-2, -1), norm=None, out_split=None):
+    """:func:`rfftn` over the last two axes (``numpy.fft.rfft2``)."""
     return _transform("rfft2", x, s, axes, norm, out_split, "rfft")
 
 
 def irfft2(x, s=None, axes=(-2, -1), norm=None, out_split=None):
+    """:func:`irfftn` over the last two axes (``numpy.fft.irfft2``)."""
     return _transform("irfft2", x, s, axes, norm, out_split, "irfft")
 
 

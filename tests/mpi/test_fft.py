@@ -128,7 +128,8 @@ def test_fftn_ifftn_match_numpy(case, fn, seed):
     # the input's layout on request
     back = getattr(dt.fft, fn)(x, s=s, axes=axes, norm=norm, out_split="input")
     expect(back.split == x.split, f"{what}: out_split='input' gave {back.split}")
-    check(back, want.astype(wdtype), what + " out_split=input", atol=tol(want, math.prod(ns), wdtype))
+    check(back, want.astype(wdtype), what + " out_split=input",
+          atol=tol(want, math.prod(ns), wdtype))
 
 
 @settings(max_examples=examples(30))
@@ -360,7 +361,8 @@ def test_bad_arguments_raise_on_every_rank():
     xc = dt.fft.fftn(x)
     cases = [
         (ValueError, "out of bounds|out of range", lambda: dt.fft.fftn(x, axes=(0, 2))),
-        (ValueError, "Shape and axes have different lengths", lambda: dt.fft.fftn(x, s=(4,), axes=(0, 1))),
+        (ValueError, "Shape and axes have different lengths",
+         lambda: dt.fft.fftn(x, s=(4,), axes=(0, 1))),
         (ValueError, "Invalid norm value", lambda: dt.fft.ifftn(x, norm="unitary")),
         (ValueError, r"Invalid number of FFT data points \(0\)", lambda: dt.fft.fft(x, n=0)),
         (ValueError, r"Invalid number of FFT data points \(0\)",
