@@ -366,7 +366,7 @@ def hfft(x, n=None, axis=-1, norm=None, out_split=None):
     """FFT of a Hermitian-symmetric signal given by its first half (``numpy.fft.hfft``):
     ``irfft(conj(x), n)`` with the norm's direction swapped."""
     _check_x(x)
-    with agreed(x.grid.cart, "hfft", x=x, n=n, axis=canon(axis), norm=norm,
+    with agreed(x.grid.cart, "hfft", x=x, n=canon(n), axis=canon(axis), norm=norm,
                 out_split=_out_split_key(out_split, x.ndim)):
         _check_norm(norm)
     return irfft(_conj(x), n, axis, _SWAP[norm], out_split)
@@ -377,7 +377,7 @@ def ihfft(x, n=None, axis=-1, norm=None, out_split=None):
     """Inverse of :func:`hfft` (``numpy.fft.ihfft``): ``conj(rfft(x, n))`` with the norm's
     direction swapped."""
     _check_x(x)
-    with agreed(x.grid.cart, "ihfft", x=x, n=n, axis=canon(axis), norm=norm,
+    with agreed(x.grid.cart, "ihfft", x=x, n=canon(n), axis=canon(axis), norm=norm,
                 out_split=_out_split_key(out_split, x.ndim)):
         _check_norm(norm)
     return _conj(rfft(x, n, axis, _SWAP[norm], out_split))

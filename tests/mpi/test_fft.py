@@ -367,6 +367,8 @@ def test_bad_arguments_raise_on_every_rank():
         (ValueError, r"Invalid number of FFT data points \(0\)", lambda: dt.fft.fft(x, n=0)),
         (ValueError, r"Invalid number of FFT data points \(0\)",
          lambda: dt.fft.irfft(dt.from_global(np.ones((4, 1), complex), grid=grid((SIZE,))))),
+        (ValueError, r"Invalid number of FFT data points \(0\)",
+         lambda: dt.fft.fftn(dt.zeros((0, 3), grid=grid((SIZE,))))),
         (TypeError, "real input", lambda: dt.fft.rfftn(xc)),
         (ValueError, "out_split", lambda: dt.fft.fftn(x, out_split="output")),
         (ValueError, "grid axis", lambda: dt.fft.fftn(x, out_split=(3, None))),
