@@ -513,6 +513,9 @@ class DistArray:
     def __float__(self):
         return float(self.item())
 
+    def __complex__(self):
+        return complex(self.item())
+
     def __int__(self):
         return int(self.item())
 
@@ -525,12 +528,15 @@ class DistArray:
         return int(self.item())
 
     @collective_entry
-    def to_device(self, device: str) -> "DistArray":
+    def to_device(self, device: str, /, *, stream=None) -> "DistArray":
         """A copy of this array with its blocks on ``device`` (``'cpu'`` or ``'cuda'``;
-        collective: the ranks agree on ``device``)."""
+        collective: the ranks agree on ``device``).  ``stream`` (array API) must be
+        ``None``: copies run on the current stream."""
         # rank_local: whether a GPU is there is a property of the node, not of the arguments
         with agreed(self._grid.cart, "to_device", rank_local=True, x=self,
-                    device=device_key(device)):
+                    device=device_key(device), stream=stream is None):
+            if stream is not None:
+                raise ValueError("to_device: only stream=None is supported")
             xp = xp_for(device if device != "gpu" else "cuda")
         buf = to_host(self._buffer) if xp is np else xp.asarray(self._buffer)
         if buf is self._buffer:
