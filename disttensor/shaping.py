@@ -871,6 +871,11 @@ def _handled():
                                                                          append),
         np.take: lambda a, indices, axis=None, out=None, mode="raise": take(a, indices, axis),
         np.take_along_axis: lambda arr, indices, axis=-1: take_along_axis(arr, indices, axis),
+        np.unstack: lambda x, *, axis=0: unstack(x, axis),
+        np.astype: lambda x, dtype, *, copy=True, device=None: x.astype(dtype, copy=copy),
+        np.real: lambda val: elementwise(lambda u: u.real.copy(), "real", (val,)),
+        np.imag: lambda val: elementwise(lambda u: u.imag.copy() if u.dtype.kind == "c"
+                                         else array_module(u).zeros_like(u), "imag", (val,)),
         np.isin: lambda element, test_elements, assume_unique=False, invert=False, **kw:
             isin(element, test_elements, invert),
         np.nansum: _np_red(nansum, s + ("initial", "where")),

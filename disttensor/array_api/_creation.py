@@ -157,6 +157,26 @@ def linspace(start, stop, /, num, *, dtype=None, device=None, endpoint=True, gri
     if dtype is None:
         dtype = np.dtype(np.complex128) if isinstance(start, complex) or isinstance(
             stop, complex) else float64
+    dtype = as_dtype(dtype)
+    if dtype.kind == "c":  # NumPy's complex formula on the global indices of each block
+        x = _c.empty((int(num),), dtype=np.complex128, grid=grid,
+                     split=split if split is not None else (0,), sizes=sizes)
+        (i,) = _c.local_index_grid(x)
+        div = (num - 1) if endpoint else num
+        start_c, stop_c = np.complex128(start), np.complex128(stop)
+        delta = stop_c - start_c
+        y = i.astype(np.complex128)
+        if div > 0:
+            step = delta / div
+            y = y / div * delta if step == 0 else y * step
+        else:
+            y = y * delta
+        y = y + start_c
+        if endpoint and num > 1:
+            y = np.where(i == num - 1, stop_c, y)
+        x.local[...] = y
+        z = x.astype(dtype) if dtype != x.dtype else x
+        return z if device in (None, "cpu") else z.to_device(device)
     return _c.linspace(start, stop, num, endpoint=endpoint, dtype=as_dtype(dtype), grid=grid,
                        split=split if split is not None else (0,), sizes=sizes,
                        device=_dev(device))

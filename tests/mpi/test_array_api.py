@@ -354,6 +354,9 @@ def test_creation_functions():
             ("full", ((4, 3), 2.5), {}), ("full", ((4,), 7), {}), ("full", ((2,), True), {}),
             ("eye", (4, 6), {"k": 1}), ("eye", (3,), {"dtype": "int32"}),
             ("linspace", (0, 1, 7), {}), ("linspace", (2, 3, 5), {"endpoint": False}),
+            ("linspace", (1 + 2j, -3.5 + 0.25j, 7), {"endpoint": False}),
+            ("linspace", (0.5, 2 + 1j, 4 * SIZE + 1), {}),
+            ("linspace", (0, 1j, 5), {"dtype": "complex64"}),
             ("asarray", ([[1, 2], [3, 4]],), {}), ("asarray", ([1.5, 2.5],), {}),
             ("asarray", ([True, False],), {}), ("asarray", (3,), {}),
             ("asarray", ([1, 2],), {"dtype": "float32"})]:
