@@ -137,3 +137,17 @@ def test_errors_raise_everywhere(shared_tmp_path):
     assert_raises_all(COMM, ValueError, "truncated", lambda: npyio.load(bad))
     assert_raises_all(COMM, ValueError, "object", lambda: npyio.load(obj))
     assert_raises_all(COMM, TypeError, "DistArray", lambda: npyio.save(bad, np.zeros(3)))
+
+
+def test_paths_differ_between_ranks(shared_tmp_path):
+    from checks import last_rank_only, mismatch
+    if SIZE == 1:
+        pytest.skip("needs two ranks to differ")
+    x = dt.zeros((2 * SIZE, 3))
+    p = str(shared_tmp_path / "p.npy")
+    with mismatch("npyio.save", "path"):
+        npyio.save(last_rank_only(p + ".other", p), x)
+    npyio.save(p, x)
+    with mismatch("npyio.load", "split"):
+        npyio.load(p, split=last_rank_only(1, 0))
+    assert_all_ranks(COMM, not os.path.exists(p + ".other"), "nothing written on mismatch")
