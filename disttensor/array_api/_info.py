@@ -15,9 +15,11 @@ class Info:
     __module__ = "disttensor.array_api"
 
     def capabilities(self) -> dict:
-        """Boolean-mask indexing and data-dependent output shapes are not implemented by
-        ``DistArray.__getitem__``; arrays may have any number of dimensions NumPy allows."""
-        return {"boolean indexing": False, "data-dependent shapes": False,
+        """Boolean-mask indexing (``x[mask]``, ``x[mask] = v`` with a full-shape mask,
+        :mod:`disttensor.sorting`) and data-dependent output shapes (``nonzero``,
+        ``unique_*``: results with an explicit uneven distribution) are supported; arrays may
+        have any number of dimensions NumPy allows."""
+        return {"boolean indexing": True, "data-dependent shapes": True,
                 "max dimensions": 64}
 
     def default_device(self) -> str:
