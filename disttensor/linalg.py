@@ -103,7 +103,7 @@ from .grid import ProcessGrid
 __all__ = ["matmul", "tensordot", "vecdot", "einsum", "outer", "trace", "diagonal", "cross",
            "norm", "vector_norm", "matrix_norm", "qr", "svd", "svdvals", "solve", "inv", "det",
            "slogdet", "cholesky", "eigh", "eigvalsh", "matrix_transpose", "gather_limit",
-           "HANDLED_FUNCTIONS"]
+           "matrix_rank", "pinv", "matrix_power", "HANDLED_FUNCTIONS"]
 
 _DEFAULT_GATHER_LIMIT = 1 << 30
 
@@ -1124,6 +1124,100 @@ def eigh(a: DistArray, UPLO: str = "L"):
             _from_full(v, a.grid, a.distribution, a.xp))
 
 
+# -- rank, pseudo-inverse, powers ----------------------------------------------------------------
+def _rtol(x: DistArray, rtol):
+    """The array API's default relative tolerance ``max(M, N) * eps`` (of the result's float
+    type), or ``rtol`` (a number)."""
+    if rtol is None:
+        return max(x.shape[-2:]) * np.finfo(_float(x).dtype).eps
+    if isinstance(rtol, (bool, np.bool_)) or not np.isscalar(rtol) or not np.isfinite(rtol) \
+            or rtol < 0:
+        raise ValueError(f"rtol must be a finite non-negative number, got {rtol!r}")
+    return float(rtol)
+
+
+@collective_entry
+def matrix_rank(x: DistArray, /, *, rtol=None) -> DistArray:
+    """Rank over the last two axes (array API; collective): the number of singular values
+    above ``rtol * max(singular value)`` (default ``rtol = max(M, N) * eps``).  Singular
+    values as :func:`svdvals` (2-D: TSQR, the rank replicated; stacks: the gather path,
+    guarded, batch axes laid out like ``x``)."""
+    _check_dist(x, "matrix_rank")
+    with agreed(x.grid.cart, "matrix_rank", x=x,
+                rtol=canon(rtol)):
+        _check_matrix(x, "matrix_rank")
+        tol = _rtol(x, rtol)
+        _svd_guard(x, "matrix_rank")
+    s = _svdvals(x)
+    if 0 in x.shape[-2:]:
+        return (s > 0).sum(axis=-1)
+    return (s > s.max(axis=-1, keepdims=True) * tol).sum(axis=-1)
+
+
+@collective_entry
+def pinv(x: DistArray, /, *, rtol=None) -> DistArray:
+    """Moore-Penrose pseudo-inverse over the last two axes (array API; collective): singular
+    values at most ``rtol * max(singular value)`` (default ``max(M, N) * eps``) count as zero.
+    2-D: from the TSQR :func:`svd` (``full_matrices=False``), ``V diag(1/s) U^H`` by the
+    distributed :func:`matmul` (the ``M`` axis of the result is split as ``x``'s rows were);
+    stacks: the gather path (guarded), laid out with the batch axes like ``x``."""
+    _check_dist(x, "pinv")
+    with agreed(x.grid.cart, "pinv", x=x, rtol=canon(rtol)):
+        _check_matrix(x, "pinv")
+        tol = _rtol(x, rtol)
+        if x.ndim > 2:
+            _gather_check("pinv", x)
+    if x.ndim > 2 or 0 in x.shape:
+        r = _run_gathered(x, lambda a: np.linalg.pinv(a, rcond=tol), x)
+        d = x.distribution
+        return _from_full(r, x.grid, Distribution(r.shape, d.grid_dims, d.split[:-2] + (None,) * 2,
+                                                  d.split_sizes[:-2] + (None,) * 2), x.xp)
+    u, s, vh = svd(x, full_matrices=False)
+    sv = s.to_numpy()
+    keep = sv > tol * (sv.max() if sv.size else 0.0)
+    sinv = np.where(keep, 1.0 / np.where(keep, sv, 1.0), 0.0).astype(sv.dtype)
+    v = matrix_transpose(vh)
+    uh = matrix_transpose(u)
+    if x.dtype.kind == "c":
+        v, uh = np.conj(v), np.conj(uh)
+    return matmul(v * sinv.astype(_float(x).dtype), uh)
+
+
+@collective_entry
+def matrix_power(x: DistArray, n: int, /) -> DistArray:
+    """``x`` to the integer power ``n`` over the last two axes (square; collective): repeated
+    squaring with the distributed :func:`matmul` (``n = 0``: the identity; ``n < 0``: powers
+    of :func:`inv`, gather path).  The result is laid out like ``x``."""
+    _check_dist(x, "matrix_power")
+    with agreed(x.grid.cart, "matrix_power", x=x, n=canon(n)):
+        _check_matrix(x, "matrix_power")
+        _square(x)
+        _exact_int(n)
+    n = int(n)
+    if n == 0:
+        eye = np.broadcast_to(np.eye(x.shape[-1], dtype=x.dtype), x.shape)
+        return _from_full(np.ascontiguousarray(eye), x.grid, x.distribution, x.xp)
+    base = inv(x) if n < 0 else x
+    n = abs(n)
+    result = None
+    while True:
+        if n & 1:
+            result = base if result is None else matmul(result, base)
+        n >>= 1
+        if not n:
+            break
+        base = matmul(base, base)
+    if result.distribution != x.distribution or result.grid is not x.grid:
+        result = result.redistribute(grid=x.grid, distribution=x.distribution)
+    return result if result is not x else result.copy()
+
+
+def _exact_int(n) -> int:
+    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)):
+        raise TypeError(f"exponent must be an integer, got {n!r}")
+    return int(n)
+
+
 # -- NumPy dispatch ------------------------------------------------------------------------------
 def _no_out(name, kwargs):
     if kwargs.pop("out", None) is not None:
@@ -1160,6 +1254,14 @@ def _np_matmul(x1, x2, /, **kwargs):
     return matmul(x1, x2)
 
 
+def _np_matrix_rank(A, tol, hermitian, rtol):
+    """``numpy.linalg.matrix_rank``: ``tol`` is absolute in NumPy; only ``rtol`` (or neither)
+    is supported here."""
+    if tol is not None:
+        raise TypeError("matrix_rank of a DistArray takes rtol=, not the absolute tol=")
+    return matrix_rank(A, rtol=rtol)
+
+
 # gufuncs (np.matmul, np.vecdot) reach DistArrays through __array_ufunc__, see ufuncs.py
 GUFUNCS = {np.matmul: _np_matmul}
 if hasattr(np, "vecdot"):
@@ -1186,6 +1288,11 @@ HANDLED_FUNCTIONS = {
     np.linalg.cholesky: lambda a, /, *, upper=False: cholesky(a, upper=upper),
     np.linalg.eigh: lambda a, UPLO="L": eigh(a, UPLO),
     np.linalg.eigvalsh: lambda a, UPLO="L": eigvalsh(a),
+    np.linalg.matrix_power: matrix_power,
+    np.linalg.matrix_rank: lambda A, tol=None, hermitian=False, *, rtol=None:
+        _np_matrix_rank(A, tol, hermitian, rtol),
+    np.linalg.pinv: lambda a, rcond=None, hermitian=False, *, rtol=None:
+        pinv(a, rtol=rtol if rcond is None else rcond),
 }
 for _name, _fn in (("matmul", _np_matmul), ("tensordot", None), ("vecdot", _np_vecdot),
                    ("matrix_norm", None), ("vector_norm", None), ("outer", None),

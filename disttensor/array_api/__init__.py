@@ -50,7 +50,7 @@ _LAZY = {
     "matmul": ("disttensor.linalg",), "tensordot": ("disttensor.linalg",),
     "vecdot": ("disttensor.linalg",),
 }
-_EXTENSIONS = {"linalg": "disttensor.linalg", "fft": "disttensor.fft"}
+_EXTENSIONS = {"linalg": "disttensor.array_api.linalg", "fft": "disttensor.fft"}
 
 #: every function name of the 2024.12 standard (main namespace; extensions separately)
 STANDARD_FUNCTIONS = (

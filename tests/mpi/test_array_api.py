@@ -437,9 +437,42 @@ def test_functions_of_other_modules_through_the_namespace(name):
 
 def test_extensions_resolve():
     import importlib
-    for ext, mod in (("linalg", "disttensor.linalg"), ("fft", "disttensor.fft")):
+    for ext, mod in (("linalg", "disttensor.array_api.linalg"), ("fft", "disttensor.fft")):
         try:
             m = importlib.import_module(mod)
         except ImportError:
             continue
         assert getattr(xp, ext) is m
+
+
+def test_linalg_extension_signatures_and_last_two_axes():
+    """xp.linalg has every function of strict's linalg extension (2024.12) with the same
+    parameters, and acts on the last two axes of a stack as the standard says (NumPy's
+    trace/diagonal default to the first two) -- results equal strict's to 1e-12."""
+    names = [n for n in ("cholesky", "cross", "det", "diagonal", "eigh", "eigvalsh", "inv",
+                         "matmul", "matrix_norm", "matrix_power", "matrix_rank",
+                         "matrix_transpose", "outer", "pinv", "qr", "slogdet", "solve", "svd",
+                         "svdvals", "tensordot", "trace", "vecdot", "vector_norm")]
+    bad = []
+    for n in names:
+        want = [(p.name, p.kind, p.default)
+                for p in inspect.signature(getattr(S.linalg, n)).parameters.values()]
+        got = [(p.name, p.kind, p.default)
+               for p in inspect.signature(getattr(xp.linalg, n)).parameters.values()]
+        if want != got:
+            bad.append((n, want, got))
+    assert_all_ranks(COMM, not bad, f"signatures differ: {bad}")
+    a = np.random.default_rng(3).uniform(-2, 2, (SIZE + 1, 3, 3))
+    sx, dx = S.asarray(a), xp.asarray(a)
+    cases = {"trace": lambda m, x: m.linalg.trace(x, offset=1),
+             "diagonal": lambda m, x: m.linalg.diagonal(x),
+             "matrix_rank": lambda m, x: m.linalg.matrix_rank(x),
+             "pinv": lambda m, x: m.linalg.pinv(x),
+             "matrix_power": lambda m, x: m.linalg.matrix_power(x, 3)}
+    msgs = []
+    for n, f in cases.items():
+        w, g = np.asarray(f(S, sx)), f(xp, dx).to_numpy()
+        if g.shape != w.shape or g.dtype != w.dtype or not np.allclose(g, w, rtol=1e-12,
+                                                                      atol=1e-12):
+            msgs.append(f"{n}: {g!r} != {w!r}")
+    assert_all_ranks(COMM, not msgs, "; ".join(msgs))
