@@ -42,6 +42,7 @@ from .reductions import all, any, argmax, argmin, max, mean, min, prod, std, sum
 from .shaping import (allclose, array_equal, broadcast_arrays, broadcast_to, expand_dims, eye, isclose, meshgrid, nanargmax, nanargmin, nanmax, nanmean, nanmin, nanprod, nanstd, nansum, nanvar, pad, repeat, roll, squeeze, stack, tile, tril, triu, unstack)  # noqa: E501
 from .linalg import einsum, matmul, tensordot, vecdot  # noqa: E402  (also binds disttensor.linalg)
 from . import fft  # noqa: E402  (disttensor.fft: distributed FFTs)
+from . import npyio  # noqa: E402  (parallel .npy: dt.npyio.save / dt.npyio.load)
 from .sorting import (argsort, argwhere, bincount, count_nonzero, cumprod, cumsum, cumulative_prod, cumulative_sum, histogram, median, nanmedian, nanpercentile, nanquantile, nonzero, percentile, quantile, searchsorted, sort, unique, unique_all, unique_counts, unique_inverse, unique_values)  # noqa: E402,E501
 
 __version__ = "0.1.0"

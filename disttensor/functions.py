@@ -94,3 +94,5 @@ from . import fft as _fft  # noqa: E402
 HANDLED.update(_fft.HANDLED_FUNCTIONS)
 from . import sorting as _sorting  # noqa: E402
 HANDLED.update(_sorting.HANDLED_FUNCTIONS)
+from . import npyio as _npyio  # noqa: E402
+HANDLED.update(_npyio.HANDLED_FUNCTIONS)

@@ -105,8 +105,12 @@ def save(path, x: DistArray) -> None:
     if not isinstance(x, DistArray):
         raise TypeError(f"save needs a DistArray, got {type(x).__name__}")
     comm = x.grid.cart
-    path = os.fspath(path)
-    with agreed(comm, "npyio.save", path=path, x=x):
+    spelled = os.fspath(path) if isinstance(path, (str, os.PathLike)) else type(path).__name__
+    with agreed(comm, "npyio.save", path=spelled, x=x):
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"save needs a path (str or os.PathLike), got "
+                            f"{type(path).__name__}: the ranks write the file in parallel")
+        path = os.fspath(path)
         if x.dtype.hasobject:
             raise ValueError("cannot save an array of object dtype")
         d = os.path.dirname(os.path.abspath(path))
@@ -203,3 +207,15 @@ def load(path, grid=None, split=None, sizes=None) -> DistArray:
         out = np.array(block, dtype=dtype.newbyteorder("="), order="C")
         del m, block
     return DistArray(out, dist, g)
+
+
+def _np_save(file, arr, allow_pickle=True, fix_imports=None):
+    """``numpy.save(path, distarray)``: :func:`save`, with NumPy's ``.npy`` suffix added to a
+    path without it (an open file object raises ``TypeError`` on every rank: the ranks write
+    the file in parallel; ``allow_pickle`` is irrelevant for numeric data)."""
+    if isinstance(file, (str, os.PathLike)) and not os.fspath(file).endswith(".npy"):
+        file = os.fspath(file) + ".npy"
+    return save(file, arr)
+
+
+HANDLED_FUNCTIONS = {np.save: _np_save}

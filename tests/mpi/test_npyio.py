@@ -151,3 +151,16 @@ def test_paths_differ_between_ranks(shared_tmp_path):
     with mismatch("npyio.load", "split"):
         npyio.load(p, split=last_rank_only(1, 0))
     assert_all_ranks(COMM, not os.path.exists(p + ".other"), "nothing written on mismatch")
+
+
+def test_numpy_save_dispatches_and_file_objects_raise_everywhere(shared_tmp_path):
+    """``np.save(path, x)`` writes the parallel ``.npy`` (NumPy's suffix rule), readable by
+    ``np.load``; an open file object raises TypeError on every rank (no rank left waiting)."""
+    a = np.arange(SIZE * 12, dtype=np.float64).reshape(SIZE * 3, 4)
+    x = dist(a, ((SIZE,), (0, None), None))
+    np.save(str(shared_tmp_path / "via_numpy"), x)
+    COMM.Barrier()
+    got = np.load(str(shared_tmp_path / "via_numpy.npy"))
+    assert_all_ranks(COMM, got.shape == a.shape and (got == a).all(), "np.save round trip")
+    assert_raises_all(COMM, TypeError, "needs a path",
+                      lambda: np.save(io.BytesIO(), x))
