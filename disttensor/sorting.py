@@ -614,11 +614,13 @@ def _quantile_one(s: DistArray, ax: int, n: int, q: float, method: str, nanline)
     return r
 
 
-@collective_entry
-def _quantile(x, q, axis, method, keepdims, what: str, scale: float):
-    from .shaping import expand_dims, stack
+def _quantile_args(x, q, axis, method, keepdims, what: str, scale: float, kinds: str):
+    """Agree and check the arguments of a quantile-type call (collective): ``q`` as a float
+    array and the normalized ``axis`` (``None`` for the flattened array).  ``kinds``: the dtype
+    kinds accepted (real numbers)."""
     _check(x)
     qa = np.asarray(q, dtype=np.float64)
+    ax = None
     with agreed(x.grid.cart, what, x=x, q=canon(qa) if qa.size <= 4096 else qa.shape,
                 axis=canon(axis), method=method, keepdims=bool(keepdims)):
         if method not in _METHODS:
@@ -632,8 +634,15 @@ def _quantile(x, q, axis, method, keepdims, what: str, scale: float):
             ax = _axis(axis, x.ndim)
         if x.size == 0:
             raise ValueError(f"{what} of an empty array is not supported for DistArrays")
-        if x.dtype.kind == "c":
+        if x.dtype.kind not in kinds:
             raise TypeError("a must be an array of real numbers")
+    return qa, ax
+
+
+@collective_entry
+def _quantile(x, q, axis, method, keepdims, what: str, scale: float):
+    from .shaping import expand_dims, stack
+    qa, ax = _quantile_args(x, q, axis, method, keepdims, what, scale, "biufmM")
     qa = qa / scale
     y = x.reshape(-1) if axis is None else x
     ax = 0 if axis is None else ax
@@ -705,23 +714,7 @@ def _nanquantile_one(s: DistArray, ax: int, valid: DistArray, q: float, method: 
 def _nanquantile(x, q, axis, method, keepdims, what: str, scale: float):
     from . import reductions
     from .shaping import expand_dims, stack
-    _check(x)
-    qa = np.asarray(q, dtype=np.float64)
-    with agreed(x.grid.cart, what, x=x, q=canon(qa) if qa.size <= 4096 else qa.shape,
-                axis=canon(axis), method=method, keepdims=bool(keepdims)):
-        if method not in _METHODS:
-            raise ValueError(f"'method' must be one of {_METHODS}, got {method!r}")
-        if qa.ndim > 1:
-            raise ValueError(f"{what}: q must be a scalar or 1-D")
-        if not np.all((qa >= 0) & (qa <= scale)):
-            raise ValueError(f"{'Quantiles' if scale == 1 else 'Percentiles'} must be in the "
-                             f"range [0, {scale:g}]")
-        if axis is not None:
-            ax = _axis(axis, x.ndim)
-        if x.size == 0:
-            raise ValueError(f"{what} of an empty array is not supported for DistArrays")
-        if x.dtype.kind not in "biuf":
-            raise TypeError("a must be an array of real numbers")
+    qa, ax = _quantile_args(x, q, axis, method, keepdims, what, scale, "biuf")
     if x.dtype.kind != "f":
         return _quantile(x, q, axis, method, keepdims, what, scale)
     qa = qa / scale
