@@ -382,7 +382,7 @@ def _checkpoint_state(model, opt, sched, result, epoch, step_in_epoch, config, s
     oh, osc = flatten_state(opt.state_dict())
     if pipe is not None and pipe.stages > 1:
         # each stage's optimizer holds its own parameters' state: every rank writes all
-        parts = pipe._p2p.allgather((oh, osc))
+        parts = pipe.allgather_stages((oh, osc))
         oh = {f"stage{s}/{k}": v for s, (h, _) in enumerate(parts) for k, v in h.items()}
         osc = {f"stage{s}.{k}": v for s, (_, c) in enumerate(parts) for k, v in c.items()}
     host.update({f"optimizer/{k}": v for k, v in oh.items()})

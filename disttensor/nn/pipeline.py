@@ -542,12 +542,19 @@ class Pipeline(Module):
         own = {id(v) for v in self.stage_module.state_dict().values()}
         full = self.model.state_dict()
         mine = {n: np.array(to_host(v)) for n, v in full.items() if id(v) in own}
-        parts = self._p2p.allgather(mine) if self.stages > 1 else [mine]
+        parts = self.allgather_stages(mine)
         out = {}
         for n in full:
             src = next((part for part in parts if n in part), None)
             out[n] = src[n] if src is not None else np.array(to_host(full[n]))
         return out
+
+    def allgather_stages(self, obj) -> list:
+        """``obj`` of every stage of this rank's pipeline line, in stage order (collective
+        over the grid: a pickled all-gather among the ranks that differ only in their stage
+        coordinate).  For state that each stage holds for its own layers (optimizer state in
+        checkpoints)."""
+        return self._p2p.allgather(obj) if self.stages > 1 else [obj]
 
     def release(self) -> None:
         """Free the stage reducer's, the stage grid's and the pipeline's communicators
