@@ -64,7 +64,10 @@ def test_stacks_take_the_gather_path(data, shape):
 @collective_checks
 def test_matrix_power(data, k, p, cplx):
     A = rand((k, k), 7 * k + 1, np.complex128 if cplx else np.float64)
-    A = A / max(np.linalg.norm(A, 2), 1.0) + (np.eye(k) if p < 0 else 0)  # |A| <= ~2
+    if p < 0:  # I + a perturbation of norm 1/2: eigenvalues >= 1/2 in modulus, invertible
+        A = np.eye(k) + A / (2 * max(np.linalg.norm(A, 2), 1e-300))
+    else:
+        A = A / max(np.linalg.norm(A, 2), 1.0)  # |A| <= 1
     a = dist(A, data.draw(layouts((k, k), SIZE, 2)))
     if p < 0 and k == 0:
         return
