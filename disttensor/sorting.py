@@ -639,17 +639,18 @@ def _quantile_args(x, q, axis, method, keepdims, what: str, scale: float, kinds:
     return qa, ax
 
 
-@collective_entry
-def _quantile(x, q, axis, method, keepdims, what: str, scale: float):
-    from .shaping import expand_dims, stack
-    qa, ax = _quantile_args(x, q, axis, method, keepdims, what, scale, "biufmM")
-    qa = qa / scale
+def _sorted_lines(x, axis, ax):
+    """``(y, ax, sort(y, axis=ax))``: the lines a quantile reads (the flattened ``x`` for
+    ``axis=None``)."""
     y = x.reshape(-1) if axis is None else x
     ax = 0 if axis is None else ax
-    s = sort(y, axis=ax)
-    n = y.shape[ax]
-    nanline = np.isnan(_order_stat(s, ax, n - 1)) if s.dtype.kind == "f" else None
-    rs = [_quantile_one(s, ax, n, float(v), method, nanline) for v in qa.reshape(-1)]
+    return y, ax, sort(y, axis=ax)
+
+
+def _stack_quantiles(rs, qa, x, axis, ax, keepdims):
+    """The quantiles ``rs`` (one per entry of ``qa``) as NumPy lays them out: stacked on a
+    leading axis for a vector ``q``, reduced axes kept as length 1 with ``keepdims``."""
+    from .shaping import expand_dims, stack
     r = rs[0] if qa.ndim == 0 else stack(rs, axis=0)
     if keepdims:
         if axis is None:
@@ -658,6 +659,17 @@ def _quantile(x, q, axis, method, keepdims, what: str, scale: float):
         else:
             r = expand_dims(r, axis=ax + (1 if qa.ndim else 0))
     return r
+
+
+@collective_entry
+def _quantile(x, q, axis, method, keepdims, what: str, scale: float):
+    qa, ax = _quantile_args(x, q, axis, method, keepdims, what, scale, "biufmM")
+    qa = qa / scale
+    y, ax, s = _sorted_lines(x, axis, ax)
+    n = y.shape[ax]
+    nanline = np.isnan(_order_stat(s, ax, n - 1)) if s.dtype.kind == "f" else None
+    rs = [_quantile_one(s, ax, n, float(v), method, nanline) for v in qa.reshape(-1)]
+    return _stack_quantiles(rs, qa, x, axis, ax, keepdims)
 
 
 def quantile(x: DistArray, q, axis=None, method="linear", keepdims=False):
@@ -713,24 +725,14 @@ def _nanquantile_one(s: DistArray, ax: int, valid: DistArray, q: float, method: 
 @collective_entry
 def _nanquantile(x, q, axis, method, keepdims, what: str, scale: float):
     from . import reductions
-    from .shaping import expand_dims, stack
     qa, ax = _quantile_args(x, q, axis, method, keepdims, what, scale, "biuf")
     if x.dtype.kind != "f":
         return _quantile(x, q, axis, method, keepdims, what, scale)
     qa = qa / scale
-    y = x.reshape(-1) if axis is None else x
-    ax = 0 if axis is None else ax
-    s = sort(y, axis=ax)
+    y, ax, s = _sorted_lines(x, axis, ax)
     valid = reductions.sum(~np.isnan(y), axis=ax, dtype=np.int64, keepdims=True)
     rs = [_nanquantile_one(s, ax, valid, float(v), method) for v in qa.reshape(-1)]
-    r = rs[0] if qa.ndim == 0 else stack(rs, axis=0)
-    if keepdims:
-        if axis is None:
-            for _ in range(x.ndim):
-                r = expand_dims(r, axis=r.ndim)
-        else:
-            r = expand_dims(r, axis=ax + (1 if qa.ndim else 0))
-    return r
+    return _stack_quantiles(rs, qa, x, axis, ax, keepdims)
 
 
 def nanquantile(x: DistArray, q, axis=None, method="linear", keepdims=False):
