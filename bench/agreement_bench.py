@@ -19,6 +19,7 @@ import numpy as np
 from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(__file__))
+from _results import record  # noqa: E402
 from _timing import compare  # noqa: E402
 
 import disttensor as dt  # noqa: E402
@@ -84,6 +85,9 @@ def main(argv=None):
               f"[status all-reduces per step: {len(calls)} ({with_digest} carrying a digest); "
               f"one alone {one * 1e6:.1f} us; count x latency / step = "
               f"{with_digest * one / t['off'] * 100:.2f}%]", flush=True)
+        record("agreement", f"cosmoflow-like {args.size}^3 widths {args.widths}",
+               "step_on_over_off", t["on"] / t["off"], "x", target=1.05, better="lower",
+               ranks=comm.size)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ import numpy as np
 from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(__file__))
+from _results import record  # noqa: E402
 from _timing import compare  # noqa: E402
 
 import disttensor as dt  # noqa: E402
@@ -161,6 +162,11 @@ def main(argv=None):
             f"{c['in_backward'] / c['ordinary']:.3f}); whole-process peak of a step "
             f"(tracemalloc: model, state, activations, gradients) ordinary "
             f"{mib(traced[False])}, in-backward {mib(traced[True])}", flush=True)
+        record("backward_update", what, "grad_memory_in_backward_over_ordinary",
+               mem[True] / mem[False], "x", better="lower", ranks=comm.size, rank=comm.rank)
+        record("backward_update", what, "step_in_backward_over_ordinary",
+               t["in_backward"] / t["ordinary"], "x", target=1.05, better="lower",
+               ranks=comm.size, rank=comm.rank)
     if probe:
         probe.close()
 

@@ -21,6 +21,7 @@ from mpi4py import MPI
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import disttensor as dt  # noqa: E402
+from _results import record  # noqa: E402
 from _timing import compare  # noqa: E402
 
 COMM = MPI.COMM_WORLD
@@ -66,6 +67,13 @@ def main() -> None:
               f"grid {g.dims}, median of {args.reps}; output split {y.split}")
         for k, v in t.items():
             print(f"  {k:34s} {v * 1e3:9.1f} ms   numpy/this = {base / v:5.2f}")
+            if k != "numpy fftn, 1 rank":
+                record("fft", f"{n}^3 {k}", "numpy_over_this", base / v, "x",
+                       ranks=COMM.size)
+        if "mpi4py-fft forward" in t:
+            record("fft", f"{n}^3 fftn", "mpi4pyfft_over_ours",
+                   t["mpi4py-fft forward"] / t["disttensor fftn"], "x",
+                   ranks=COMM.size)
         print(f"  max |dt - numpy| / max |numpy| = {err:.2e}")
 
 

@@ -44,6 +44,9 @@ import disttensor as dt
 from disttensor import io
 from disttensor.distribution import Distribution
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _results import record  # noqa: E402
+
 
 def drop_cache(path):
     fd = os.open(path, os.O_RDONLY)
@@ -174,6 +177,9 @@ def main(argv=None) -> int:
             for ours_, bare in pairs:
                 print(f"{cache:4s} ratio {ours_} / {bare}: "
                       f"{res[cache, ours_] / res[cache, bare]:.2f}")
+                record("io", f"{cache} {ours_}", "ratio_vs_bare_hyperslab",
+                       res[cache, ours_] / res[cache, bare], "x", better="lower",
+                       ranks=comm.size)
             for ours_ in [n for n, _ in methods if n.startswith("read_hdf5")]:
                 print(f"{cache:4s} ratio root read + Scatterv / {ours_}: "
                       f"{res[cache, 'root read + Scatterv'] / res[cache, ours_]:.2f}")

@@ -29,6 +29,7 @@ import numpy as np
 from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _results import record  # noqa: E402
 from _timing import compare  # noqa: E402
 
 import disttensor as dt  # noqa: E402
@@ -80,6 +81,10 @@ def main() -> None:
                   f"numpy1/ours={t['numpy1']/t['ours']:.2f}  gather/ours="
                   f"{t['gather']/t['ours']:.2f}  [max err / |A||B| = {err:.1e}, "
                   f"gather err {gerr:.1e}]", flush=True)
+            record("matmul", f"{name} n={n}", "numpy1_over_ours", t["numpy1"] / t["ours"], "x",
+                   ranks=P)
+            record("matmul", f"{name} n={n}", "gather_over_ours", t["gather"] / t["ours"], "x",
+                   target=1.0, ranks=P)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import numpy as np
 from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(__file__))
+from _results import record  # noqa: E402
 from _timing import wall  # noqa: E402
 
 import disttensor as dt  # noqa: E402
@@ -127,6 +128,11 @@ def main(argv=None):
             plan.added_time is not None else f"{'':>9}"
         print(f"{tag:<28} {peak / 1e6:15.2f} {peak / base_peak:7.2f} {t:8.3f} "
               f"{t / base_time:7.2f} {mp} {added}  {what}")
+        if net is not model:
+            record("memory_plan", tag, "peak_vs_keep_all", peak / base_peak, "x",
+                   better="lower", device="gpu" if args.device != "cpu" else "cpu")
+            record("memory_plan", tag, "time_vs_keep_all", t / base_time, "x",
+                   better="lower", device="gpu" if args.device != "cpu" else "cpu")
         if net is not model and "offload" in plan.choices:
             print(f"{'':<28} offload simulated: {net.offload_stats['simulated_bytes'] / 1e6:.2f}"
                   f" MB counted, {net.offload_stats['offloaded_bytes'] / 1e6:.2f} MB moved")

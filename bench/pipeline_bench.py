@@ -33,6 +33,7 @@ import numpy as np
 from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(__file__))
+from _results import record  # noqa: E402
 
 import disttensor as dt  # noqa: E402
 from disttensor import nn  # noqa: E402
@@ -219,6 +220,12 @@ def main():
                 f"{r['balance']:.2f} (predicted {plan.balance:.2f}); predicted step "
                 f"{plan.predicted_step_s * 1e3:.1f} ms = x{plan.predicted_step_s / r['step']:.2f}"
                 f" of measured")
+            case = f"{name} {groups}x{stages} {args.schedule} chunks {args.chunks}"
+            record("pipeline", case, "dp_step_over_pipeline", dp / r["step"], "x",
+                   ranks=COMM.size, rank=COMM.rank)
+            record("pipeline", case, "predicted_over_measured", plan.predicted_step_s
+                   / r["step"], "x", target=1.25, better="lower", ranks=COMM.size,
+                   rank=COMM.rank)
             say("    partition " + " ".join(f"[{a},{b})" for a, b in plan.ranges)
                 + "  stage busy ms " + " ".join(f"{b * 1e3:.1f}" for b in r["stage_busy"]))
             say("    " + plan.report().replace("\n", "\n    "))

@@ -25,6 +25,7 @@ from mpi4py import MPI
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import disttensor as dt  # noqa: E402
+from _results import record  # noqa: E402
 from _timing import compare  # noqa: E402
 
 COMM = MPI.COMM_WORLD
@@ -72,6 +73,9 @@ def main() -> None:
         print(f"sort of {n:.3g} float64 on {COMM.size} ranks (result correct: {ok})")
         for k, v in t.items():
             print(f"  {k:22s} {v * 1e3:9.1f} ms   numpy/this = {ref / v:5.2f}")
+            if k != "numpy.sort (1 rank)":
+                record("sort", f"n={n:.3g} {k}", "numpy_over_this", ref / v, "x",
+                       ranks=COMM.size)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ import numpy as np
 from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(__file__))
+from _results import record  # noqa: E402
 from _timing import compare  # noqa: E402
 
 import disttensor as dt  # noqa: E402
@@ -107,6 +108,9 @@ def main(argv=None):
         say(f"grad-reduce {name:7s} grid {dims}: per-layer {t['per-layer'] * 1e3:8.1f} ms; "
             f"bucketed+overlap / per-layer {t['overlap'] / t['per-layer']:.3f}; "
             f"bucketed at end / per-layer {t['end'] / t['per-layer']:.3f}")
+        record("train", f"{name} grid {dims}", "overlap_over_per_layer",
+               t["overlap"] / t["per-layer"], "x", target=1.0, better="lower", ranks=size,
+               rank=comm.rank)
 
     grid = dt.ProcessGrid((1, size, 1, 1))
     everyone = stepper(grid, args, "overlap", n)
@@ -121,6 +125,8 @@ def main(argv=None):
     say(f"throughput: {n / t['all']:.2f} samples/s on {size} ranks (spatial), "
         f"{n / t['one']:.2f} on 1 rank; speed-up {t['one'] / t['all']:.2f}x, parallel "
         f"efficiency {t['one'] / t['all'] / size:.2f}")
+    record("train", f"cosmoflow {args.size}^3 spatial", "efficiency",
+           t["one"] / t["all"] / size, "fraction", ranks=size, rank=comm.rank)
 
     mgrid = dt.ProcessGrid((1,) + tuple(MPI.Compute_dims(size, 2)) + (1,))
     mine = peak_bytes(mgrid, args)
@@ -130,6 +136,8 @@ def main(argv=None):
     say(f"memory: peak forward+backward bytes per rank on grid {mgrid.dims} "
         f"{peak_all / 2 ** 20:.1f} MiB vs 1 rank {ref / 2 ** 20:.1f} MiB: ratio "
         f"{peak_all / max(ref, 1):.3f}")
+    record("train", f"cosmoflow {args.size}^3 grid {mgrid.dims}", "peak_memory_vs_1rank",
+           peak_all / max(ref, 1), "x", better="lower", ranks=size, rank=comm.rank)
 
 
 if __name__ == "__main__":
