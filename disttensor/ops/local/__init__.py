@@ -3,7 +3,12 @@
 CPU: :mod:`.cpu_conv`, :mod:`.cpu_pool`, :mod:`.cpu_pointwise` (NumPy + Numba).  GPU:
 :mod:`.gpu` (cuDNN through NVIDIA's cuDNN frontend, CuPy RawModule kernels, im2col + cuBLAS
 fallback).  Every backend implements the same functions with the same contracts; conv and
-pooling kernels take exactly three spatial axes (callers lift 1-D/2-D inputs)."""
+pooling kernels take exactly three spatial axes (callers lift 1-D/2-D inputs).
+
+The CPU convolutions (``conv_forward``, ``conv_backward_data``, ``conv_backward_filter``) come
+from :mod:`.microbatch`, which splits the mini-batch into micro-batches and picks an algorithm
+per micro-batch under a workspace limit (``DISTTENSOR_CONV_TUNE``,
+``DISTTENSOR_CONV_WORKSPACE_MB``); the GPU ones do the same inside :mod:`.gpu`."""
 from __future__ import annotations
 
 import importlib
@@ -22,13 +27,19 @@ from ...backend import array_module
 __all__ = ["kernels_for"]
 
 _CPU_MODULES = ("cpu_conv", "cpu_pool", "cpu_pointwise")
+# kernel names taken from another module than the first of _CPU_MODULES that defines them
+_CPU_OVERRIDES = {"conv_forward": "microbatch", "conv_backward_data": "microbatch",
+                  "conv_backward_filter": "microbatch"}
 
 
 class _Kernels:
-    """Namespace of one backend's kernel functions (looked up in its modules in order)."""
+    """Namespace of one backend's kernel functions (looked up in ``overrides`` first, then in
+    its modules in order)."""
 
-    def __init__(self, modules):
+    def __init__(self, modules, overrides=None):
         self._modules = [importlib.import_module(f"{__name__}.{m}") for m in modules]
+        for name, mod in (overrides or {}).items():
+            setattr(self, name, getattr(importlib.import_module(f"{__name__}.{mod}"), name))
 
     def __getattr__(self, name):
         for m in self._modules:
@@ -46,5 +57,6 @@ def kernels_for(arr) -> _Kernels:
     """The kernel namespace for ``arr``'s device (NumPy -> CPU, CuPy -> GPU)."""
     key = "cpu" if array_module(arr).__name__ == "numpy" else "gpu"
     if key not in _BACKENDS:
-        _BACKENDS[key] = _Kernels(_CPU_MODULES if key == "cpu" else ("gpu",))
+        _BACKENDS[key] = (_Kernels(_CPU_MODULES, _CPU_OVERRIDES) if key == "cpu"
+                          else _Kernels(("gpu",)))
     return _BACKENDS[key]

@@ -15,6 +15,12 @@ data computes ``dcols = w^T @ dy_tile`` and scatters it back (col2im, parallel o
 channels so no two threads add into the same cell); backward filter accumulates
 ``dy_tile @ cols^T``.  Compared with building the whole column matrix at once (the
 straightforward im2col), the workspace is bounded and stays in cache-sized pieces.
+
+The ``*_batched`` variants (same contracts) pack the columns of all N samples of a group side
+by side into one ``(K, N*P)`` column matrix and run one GEMM per group: for layers with few
+output positions ``P`` per sample and many channels one big GEMM beats N small ones, at the
+price of a workspace that grows with N (:func:`batched_workspace_bytes`).  The planner in
+:mod:`.microbatch` chooses between them per layer, pass and micro-batch.
 """
 from __future__ import annotations
 
@@ -24,7 +30,9 @@ import threading
 import numpy as np
 from numba import njit, prange
 
-__all__ = ["conv_forward", "conv_backward_data", "conv_backward_filter", "conv_out_shape"]
+__all__ = ["conv_forward", "conv_backward_data", "conv_backward_filter", "conv_out_shape",
+           "conv_forward_batched", "conv_backward_data_batched", "conv_backward_filter_batched",
+           "tiled_workspace_bytes", "batched_workspace_bytes"]
 
 
 def _workspace_bytes() -> int:
@@ -171,15 +179,24 @@ def _check(x, w, groups):
                          f"groups={groups}, input has {x.shape[1]}")
 
 
-def _column_tiles(out_spatial, k_rows: int, dtype) -> list:
+def _tile_planes(out_spatial, k_rows: int, dtype, workspace_bytes=None) -> int:
+    """Output depth planes per tile: as many as fit ``workspace_bytes`` (None: the
+    ``DISTTENSOR_CONV_WORKSPACE_MB`` bound), at least one, at most all."""
+    od_n, oh_n, ow_n = out_spatial
+    limit = _workspace_bytes() if workspace_bytes is None else int(workspace_bytes)
+    step = limit // max(1, k_rows * oh_n * ow_n * np.dtype(dtype).itemsize)
+    return max(1, min(step, od_n))
+
+
+def _column_tiles(out_spatial, k_rows: int, dtype, workspace_bytes=None) -> list:
     """``((d0, d1), columns, cols)`` per tile of whole output depth planes ``[d0, d1)`` whose
-    column matrix fits the workspace bound: ``columns`` slices the tile's output positions
-    (``d0*H*W`` to ``d1*H*W``) and ``cols`` is a ``(k_rows, d1*H*W - d0*H*W)`` view of the
-    shared workspace (all tiles share it: use one at a time)."""
+    column matrix fits the workspace bound (:func:`_tile_planes`): ``columns`` slices the
+    tile's output positions (``d0*H*W`` to ``d1*H*W``) and ``cols`` is a
+    ``(k_rows, d1*H*W - d0*H*W)`` view of the shared workspace (all tiles share it: use one at
+    a time)."""
     od_n, oh_n, ow_n = out_spatial
     plane = oh_n * ow_n
-    step = max(1, _workspace_bytes() // max(1, k_rows * plane * np.dtype(dtype).itemsize))
-    step = max(1, min(step, od_n))
+    step = _tile_planes(out_spatial, k_rows, dtype, workspace_bytes)
     buf = _workspace(k_rows * step * plane, dtype)
     return [((d0, d1), slice(d0 * plane, d1 * plane),
              buf[:k_rows * (d1 - d0) * plane].reshape(k_rows, (d1 - d0) * plane))
@@ -190,8 +207,11 @@ def _geometry(kernel, stride, dilation, pad_lo):
     return (*kernel, *stride, *dilation, *pad_lo)
 
 
-def conv_forward(x, w, stride, dilation, pad_lo, pad_hi, groups=1):
-    """``y[n, co] = sum_{ci in group(co), k} w[co, ci, k] * xpad[n, ci, o*stride + k*dilation]``."""
+def conv_forward(x, w, stride, dilation, pad_lo, pad_hi, groups=1, *, workspace_bytes=None):
+    """``y[n, co] = sum_{ci in group(co), k} w[co, ci, k] * xpad[n, ci, o*stride + k*dilation]``.
+
+    ``workspace_bytes``: bound on the column tile (None: ``DISTTENSOR_CONV_WORKSPACE_MB``);
+    a tile holds at least one output depth plane, whatever the bound."""
     _check(x, w, groups)
     dtype = _float_dtype(x, w)
     x = np.ascontiguousarray(x, dtype=dtype)
@@ -208,7 +228,7 @@ def conv_forward(x, w, stride, dilation, pad_lo, pad_hi, groups=1):
     wmat = w.reshape(groups, cog, k_rows)
     geo = _geometry(kernel, stride, dilation, pad_lo)
     ymat = y.reshape(n_n, groups, cog, -1)
-    tiles = _column_tiles(out_sp, k_rows, dtype)
+    tiles = _column_tiles(out_sp, k_rows, dtype, workspace_bytes)
     for n in range(n_n):
         for g in range(groups):
             xg = x[n, g * cg:(g + 1) * cg]
@@ -218,8 +238,10 @@ def conv_forward(x, w, stride, dilation, pad_lo, pad_hi, groups=1):
     return y
 
 
-def conv_backward_data(dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, groups=1):
-    """Gradient of ``sum(conv_forward(x, w) * dy)`` with respect to ``x`` (N, Cin, *in_spatial)."""
+def conv_backward_data(dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, groups=1, *,
+                       workspace_bytes=None):
+    """Gradient of ``sum(conv_forward(x, w) * dy)`` with respect to ``x`` (N, Cin, *in_spatial).
+    ``workspace_bytes`` as in :func:`conv_forward`."""
     dtype = _float_dtype(dy, w)
     dy = np.ascontiguousarray(dy, dtype=dtype)
     w = np.ascontiguousarray(w, dtype=dtype)
@@ -239,7 +261,7 @@ def conv_backward_data(dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, grou
     wmat_t = np.ascontiguousarray(w.reshape(groups, cog, k_rows).transpose(0, 2, 1))
     geo = _geometry(kernel, stride, dilation, pad_lo)
     dymat = dy.reshape(n_n, groups, cog, -1)
-    tiles = _column_tiles(out_sp, k_rows, dtype)
+    tiles = _column_tiles(out_sp, k_rows, dtype, workspace_bytes)
     for n in range(n_n):
         for g in range(groups):
             dxg = dx[n, g * cg:(g + 1) * cg]
@@ -249,9 +271,10 @@ def conv_backward_data(dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, grou
     return dx
 
 
-def conv_backward_filter(x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups=1):
+def conv_backward_filter(x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups=1, *,
+                         workspace_bytes=None):
     """Gradient of ``sum(conv_forward(x, w) * dy)`` with respect to ``w``
-    (Cout, Cin // groups, *kernel)."""
+    (Cout, Cin // groups, *kernel).  ``workspace_bytes`` as in :func:`conv_forward`."""
     dtype = _float_dtype(x, dy)
     x = np.ascontiguousarray(x, dtype=dtype)
     dy = np.ascontiguousarray(dy, dtype=dtype)
@@ -268,7 +291,7 @@ def conv_backward_filter(x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups
     if dy.size and x.size:
         geo = _geometry(kernel, stride, dilation, pad_lo)
         dymat = dy.reshape(n_n, groups, cog, -1)
-        tiles = _column_tiles(out_sp, k_rows, dtype)
+        tiles = _column_tiles(out_sp, k_rows, dtype, workspace_bytes)
         part = np.empty((cog, k_rows), dtype=dtype)
         for n in range(n_n):
             for g in range(groups):
@@ -277,4 +300,134 @@ def conv_backward_filter(x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups
                     _im2col(xg, cols, d0, d1, out_sp[1], out_sp[2], *geo)
                     np.matmul(dymat[n, g, :, cs], cols.T, out=part)
                     dw[g] += part
+    return dw.reshape((cout, cg) + kernel)
+
+
+# -- workspace sizes -------------------------------------------------------------------------
+def _geometry_sizes(x_shape, w_shape, stride, dilation, pad_lo, pad_hi, groups):
+    """``(k_rows, cog, out_spatial)`` of a convolution (k_rows = Cin/groups * prod(kernel))."""
+    kernel = tuple(int(k) for k in w_shape[2:])
+    out_sp = conv_out_shape(tuple(x_shape[2:]), kernel, stride, dilation, pad_lo, pad_hi)
+    return int(w_shape[1]) * int(np.prod(kernel)), int(w_shape[0]) // groups, out_sp
+
+
+def tiled_workspace_bytes(pass_, x_shape, w_shape, stride, dilation, pad_lo, pad_hi, groups,
+                          dtype, workspace_bytes=None) -> int:
+    """Scratch bytes :func:`conv_forward` / :func:`conv_backward_data` /
+    :func:`conv_backward_filter` (``pass_`` ``"forward"``, ``"backward_data"``,
+    ``"backward_filter"``) use for these shapes with tile bound ``workspace_bytes``: one column
+    tile (independent of N), plus the ``(Cout/groups, K)`` partial product of backward filter."""
+    k_rows, cog, out_sp = _geometry_sizes(x_shape, w_shape, stride, dilation, pad_lo, pad_hi,
+                                          groups)
+    item = np.dtype(dtype).itemsize
+    planes = _tile_planes(out_sp, k_rows, dtype, workspace_bytes)
+    extra = cog * k_rows if pass_ == "backward_filter" else 0
+    return (k_rows * planes * out_sp[1] * out_sp[2] + extra) * item
+
+
+def batched_workspace_bytes(pass_, x_shape, w_shape, stride, dilation, pad_lo, pad_hi, groups,
+                            dtype) -> int:
+    """Scratch bytes of the ``*_batched`` kernels for ``x_shape`` (its N samples at once): the
+    ``(K, N*P)`` column matrix and the ``(Cout/groups, N*P)`` packed output (or ``dy``)."""
+    k_rows, cog, out_sp = _geometry_sizes(x_shape, w_shape, stride, dilation, pad_lo, pad_hi,
+                                          groups)
+    cols = int(x_shape[0]) * int(np.prod(out_sp))
+    return (k_rows + cog) * cols * np.dtype(dtype).itemsize
+
+
+# -- batched im2col: one GEMM per group over all samples --------------------------------------
+def _batched_buffers(n_n, k_rows, cog, p_n, dtype):
+    """Views ``cols (k_rows, N*P)`` and ``packed (cog, N*P)`` of this thread's scratch."""
+    buf = _workspace((k_rows + cog) * n_n * p_n, dtype)
+    split = k_rows * n_n * p_n
+    return buf[:split].reshape(k_rows, n_n * p_n), buf[split:].reshape(cog, n_n * p_n)
+
+
+def conv_forward_batched(x, w, stride, dilation, pad_lo, pad_hi, groups=1):
+    """:func:`conv_forward` with the columns of all samples in one GEMM per group."""
+    _check(x, w, groups)
+    dtype = _float_dtype(x, w)
+    x = np.ascontiguousarray(x, dtype=dtype)
+    w = np.ascontiguousarray(w, dtype=dtype)
+    n_n, cin = x.shape[:2]
+    cout = w.shape[0]
+    kernel = w.shape[2:]
+    out_sp = conv_out_shape(x.shape[2:], kernel, stride, dilation, pad_lo, pad_hi)
+    y = np.empty((n_n, cout) + out_sp, dtype=dtype)
+    if y.size == 0:
+        return y
+    cg, cog = cin // groups, cout // groups
+    k_rows = cg * int(np.prod(kernel))
+    p_n = int(np.prod(out_sp))
+    wmat = w.reshape(groups, cog, k_rows)
+    geo = _geometry(kernel, stride, dilation, pad_lo)
+    cols, packed = _batched_buffers(n_n, k_rows, cog, p_n, dtype)
+    yv = y.reshape(n_n, groups, cog, p_n)
+    for g in range(groups):
+        for n in range(n_n):
+            _im2col(x[n, g * cg:(g + 1) * cg], cols[:, n * p_n:(n + 1) * p_n], 0, out_sp[0],
+                    out_sp[1], out_sp[2], *geo)
+        np.matmul(wmat[g], cols, out=packed)
+        yv[:, g] = packed.reshape(cog, n_n, p_n).transpose(1, 0, 2)
+    return y
+
+
+def conv_backward_data_batched(dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, groups=1):
+    """:func:`conv_backward_data` with one ``w^T @ dy`` GEMM per group over all samples."""
+    dtype = _float_dtype(dy, w)
+    dy = np.ascontiguousarray(dy, dtype=dtype)
+    w = np.ascontiguousarray(w, dtype=dtype)
+    in_spatial = tuple(int(v) for v in in_spatial)
+    n_n, cout = dy.shape[:2]
+    cg, cog = w.shape[1], cout // groups
+    cin = cg * groups
+    _check(np.empty((0, cin) + in_spatial, dtype), w, groups)
+    kernel = w.shape[2:]
+    out_sp = conv_out_shape(in_spatial, kernel, stride, dilation, pad_lo, pad_hi)
+    if tuple(dy.shape[2:]) != out_sp:
+        raise ValueError(f"dy has spatial shape {dy.shape[2:]}, the convolution gives {out_sp}")
+    dx = np.zeros((n_n, cin) + in_spatial, dtype=dtype)
+    if dy.size == 0 or dx.size == 0:
+        return dx
+    k_rows = cg * int(np.prod(kernel))
+    p_n = int(np.prod(out_sp))
+    wmat_t = np.ascontiguousarray(w.reshape(groups, cog, k_rows).transpose(0, 2, 1))
+    geo = _geometry(kernel, stride, dilation, pad_lo)
+    cols, packed = _batched_buffers(n_n, k_rows, cog, p_n, dtype)
+    dyv = dy.reshape(n_n, groups, cog, p_n)
+    for g in range(groups):
+        packed.reshape(cog, n_n, p_n)[...] = dyv[:, g].transpose(1, 0, 2)
+        np.matmul(wmat_t[g], packed, out=cols)
+        for n in range(n_n):
+            _col2im(cols[:, n * p_n:(n + 1) * p_n], dx[n, g * cg:(g + 1) * cg], 0, out_sp[0],
+                    out_sp[1], out_sp[2], *geo)
+    return dx
+
+
+def conv_backward_filter_batched(x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups=1):
+    """:func:`conv_backward_filter` with one ``dy @ cols^T`` GEMM per group over all samples."""
+    dtype = _float_dtype(x, dy)
+    x = np.ascontiguousarray(x, dtype=dtype)
+    dy = np.ascontiguousarray(dy, dtype=dtype)
+    kernel = tuple(int(k) for k in kernel)
+    n_n, cin = x.shape[:2]
+    cout = dy.shape[1]
+    _check(x, np.empty((cout, cin // max(groups, 1)) + kernel, dtype), groups)
+    cg, cog = cin // groups, cout // groups
+    out_sp = conv_out_shape(x.shape[2:], kernel, stride, dilation, pad_lo, pad_hi)
+    if tuple(dy.shape[2:]) != out_sp or dy.shape[0] != n_n:
+        raise ValueError(f"dy has shape {dy.shape}, the convolution gives {(n_n, cout) + out_sp}")
+    k_rows = cg * int(np.prod(kernel))
+    dw = np.zeros((groups, cog, k_rows), dtype=dtype)
+    if dy.size and x.size:
+        p_n = int(np.prod(out_sp))
+        geo = _geometry(kernel, stride, dilation, pad_lo)
+        cols, packed = _batched_buffers(n_n, k_rows, cog, p_n, dtype)
+        dyv = dy.reshape(n_n, groups, cog, p_n)
+        for g in range(groups):
+            for n in range(n_n):
+                _im2col(x[n, g * cg:(g + 1) * cg], cols[:, n * p_n:(n + 1) * p_n], 0,
+                        out_sp[0], out_sp[1], out_sp[2], *geo)
+            packed.reshape(cog, n_n, p_n)[...] = dyv[:, g].transpose(1, 0, 2)
+            np.matmul(packed, cols.T, out=dw[g])
     return dw.reshape((cout, cg) + kernel)
