@@ -1,8 +1,8 @@
 """Local GPU conv3d kernels: cuDNN (through the cuDNN frontend) vs the im2col + cuBLAS fallback.
 
-CosmoFlow-like layers (N=4, k=3, 'same' padding, stride 1): 4->32 channels on 128^3,
-32->64 on 64^3, 64->128 on 32^3; forward, backward-data and backward-filter; float32, and
-float16 where cuDNN takes it.  Both backends run in the same process on the same data,
+CosmoFlow's five conv layers at 128^3 (N=4, k=3, 'same' padding, stride 1): 4->32 channels on
+128^3, 32->64 on 64^3, 64->128 on 32^3, 128->256 on 16^3, 256->512 on 8^3; forward,
+backward-data and backward-filter; float32, and float16 where cuDNN takes it.  Both backends run in the same process on the same data,
 interleaved rep by rep (who goes first rotates), after warm-up calls (graph building, NVRTC
 compilation, memory pool); each figure is the median over the reps of CUDA-event time on the
 current stream.  One line per figure:
@@ -10,22 +10,33 @@ current stream.  One line per figure:
     conv3d fwd float32 N=4 4->32 128^3: cudnn=… ms  im2col=… ms  im2col/cudnn=…x
 
 (``im2col/cudnn`` > 1: cuDNN is that many times faster.)  Without a GPU it says so and exits 0;
-without the cuDNN frontend it times im2col alone.  Per-rank, no MPI:
+without the cuDNN frontend it times im2col alone.  Figures go to ``$DISTTENSOR_BENCH_CSV``
+(``bench/_results.py``, device ``gpu``): ``im2col_over_cudnn`` (target 1.0: cuDNN at least as
+fast as the fallback) and each backend's ``ms``.  Per-rank, no MPI:
 
-    .venv/bin/python bench/conv_gpu_bench.py [--reps 10] [--warmup 2] [--layers 0,1,2]
+    python bench/conv_gpu_bench.py [--quick] [--reps 10] [--warmup 2] [--layers 0,1,2,3,4]
+        [--dtypes float32,float16]
+
+``--quick``: 5 reps, 1 warm-up (the GPU check, ``scripts/gpu_check.sh``).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 
 import numpy as np
 
-LAYERS = [  # (N, Cin, Cout, spatial)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _results import record  # noqa: E402
+
+LAYERS = [  # (N, Cin, Cout, spatial): CosmoFlow's conv layers on a 128^3 sample, batch 4
     (4, 4, 32, 128),
     (4, 32, 64, 64),
     (4, 64, 128, 32),
+    (4, 128, 256, 16),
+    (4, 256, 512, 8),
 ]
 K, PAD, STRIDE, DIL = 3, 1, 1, 1
 
@@ -61,10 +72,15 @@ def _time(cp, fn):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--layers", default="0,1,2", help="comma-separated indices into LAYERS")
+    ap.add_argument("--quick", action="store_true", help="5 reps, 1 warm-up")
+    ap.add_argument("--reps", type=int, default=None, help="default 10 (quick: 5)")
+    ap.add_argument("--warmup", type=int, default=None, help="default 2 (quick: 1)")
+    ap.add_argument("--layers", default=",".join(str(i) for i in range(len(LAYERS))),
+                    help="comma-separated indices into LAYERS")
+    ap.add_argument("--dtypes", default="float32,float16")
     args = ap.parse_args(argv)
+    args.reps = args.reps or (5 if args.quick else 10)
+    args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
 
     cp = _gpu()
     if cp is None:
@@ -86,7 +102,7 @@ def main(argv=None):
     for li in (int(i) for i in args.layers.split(",")):
         N, Cin, Cout, n = LAYERS[li]
         sp = (n, n, n)
-        for dtype in (np.float32, np.float16):
+        for dtype in (np.dtype(d).type for d in args.dtypes.split(",")):
             x = cp.asarray(rng.standard_normal((N, Cin) + sp, dtype=np.float32), dtype=dtype)
             w = cp.asarray(rng.standard_normal((Cout, Cin, K, K, K), dtype=np.float32) * 0.1,
                            dtype=dtype)
@@ -97,10 +113,13 @@ def main(argv=None):
                 backends, notes = [], []
                 for be in (["cudnn", "im2col"] if have_cudnn else ["im2col"]):
                     try:
-                        for _ in range(args.warmup):
+                        for _ in range(max(1, args.warmup)):
                             op(be)
                     except TypeError as e:  # e.g. no __half kernels for im2col
                         notes.append(f"{be} unavailable: {e}")
+                        continue
+                    except Exception as e:  # noqa: BLE001 - a failure is a finding: go on
+                        notes.append(f"{be} FAILED: {type(e).__name__}: {e}")
                         continue
                     if be == "cudnn" and gpu.last_conv_backend() != "cudnn":
                         notes.append("cuDNN has no engine for it")  # it fell back to im2col
@@ -116,9 +135,14 @@ def main(argv=None):
                     for be in order:
                         times[be].append(_time(cp, lambda: op(be)))
                 med = {be: statistics.median(t) for be, t in times.items()}
+                for be, t in med.items():
+                    record("conv_gpu", f"{label} {be}", "ms", t, "ms", better="lower",
+                           device="gpu")
                 if len(med) == 2:
                     print(f"{label}: cudnn={med['cudnn']:.3f} ms  im2col={med['im2col']:.3f} ms"
                           f"  im2col/cudnn={med['im2col'] / med['cudnn']:.2f}x", flush=True)
+                    record("conv_gpu", label, "im2col_over_cudnn", med["im2col"] / med["cudnn"],
+                           "x", target=1.0, better="higher", device="gpu")
                 else:
                     (be, t), = med.items()
                     print(f"{label}: {be}={t:.3f} ms  (no ratio: {'; '.join(notes)})", flush=True)
