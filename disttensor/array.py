@@ -49,7 +49,7 @@ from .distribution import Distribution
 from .grid import ProcessGrid, get_default_grid
 
 __all__ = ["DistArray", "default_split", "normalize_halo", "make_distribution",
-           "collective_entry", "agreed", "canon", "dtype_key", "halo_key", "split_key",
+           "collective_entry", "nested", "agreed", "canon", "dtype_key", "halo_key", "split_key",
            "device_key", "operand_key"]
 
 
@@ -74,6 +74,19 @@ def collective_entry(fn):
         finally:
             _NESTING.depth -= 1
     return wrapper
+
+
+@contextlib.contextmanager
+def nested():
+    """Run a block as if one entry point deeper (see :func:`collective_entry`): the
+    :func:`agreed` blocks inside it skip their argument agreement.  For helpers that an entry
+    point calls *after* its own agreed block, with arguments derived from the agreed ones
+    (the halo of a window op, say), so that one op call agrees once."""
+    _NESTING.depth += 1
+    try:
+        yield
+    finally:
+        _NESTING.depth -= 1
 
 
 @contextlib.contextmanager

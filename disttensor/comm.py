@@ -317,18 +317,34 @@ class PieceExchange:
 
     ``sends`` and ``recvs`` are ``(peer, tag, view)`` triples; the views (NumPy or CuPy, all of
     one kind) stay bound to their arrays, so one object serves many exchanges of the same
-    buffers.  :meth:`start` posts every receive, then packs and posts every send;
-    :meth:`finish` waits and unpacks (or, with ``accumulate=True``, adds what arrived into the
-    receive views).  Both sides order a piece's elements C-wise.
+    buffers.  :meth:`start` packs and posts every message; :meth:`finish` waits and unpacks
+    (or, with ``accumulate=True``, adds what arrived into the receive views).  Both sides
+    order a piece's elements C-wise.
 
     Transport (CPU): a C-contiguous piece goes straight from/to its array, any other piece
     through a contiguous scratch buffer allocated once (a NumPy copy).  MPI subarray datatypes
     would avoid that copy, but measured with Debian's MPICH (ch4:ucx) they were never faster
     than the NumPy pack and up to ~40x slower under load for short runs (strided faces; see
     ``bench/README.md``).  GPU pieces are packed on the device, the stream is synchronized
-    before MPI sees them, and they go through host memory unless MPI is CUDA-aware."""
+    before MPI sees them, and they go through host memory unless MPI is CUDA-aware.
 
-    def __init__(self, comm: MPI.Comm, sends, recvs, accumulate: bool = False):
+    Persistent requests (CPU, ``persistent=True``, the default there): the first
+    :meth:`start` makes one ``MPI_Recv_init``/``MPI_Send_init`` per piece, bound to the
+    piece's view or scratch, and every exchange is then one ``MPI_Startall`` and one
+    ``MPI_Waitall`` (no request objects, lists or buffer specs built per call: the
+    per-exchange Python cost that dominates small messages).  ``persistent=False`` posts
+    fresh ``Irecv``/``Isend`` requests each time (for one-shot exchanges, where setting up
+    persistent requests would cost more than it saves).  The requests are freed with the
+    object (or by :meth:`free`); a :meth:`finish` that failed inside MPI drops them, and the
+    next :meth:`start` makes new ones.
+
+    Contract: every rank named as a peer makes the matching :meth:`start`/:meth:`finish` pair
+    the same number of times (collective over the peers, like the ``Isend``/``Irecv`` it
+    replaces); :meth:`start` while an exchange is in flight raises ``RuntimeError`` and leaves
+    the one in flight intact."""
+
+    def __init__(self, comm: MPI.Comm, sends, recvs, accumulate: bool = False,
+                 persistent: bool = True):
         self.comm = comm
         self.accumulate = accumulate
         self.sends = [(int(p), int(t), v) for p, t, v in sends if v.size]
@@ -339,7 +355,15 @@ class PieceExchange:
         self.staged = self.gpu and not cuda_aware_mpi()
         self._send_scratch = [self._scratch(v, recv=False) for _, _, v in self.sends]
         self._recv_scratch = [self._scratch(v, recv=True) for _, _, v in self.recvs]
+        # what start() packs and finish() unpacks, listed once
+        self._pack = [(s, v) for (_, _, v), s in zip(self.sends, self._send_scratch)
+                      if s is not None]
+        self._unpack = [(v, s) for (_, _, v), s in zip(self.recvs, self._recv_scratch)
+                        if s is not None]
+        self.persistent = bool(persistent) and not self.gpu
+        self._preqs: list | None = None
         self._reqs: list = []
+        self._keep: list = []
         self._active = False
 
     def _scratch(self, v, recv: bool):
@@ -353,9 +377,44 @@ class PieceExchange:
     def nbytes_sent(self) -> int:
         return sum(int(v.nbytes) for _, _, v in self.sends)
 
+    def _persistent_requests(self) -> list:
+        comm = self.comm
+        reqs = [comm.Recv_init(_bytes(v if s is None else s), p, tag)
+                for (p, tag, v), s in zip(self.recvs, self._recv_scratch)]
+        reqs += [comm.Send_init(_bytes(v if s is None else s), p, tag)
+                 for (p, tag, v), s in zip(self.sends, self._send_scratch)]
+        return reqs
+
+    def free(self) -> None:
+        """Free the persistent requests (also done when the object is collected).  Not while
+        an exchange is in flight."""
+        if self._active:
+            raise RuntimeError("free() while an exchange is in progress")
+        reqs, self._preqs = self._preqs, None
+        if reqs and not MPI.Is_finalized():
+            for r in reqs:
+                if r != MPI.REQUEST_NULL:
+                    r.Free()
+
+    def __del__(self):
+        try:
+            if not self._active:
+                self.free()
+        except Exception:  # noqa: BLE001 - interpreter shutdown: MPI may be gone
+            pass
+
     def start(self) -> "PieceExchange":
         if self._active:
             raise RuntimeError("exchange already in progress")
+        if self.persistent:
+            for s, v in self._pack:
+                copy_into(s, v)
+            if self._preqs is None:
+                self._preqs = self._persistent_requests()
+            if self._preqs:
+                MPI.Prequest.Startall(self._preqs)
+            self._active = True
+            return self
         comm = self.comm
         reqs = []
         for (p, tag, v), s in zip(self.recvs, self._recv_scratch):
@@ -381,17 +440,29 @@ class PieceExchange:
     def finish(self) -> None:
         if not self._active:
             raise RuntimeError("finish() without a matching start()")
-        with waiting(self.comm, "MPI_Waitall (point-to-point exchange)"):
-            MPI.Request.Waitall(self._reqs)
-        self._reqs, self._keep, self._active = [], [], False
-        for (_, _, v), s in zip(self.recvs, self._recv_scratch):
-            if s is None:
-                continue
-            if self.staged:
+        reqs = self._preqs if self.persistent else self._reqs
+        try:
+            if reqs:
+                with waiting(self.comm, "MPI_Waitall (point-to-point exchange)"):
+                    MPI.Request.Waitall(reqs)
+        except BaseException:
+            if self.persistent:  # requests in an unknown state: make new ones next time
+                self._preqs = None
+            raise
+        finally:
+            self._reqs, self._keep, self._active = [], [], False
+        if self.staged:
+            for v, s in self._unpack:
                 s = self.xp.asarray(s)
-            if self.accumulate:
+                if self.accumulate:
+                    v += s
+                else:
+                    copy_into(v, s)
+        elif self.accumulate:
+            for v, s in self._unpack:
                 v += s
-            else:
+        else:
+            for v, s in self._unpack:
                 copy_into(v, s)
 
     def run(self) -> None:

@@ -27,7 +27,7 @@ from functools import lru_cache
 import numpy as np
 from mpi4py import MPI
 
-from .comm import PieceExchange, collective, copy_into, fill_zero, private_comm
+from .comm import PieceExchange, copy_into, fill_zero, private_comm
 from .distribution import Distribution
 from .plans import CommPlan, halo_plan
 
@@ -61,14 +61,32 @@ def normalize_boundary(boundary, ndim: int) -> tuple[bool, ...]:
     return tuple(one(b) for b in boundary)
 
 
+def _zero_fill(v):
+    """The fastest way to zero one (precomputed) view: ``fill`` for a contiguous one, the run
+    merging of :func:`disttensor.comm.fill_zero` for a strided one."""
+    if type(v) is np.ndarray and v.flags.c_contiguous:
+        return v.fill
+    return lambda value: fill_zero(v)
+
+
 class HaloExchange:
     """A reusable, split-phase halo exchange of ``x``'s buffer (collective).
 
     ``x`` must have a halo (see :meth:`DistArray.with_halo`); ``boundary`` is ``'zero'`` or
     ``'periodic'``, or one of these per axis.  A non-periodic halo wider than the global
-    extent of its axis is an error (raised on every rank)."""
+    extent of its axis is an error (raised on every rank).
+
+    Construction agrees the arguments (``x``'s metadata and the boundary) across the ranks,
+    one all-reduce, unless it runs inside a collective entry point that agreed already (a
+    window op exchanging the halo it derived from its agreed arguments, see
+    :func:`disttensor.array.nested`).  Each exchange after that is purely point to point:
+    the plan, the views of the buffer's pieces, the zero-fill and local-copy work lists and
+    the persistent MPI requests (:class:`~disttensor.comm.PieceExchange`) are made once, so
+    :meth:`exchange` costs one ``MPI_Startall``/``MPI_Waitall`` pair plus the fills, copies
+    and packs; every rank must make the same sequence of exchange calls on its object."""
 
     def __init__(self, x, boundary="zero"):
+        from .array import agreed
         self.x = x
         dist = x.distribution
         self.comm: MPI.Comm = x.grid.cart
@@ -80,7 +98,7 @@ class HaloExchange:
             bnd = normalize_boundary(boundary, x.ndim)
         except ValueError:
             bnd = boundary
-        with collective(self.comm, "halo_exchange", x=x, boundary=bnd):
+        with agreed(self.comm, "halo_exchange", x=x, boundary=bnd):
             self.periodic = normalize_boundary(boundary, x.ndim)
             for t, (a, b, per) in enumerate(zip(lo, hi, self.periodic)):
                 if not per and max(a, b) > dist.shape[t]:
@@ -89,13 +107,18 @@ class HaloExchange:
                         f"{dist.shape[t]} and the axis is not periodic")
             self.plan = plan(dist, self.comm.rank, lo, hi, self.periodic)
         self.pcomm: MPI.Comm = private_comm(self.comm, "halo") if self.comm.size > 1 else self.comm
+        buf = x.buffer
+        p = self.plan
+        self._zero = [_zero_fill(buf[box.slices()]) for box in p.zero]
+        self._local = [(buf[d.slices()], buf[s.slices()]) for s, d in p.local]
         self._forward: PieceExchange | None = None
         self._reverse: PieceExchange | None = None
         self._mode: str | None = None
 
     def _engine(self, reverse: bool) -> PieceExchange:
         """The message part of the exchange, built on first use and reused: views of the
-        buffer's boxes, contiguous scratch for the pieces that need packing."""
+        buffer's boxes, contiguous scratch for the pieces that need packing, persistent
+        requests."""
         buf = self.x.buffer
         p = self.plan
         if not reverse:
@@ -112,6 +135,13 @@ class HaloExchange:
                 accumulate=True)
         return self._reverse
 
+    def free(self) -> None:
+        """Free the persistent MPI requests now (they are also freed with the object)."""
+        for e in (self._forward, self._reverse):
+            if e is not None:
+                e.free()
+        self._forward = self._reverse = None
+
     @property
     def nbytes_sent(self) -> int:
         """Bytes this rank sends in one (forward) exchange."""
@@ -123,15 +153,12 @@ class HaloExchange:
         the messages fly)."""
         if self._mode is not None:
             raise RuntimeError("halo exchange already in progress; call end() first")
-        engine = self._engine(reverse=False)
-        engine.start()
-        buf = self.x.buffer
-        p = self.plan
-        for box in p.zero:
-            fill_zero(buf[box.slices()])
-        for sbox, dbox in p.local:
-            copy_into(buf[dbox.slices()], buf[sbox.slices()])
+        (self._forward or self._engine(reverse=False)).start()
         self._mode = "forward"
+        for fill in self._zero:
+            fill(0)
+        for d, s in self._local:
+            copy_into(d, s)
         return self
 
     def end(self) -> None:
@@ -151,11 +178,10 @@ class HaloExchange:
         the halo pieces copied locally into their owned cells."""
         if self._mode is not None:
             raise RuntimeError("halo exchange already in progress; call end() first")
-        self._engine(reverse=True).start()
-        buf = self.x.buffer
-        for sbox, dbox in self.plan.local:  # reads halo cells (sends only read them too)
-            buf[sbox.slices()] += buf[dbox.slices()]
+        (self._reverse or self._engine(reverse=True)).start()
         self._mode = "reverse"
+        for d, s in self._local:  # reads halo cells (sends only read them too)
+            s += d
         return self
 
     def reverse_end(self) -> None:

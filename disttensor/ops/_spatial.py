@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from .. import agreement as _agreement
-from ..array import DistArray, canon
+from ..array import DistArray, canon, nested
 from ..distribution import Distribution
 from .window import AxisWindow
 
@@ -238,22 +238,27 @@ def _leaves(v: tuple) -> list:
 
 def halo_input(x: DistArray, plan: WindowPlan) -> DistArray:
     """``x`` with the plan's halo filled from its neighbours (collective when a halo is
-    needed; ``x`` itself when not)."""
+    needed; ``x`` itself when not).
+
+    Call it from inside a collective entry point, after that entry point's agreed block
+    agreed on ``x`` and the window geometry the plan derives from: the halo buffer and the
+    exchange then add no agreement all-reduce of their own (:func:`disttensor.array.nested`;
+    one op call agrees once)."""
     if not plan.needs_exchange:
         return x
-    if x.halo == plan.halo:
-        xh = x
-    else:
-        xh = x.with_halo(plan.halo)
-    xh.halo_exchange(halo_boundary(plan)).exchange()
+    with nested():
+        xh = x if x.halo == plan.halo else x.with_halo(plan.halo)
+        xh.halo_exchange(halo_boundary(plan)).exchange()
     return xh
 
 
 def begin_halo_input(x: DistArray, plan: WindowPlan):
     """Split-phase :func:`halo_input`: ``(x with the plan's halo, started exchange)``; call
-    ``end()`` on the exchange before reading halo cells (collective)."""
-    xh = x if x.halo == plan.halo else x.with_halo(plan.halo)
-    return xh, xh.halo_exchange(halo_boundary(plan)).begin()
+    ``end()`` on the exchange before reading halo cells (collective; same precondition as
+    :func:`halo_input`)."""
+    with nested():
+        xh = x if x.halo == plan.halo else x.with_halo(plan.halo)
+        return xh, xh.halo_exchange(halo_boundary(plan)).begin()
 
 
 def halo_boundary(plan: WindowPlan):
@@ -266,7 +271,8 @@ def halo_gradient(local_grad, x_dist: Distribution, grid, plan: WindowPlan) -> D
     """Adjoint of :func:`halo_input` followed by reading ``plan.read``: ``local_grad`` (the
     gradient on this rank's read window) is added into a buffer with the plan's halo, whose
     halo cells are then sent back and added into their owners (collective when a halo is
-    needed).  Returns a halo-free DistArray with distribution ``x_dist``."""
+    needed; same precondition as :func:`halo_input`: no agreement of its own).  Returns a
+    halo-free DistArray with distribution ``x_dist``."""
     from ..backend import array_module
     xp = array_module(local_grad)
     block = x_dist.block_shape(grid.coords)
@@ -279,7 +285,8 @@ def halo_gradient(local_grad, x_dist: Distribution, grid, plan: WindowPlan) -> D
     if not plan.needs_exchange:
         return DistArray(buf, x_dist, grid)
     g = DistArray(buf, x_dist, grid, plan.halo)
-    g.halo_exchange(halo_boundary(plan)).reverse()
+    with nested():  # the caller agreed on everything the plan derives from
+        g.halo_exchange(halo_boundary(plan)).reverse()
     return DistArray(xp.ascontiguousarray(g.local), x_dist, grid)
 
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..array import DistArray, agreed, canon, collective_entry
+from ..array import DistArray, agreed, canon, collective_entry, nested
 from ..comm import allreduce, collective
 from ..distribution import Distribution
 from .local import kernels_for
@@ -200,7 +200,8 @@ def _windowed_backward_data(saved: "ConvSaved", dy_local, grid, local=None) -> D
     except Exception as e:  # noqa: BLE001 - agreed on below, after the exchange completes
         err = e
     g = DistArray(buf, saved.x_dist, grid, plan.halo)
-    ex = g.halo_exchange(halo_boundary(plan)).reverse_begin()
+    with nested():  # the entry point agreed on everything the plan derives from
+        ex = g.halo_exchange(halo_boundary(plan)).reverse_begin()
     try:
         if err is None and interior is not None:
             buf[interior.read] += run(dy_local[interior.out], interior.read, interior.pad_lo,
