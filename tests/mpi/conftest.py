@@ -38,6 +38,10 @@ import pytest
 from hypothesis import HealthCheck, settings
 from mpi4py import MPI
 
+# convolution planning: the cost model (deterministic, nothing timed or written to disk);
+# tests/unit/test_microbatch.py exercises the benchmark mode explicitly
+os.environ.setdefault("DISTTENSOR_CONV_TUNE", "heuristic")
+
 __all__ = ["assert_all_ranks", "assert_allclose_all", "assert_raises_all"]
 
 # -- hypothesis ------------------------------------------------------------------------------

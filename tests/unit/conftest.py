@@ -5,6 +5,10 @@ import os
 
 from hypothesis import settings
 
+# convolution planning: the cost model (deterministic, nothing timed or written to disk);
+# tests/unit/test_microbatch.py exercises the benchmark mode explicitly
+os.environ.setdefault("DISTTENSOR_CONV_TUNE", "heuristic")
+
 settings.register_profile("disttensor-unit", derandomize=True, deadline=None, database=None)
 settings.register_profile("disttensor-unit-random", deadline=None)
 settings.load_profile("disttensor-unit-random" if os.environ.get("DISTTENSOR_HYPOTHESIS_RANDOM")

@@ -116,7 +116,7 @@ class PlanCache:
         try:
             with open(path) as f:
                 data = json.load(f)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return {}
         except (OSError, ValueError) as err:
             warnings.warn(f"ignoring the unreadable convolution plan cache {path} "
