@@ -7,6 +7,12 @@
   where cuDNN reports no engine for a configuration) im2col + cuBLAS (``cupy.matmul``) with the
   RawKernels of ``kernels/im2col.cu``, the batch (and, for big samples, the output depth) cut in
   chunks so the column buffer stays under ``DISTTENSOR_IM2COL_WORKSPACE_MIB`` (default 256).
+* With ``backend=None`` and no ``DISTTENSOR_CONV_BACKEND``, the three conv functions go through
+  the micro-batch planner of :mod:`.microbatch` (unless ``DISTTENSOR_CONV_TUNE=off``): the
+  candidates are every cuDNN execution plan the heuristics list (``cudnn:<rank>``, each with
+  its own workspace) and im2col with its column buffer bounded by the limit, per micro-batch
+  size; the mini-batch is divided so that each part's workspace stays under
+  ``DISTTENSOR_CONV_WORKSPACE_MB``.
 * Pooling (``pool_forward``, ``pool_backward``): ``kernels/pool.cu``.
 * Per-channel statistics, batch-norm apply, activations, channel softmax: ``kernels/pointwise.cu``.
 
@@ -46,7 +52,12 @@ APIs this module relies on (looked up, not guessed):
     raises ``cudnn.cudnnGraphNotSupportedError``;
   - ``graph.execute({graph_tensor: device_pointer_int, ...}, workspace_pointer_int_or_None,
     handle=h)``: raw device pointers are accepted as variant-pack values and as the workspace,
-    so torch is never imported.
+    so torch is never imported;
+  - every candidate plan (mu-cuDNN's algorithms): ``get_execution_plan_count()``,
+    ``build_plan_at_index(index)`` (raises where that engine cannot be built),
+    ``get_workspace_size_plan_at_index(index)`` and
+    ``execute_plan_at_index(variant_pack, workspace, index, handle=h)`` (cudnn-frontend
+    ``python/pygraph/pygraph.cpp`` and ``python/cudnn/_pygraph.py``).
 """
 from __future__ import annotations
 
@@ -59,7 +70,7 @@ from pathlib import Path
 import numpy as np
 
 __all__ = [
-    "cudnn_available", "conv_backend", "last_conv_backend",
+    "cudnn_available", "conv_backend", "last_conv_backend", "conv_algorithms",
     "conv_forward", "conv_backward_data", "conv_backward_filter",
     "pool_forward", "pool_backward",
     "channel_sums", "bn_forward_apply", "channel_sums_backward", "bn_backward_apply",
@@ -325,8 +336,14 @@ def _cudnn_handle(cudnn, cp):
     return h
 
 
+_MAX_CUDNN_PLANS = 8  # candidate engines per graph the micro-batch planner times
+
+
 def _cudnn_build(cudnn, handle, op, image_shape, w_shape, out_shape, dtype, stride, dilation,
-                 pre, post):
+                 pre, post, all_plans=False):
+    """Build a conv graph: with ``all_plans`` False the heuristics' choice, returning
+    ``(graph, tensors, workspace)``; with ``all_plans`` True every plan that builds (up to
+    ``_MAX_CUDNN_PLANS``), returning ``(graph, tensors, [(index, workspace), ...])``."""
     dt = cudnn.data_type
     io = {"float16": dt.HALF, "float32": dt.FLOAT, "float64": dt.DOUBLE}[np.dtype(dtype).name]
     comp = dt.DOUBLE if np.dtype(dtype) == np.float64 else dt.FLOAT
@@ -359,12 +376,26 @@ def _cudnn_build(cudnn, handle, op, image_shape, w_shape, out_shape, dtype, stri
     g.build_operation_graph()
     g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
     g.check_support()
-    g.build_plans()
-    return g, tensors, int(g.get_workspace_size())
+    if not all_plans:
+        g.build_plans()
+        return g, tensors, int(g.get_workspace_size())
+    built = []  # (plan index, workspace) of each plan that builds, in heuristic order
+    for i in range(min(int(g.get_execution_plan_count()), _MAX_CUDNN_PLANS)):
+        try:
+            g.build_plan_at_index(i)
+            built.append((i, int(g.get_workspace_size_plan_at_index(i))))
+        except Exception:  # noqa: BLE001 - that engine does not build here: not a candidate
+            continue
+    if not built:
+        raise RuntimeError("no cuDNN execution plan builds for this graph")
+    return g, tensors, built
 
 
-def _cudnn_plan(op, x_shape, w_shape, out_shape, dtype, stride, dilation, lo, hi):
-    """The cached plan for this convolution, or ``None`` where cuDNN has no engine for it.
+def _cudnn_plan(op, x_shape, w_shape, out_shape, dtype, stride, dilation, lo, hi,
+                all_plans=False):
+    """The cached plan for this convolution, or ``None`` where cuDNN has no engine for it
+    (``all_plans``: its ``workspace`` is the list ``[(plan index, workspace), ...]`` of every
+    plan that builds, for the micro-batch planner).
 
     Tried in order: cuDNN's own pre/post padding (when both are >= 0); then symmetric padding
     ``max(0, min(lo, hi))`` with the rest applied explicitly to the image (zero-padded copy, or
@@ -372,7 +403,7 @@ def _cudnn_plan(op, x_shape, w_shape, out_shape, dtype, stride, dilation, lo, hi
     import cudnn
     cp = _cp()
     key = (op, cp.cuda.Device().id, tuple(x_shape), tuple(w_shape), tuple(out_shape),
-           np.dtype(dtype).str, stride, dilation, lo, hi)
+           np.dtype(dtype).str, stride, dilation, lo, hi, bool(all_plans))
     plans = _tls("cudnn_plans", dict)
     if key in plans:
         return plans[key]
@@ -393,7 +424,7 @@ def _cudnn_plan(op, x_shape, w_shape, out_shape, dtype, stride, dilation, lo, hi
         image_shape = tuple(x_shape[:2]) + sp
         try:
             g, tensors, ws = _cudnn_build(cudnn, handle, op, image_shape, w_shape, out_shape,
-                                          dtype, stride, dilation, pre, post)
+                                          dtype, stride, dilation, pre, post, all_plans)
         except Exception as err:  # noqa: BLE001 - no engine (or a frontend error): im2col
             _warn_cudnn_failure(cudnn, op, dtype, err)
             continue
@@ -419,15 +450,22 @@ def _warn_cudnn_failure(cudnn, op, dtype, err):
                       stacklevel=4)
 
 
-def _cudnn_execute(plan, arrays):
+def _cudnn_execute(plan, arrays, index=None):
+    """Run ``plan`` (the heuristics' choice; or, for an ``all_plans`` plan, its plan
+    ``index`` of the graph's candidate list) on ``arrays`` (op order)."""
     import cudnn
     cp = _cp()
     handle = _cudnn_handle(cudnn, cp)
+    nbytes = plan.workspace if index is None else dict(plan.workspace)[index]
     # the workspace comes from CuPy's (stream-ordered) memory pool: effectively cached, and
     # never shared between streams
-    ws = cp.empty(plan.workspace, dtype=cp.uint8) if plan.workspace > 0 else None
+    ws = cp.empty(nbytes, dtype=cp.uint8) if nbytes > 0 else None
     pack = {t: a.data.ptr for t, a in zip(plan.tensors, arrays)}
-    plan.graph.execute(pack, None if ws is None else ws.data.ptr, handle=handle)
+    ptr = None if ws is None else ws.data.ptr
+    if index is None:
+        plan.graph.execute(pack, ptr, handle=handle)
+    else:
+        plan.graph.execute_plan_at_index(pack, ptr, index, handle=handle)
 
 
 def _pad_crop_slices(spatial, elo, ehi):
@@ -462,15 +500,17 @@ def _unpad_crop(cp, xp, elo, ehi, spatial):
 
 
 # -- im2col + cuBLAS -----------------------------------------------------------------------------
-def _im2col_budget_elems(itemsize):
-    mib = float(os.environ.get("DISTTENSOR_IM2COL_WORKSPACE_MIB", "256"))
-    return max(1, int(mib * 2**20) // itemsize)
+def _im2col_budget_elems(itemsize, budget_bytes=None):
+    if budget_bytes is None:
+        budget_bytes = float(os.environ.get("DISTTENSOR_IM2COL_WORKSPACE_MIB", "256")) * 2**20
+    return max(1, int(budget_bytes) // itemsize)
 
 
-def _chunks(N, oD, per_plane, itemsize):
-    """(n0, nb, od0, ndp) chunks: whole samples while one fits the column budget, else one
-    sample and as many output-depth planes as fit (at least one)."""
-    budget = _im2col_budget_elems(itemsize)
+def _chunks(N, oD, per_plane, itemsize, budget_bytes=None):
+    """(n0, nb, od0, ndp) chunks: whole samples while one fits the column budget
+    (``budget_bytes``, None: ``DISTTENSOR_IM2COL_WORKSPACE_MIB``), else one sample and as many
+    output-depth planes as fit (at least one)."""
+    budget = _im2col_budget_elems(itemsize, budget_bytes)
     per_sample = per_plane * oD
     if per_sample <= budget:
         nb = max(1, min(N, budget // max(per_sample, 1)))
@@ -487,7 +527,7 @@ def _im2col(cp, T, x_chunk, col, G, Cg, spatial, kernel, out_hw, od0, ndp, strid
     _launch(_kernel("im2col", f"im2col3d<{T}>"), col.size, args)
 
 
-def _im2col_forward(cp, x, w, y, stride, dilation, lo, G):
+def _im2col_forward(cp, x, w, y, stride, dilation, lo, G, budget_bytes=None):
     T = _ctype(x.dtype, "im2col")
     N, Cin = x.shape[:2]
     Cout, Cg = w.shape[:2]
@@ -496,7 +536,8 @@ def _im2col_forward(cp, x, w, y, stride, dilation, lo, G):
     oD, oH, oW = y.shape[2:]
     wg = w.reshape(G, Cout // G, K)
     yv = y.reshape(N, Cout, oD, oH * oW)
-    for n0, nb, od0, ndp in _chunks(N, oD, Cin * math.prod(kernel) * oH * oW, x.itemsize):
+    for n0, nb, od0, ndp in _chunks(N, oD, Cin * math.prod(kernel) * oH * oW, x.itemsize,
+                                    budget_bytes):
         col = cp.empty((nb, G, K, ndp * oH * oW), x.dtype)
         _im2col(cp, T, x[n0:n0 + nb], col, G, Cg, x.shape[2:], kernel, (oH, oW), od0, ndp,
                 stride, dilation, lo, 0)
@@ -504,7 +545,7 @@ def _im2col_forward(cp, x, w, y, stride, dilation, lo, G):
         yv[n0:n0 + nb, :, od0:od0 + ndp, :] = out.reshape(nb, Cout, ndp, oH * oW)
 
 
-def _im2col_backward_data(cp, dy, w, dx, stride, dilation, lo, G):
+def _im2col_backward_data(cp, dy, w, dx, stride, dilation, lo, G, budget_bytes=None):
     T = _ctype(dy.dtype, "im2col")
     N, Cin, D, H, W = dx.shape
     Cout, Cg = w.shape[:2]
@@ -514,7 +555,8 @@ def _im2col_backward_data(cp, dy, w, dx, stride, dilation, lo, G):
     wt = w.reshape(G, Cout // G, K).transpose(0, 2, 1)  # (G, K, Coutg)
     dyv = dy.reshape(N, Cout, oD, oH * oW)
     kern = _kernel("im2col", f"col2im3d<{T}>")
-    for n0, nb, od0, ndp in _chunks(N, oD, Cin * math.prod(kernel) * oH * oW, dy.itemsize):
+    for n0, nb, od0, ndp in _chunks(N, oD, Cin * math.prod(kernel) * oH * oW, dy.itemsize,
+                                    budget_bytes):
         # input depth rows the planes [od0, od0 + ndp) reach
         id0 = max(0, od0 * stride[0] - lo[0])
         id1 = min(D, (od0 + ndp - 1) * stride[0] - lo[0] + dilation[0] * (kernel[0] - 1) + 1)
@@ -528,7 +570,7 @@ def _im2col_backward_data(cp, dy, w, dx, stride, dilation, lo, G):
         _launch(kern, nb * Cin * (id1 - id0) * H * W, args)
 
 
-def _im2col_backward_filter(cp, x, dy, dw_shape, stride, dilation, lo, G):
+def _im2col_backward_filter(cp, x, dy, dw_shape, stride, dilation, lo, G, budget_bytes=None):
     T = _ctype(x.dtype, "im2col")
     N, Cin = x.shape[:2]
     Cout, Cg = dw_shape[:2]
@@ -538,7 +580,8 @@ def _im2col_backward_filter(cp, x, dy, dw_shape, stride, dilation, lo, G):
     acc = np.float64 if x.dtype == np.float64 else np.float32
     dw = cp.zeros((G, Cout // G, K), acc)
     dyv = dy.reshape(N, Cout, oD, oH * oW)
-    for n0, nb, od0, ndp in _chunks(N, oD, Cin * math.prod(kernel) * oH * oW, x.itemsize):
+    for n0, nb, od0, ndp in _chunks(N, oD, Cin * math.prod(kernel) * oH * oW, x.itemsize,
+                                    budget_bytes):
         Q = ndp * oH * oW
         colT = cp.empty((nb, G, Q, K), x.dtype)
         _im2col(cp, T, x[n0:n0 + nb], colT, G, Cg, x.shape[2:], kernel, (oH, oW), od0, ndp,
@@ -551,6 +594,202 @@ def _im2col_backward_filter(cp, x, dy, dw_shape, stride, dilation, lo, G):
 
 def _done(backend):
     _state.last_backend = backend
+
+
+# -- micro-batch planning (mu-cuDNN): the GPU algorithms -----------------------------------------
+_PASS_OP = {"forward": "fprop", "backward_data": "dgrad", "backward_filter": "wgrad"}
+
+
+def _pass_shapes(pass_, x_shape, w_shape, stride, dilation, pad_lo, pad_hi):
+    """``(image_shape, w_shape, out_shape)`` of a conv pass (the cuDNN op's operands)."""
+    out = (int(x_shape[0]), int(w_shape[0])) + _out_extents(
+        tuple(x_shape[2:]), tuple(w_shape[2:]), tuple(stride), tuple(dilation), tuple(pad_lo),
+        tuple(pad_hi))
+    return tuple(int(v) for v in x_shape), tuple(int(v) for v in w_shape), out
+
+
+class _CudnnRank:
+    """The cuDNN execution plan of heuristic rank ``rank`` (among those that build) of each
+    micro-batch's graph, as a micro-batch planner algorithm (:mod:`.microbatch` protocol)."""
+
+    def __init__(self, rank):
+        self.rank = rank
+
+    def _plan(self, pass_, x_shape, w_shape, stride, dilation, pad_lo, pad_hi, dtype):
+        """``(cuDNN plan with all candidates, (plan index, workspace))`` or ``(None, None)``."""
+        img, ws, out = _pass_shapes(pass_, x_shape, w_shape, stride, dilation, pad_lo, pad_hi)
+        t = lambda v: tuple(int(a) for a in v)  # noqa: E731
+        plan = _cudnn_plan(_PASS_OP[pass_], img, ws, out, dtype, t(stride), t(dilation),
+                           t(pad_lo), t(pad_hi), all_plans=True)
+        if plan is None or self.rank >= len(plan.workspace):
+            return None, None
+        return plan, plan.workspace[self.rank]
+
+    def supports(self, pass_, x_shape, w_shape, stride, dilation, pad_lo, pad_hi, groups, dtype):
+        if not cudnn_available():
+            return False
+        return self._plan(pass_, x_shape, w_shape, stride, dilation, pad_lo, pad_hi,
+                          dtype)[0] is not None
+
+    def workspace_bytes(self, pass_, x_shape, w_shape, stride, dilation, pad_lo, pad_hi, groups,
+                        dtype):
+        plan, (_, nbytes) = self._plan(pass_, x_shape, w_shape, stride, dilation, pad_lo, pad_hi,
+                                       dtype)
+        extra = 0
+        if plan.explicit:  # the padded/cropped image copy (or its gradient, for dgrad)
+            extra = math.prod(plan.image_shape) * np.dtype(dtype).itemsize
+        return int(nbytes) + extra
+
+    def estimate_seconds(self, problem):
+        """Cost model (heuristic mode): the heuristics' order, a fixed cost per launch."""
+        return problem.flops() / 2e13 * (1.0 + 0.25 * self.rank) + 2e-5
+
+    def forward(self, x, w, stride, dilation, pad_lo, pad_hi, groups):
+        cp = _cp()
+        plan, (index, _) = self._plan("forward", x.shape, w.shape, stride, dilation, pad_lo,
+                                      pad_hi, x.dtype)
+        img = _pad_crop(cp, x, plan.elo, plan.ehi) if plan.explicit else x
+        y = cp.empty(_pass_shapes("forward", x.shape, w.shape, stride, dilation, pad_lo,
+                                  pad_hi)[2], x.dtype)
+        _cudnn_execute(plan, (img, w, y), index)
+        return y
+
+    def backward_data(self, dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, groups):
+        cp = _cp()
+        x_shape = (dy.shape[0], w.shape[1] * groups) + tuple(in_spatial)
+        plan, (index, _) = self._plan("backward_data", x_shape, w.shape, stride, dilation,
+                                      pad_lo, pad_hi, dy.dtype)
+        dimg = cp.empty(plan.image_shape, dy.dtype)
+        _cudnn_execute(plan, (dy, w, dimg), index)
+        return _unpad_crop(cp, dimg, plan.elo, plan.ehi, in_spatial) if plan.explicit else dimg
+
+    def backward_filter(self, x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups):
+        cp = _cp()
+        w_shape = (dy.shape[1], x.shape[1] // groups) + tuple(kernel)
+        plan, (index, _) = self._plan("backward_filter", x.shape, w_shape, stride, dilation,
+                                      pad_lo, pad_hi, x.dtype)
+        img = _pad_crop(cp, x, plan.elo, plan.ehi) if plan.explicit else x
+        dw = cp.empty(w_shape, x.dtype)
+        _cudnn_execute(plan, (img, dy, dw), index)
+        return dw
+
+
+class _Im2colGpu:
+    """im2col + cuBLAS with the column chunk bounded by ``budget_bytes``."""
+
+    def __init__(self, budget_bytes):
+        self.budget_bytes = int(budget_bytes)
+
+    def supports(self, pass_, x_shape, w_shape, stride, dilation, pad_lo, pad_hi, groups, dtype):
+        return np.dtype(dtype).name in _CTYPES
+
+    def workspace_bytes(self, pass_, x_shape, w_shape, stride, dilation, pad_lo, pad_hi, groups,
+                        dtype):
+        """The largest chunk's column buffer plus its GEMM output (and, for the filter
+        gradient, the per-sample partial products)."""
+        item = np.dtype(dtype).itemsize
+        _, _, out = _pass_shapes(pass_, x_shape, w_shape, stride, dilation, pad_lo, pad_hi)
+        N, Cin = int(x_shape[0]), int(x_shape[1])
+        Cout, kk = int(w_shape[0]), math.prod(w_shape[2:])
+        plane = out[3] * out[4]
+        worst = 0
+        for _, nb, _, ndp in _chunks(N, out[2], Cin * kk * plane, item, self.budget_bytes):
+            col = nb * Cin * kk * ndp * plane
+            res = nb * Cout * ndp * plane
+            if pass_ == "backward_filter":
+                res += nb * Cout * int(w_shape[1]) * kk
+            worst = max(worst, col + res)
+        return worst * item
+
+    def estimate_seconds(self, problem):
+        return 2.0 * problem.flops() / 2e13 + 1e-4
+
+    def forward(self, x, w, stride, dilation, pad_lo, pad_hi, groups):
+        cp = _cp()
+        s, d, lo, hi, G = _conv_args(stride, dilation, pad_lo, pad_hi, groups)
+        y = cp.empty(_pass_shapes("forward", x.shape, w.shape, s, d, lo, hi)[2], x.dtype)
+        _im2col_forward(cp, x, w, y, s, d, lo, G, self.budget_bytes)
+        return y
+
+    def backward_data(self, dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, groups):
+        cp = _cp()
+        s, d, lo, hi, G = _conv_args(stride, dilation, pad_lo, pad_hi, groups)
+        dx = cp.zeros((dy.shape[0], w.shape[1] * G) + tuple(in_spatial), dy.dtype)
+        _im2col_backward_data(cp, dy, w, dx, s, d, lo, G, self.budget_bytes)
+        return dx
+
+    def backward_filter(self, x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups):
+        cp = _cp()
+        s, d, lo, hi, G = _conv_args(stride, dilation, pad_lo, pad_hi, groups)
+        dw_shape = (dy.shape[1], x.shape[1] // G) + tuple(kernel)
+        return _im2col_backward_filter(cp, x, dy, dw_shape, s, d, lo, G, self.budget_bytes)
+
+
+def conv_algorithms(limit_bytes: int) -> dict:
+    """The GPU micro-batch planner's algorithms under a workspace limit: ``cudnn:<rank>`` for
+    the heuristics' first ``_MAX_CUDNN_PLANS`` plans that build (when the frontend imports)
+    and ``im2col`` with its column chunk bounded by the limit."""
+    algos = {}
+    if cudnn_available():
+        algos.update({f"cudnn:{r}": _CudnnRank(r) for r in range(_MAX_CUDNN_PLANS)})
+    algos["im2col"] = _Im2colGpu(limit_bytes)
+    return algos
+
+
+_fp: dict = {}
+
+
+def _gpu_fingerprint():
+    """The plan cache's device key: GPU name, compute capability, CUDA, CuPy and cuDNN
+    versions."""
+    cp = _cp()
+    dev = cp.cuda.Device().id
+    if dev not in _fp:
+        props = cp.cuda.runtime.getDeviceProperties(dev)
+        name = props.get("name", b"")
+        info = dict(gpu=name.decode() if isinstance(name, bytes) else str(name),
+                    cc=str(cp.cuda.Device(dev).compute_capability), cupy=cp.__version__,
+                    cuda=int(cp.cuda.runtime.runtimeGetVersion()))
+        if cudnn_available():
+            import cudnn
+            info.update(cudnn=int(cudnn.backend_version()),
+                        cudnn_frontend=str(getattr(cudnn, "__version__", "")))
+        from .conv_plan_cache import fingerprint
+        _fp[dev] = fingerprint("gpu", info)
+    return _fp[dev]
+
+
+def _planned(backend) -> bool:
+    """Whether this call goes through the micro-batch planner (module docstring)."""
+    if backend is not None or _env_backend() is not None:
+        return False
+    from . import microbatch
+    return microbatch.tune_mode() != "off"
+
+
+def _run_planned(pass_, a, b, extra, s, d, lo, hi, G, x_shape, w_shape, dtype):
+    """Plan (or look up) and run the micro-batches of one conv pass on CuPy arrays."""
+    from . import microbatch
+    cp = _cp()
+    problem = microbatch.ConvProblem.make(pass_, x_shape, w_shape, s, d, lo, hi, G, dtype)
+    limit = microbatch._limit_overrides.get(problem, microbatch.workspace_limit())
+    algos = conv_algorithms(limit)
+    geo = (s, d, lo, hi, G)
+    if pass_ == "forward":
+        def runner(alg, n):
+            return alg.forward(a[:n], b, *geo)
+    elif pass_ == "backward_data":
+        def runner(alg, n):
+            return alg.backward_data(a[:n], b, extra, *geo)
+    else:
+        def runner(alg, n):
+            return alg.backward_filter(a[:n], b[:n], extra, *geo)
+    plan = microbatch.get_plan(problem, algos, _gpu_fingerprint(), runner,
+                               sync=cp.cuda.get_current_stream().synchronize, limit=limit)
+    microbatch._state.plan = plan
+    out = microbatch.run_plan(plan, algos, pass_, a, b, extra, geo, xp=cp)
+    _done("cudnn" if plan.micro_batches[-1][0].startswith("cudnn") else "im2col")
+    return out
 
 
 # -- public conv functions ---------------------------------------------------------------------
@@ -570,6 +809,8 @@ def conv_forward(x, w, stride, dilation, pad_lo, pad_hi, groups, *, backend=None
     if math.prod(y_shape) == 0 or x.size == 0 or w.size == 0:
         _done(None)
         return cp.zeros(y_shape, x.dtype)
+    if _planned(backend):
+        return _run_planned("forward", x, w, None, s, d, lo, hi, G, x.shape, w.shape, x.dtype)
     if _resolve_backend(backend) == "cudnn":
         plan = _cudnn_plan("fprop", x.shape, w.shape, y_shape, x.dtype, s, d, lo, hi)
         if plan is not None:
@@ -605,6 +846,9 @@ def conv_backward_data(dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, grou
     if math.prod(dx_shape) == 0 or dy.size == 0 or w.size == 0:
         _done(None)
         return cp.zeros(dx_shape, dy.dtype)
+    if _planned(backend):
+        return _run_planned("backward_data", dy, w, in_spatial, s, d, lo, hi, G, dx_shape,
+                            w.shape, dy.dtype)
     if _resolve_backend(backend) == "cudnn":
         plan = _cudnn_plan("dgrad", dx_shape, w.shape, dy.shape, dy.dtype, s, d, lo, hi)
         if plan is not None:
@@ -645,6 +889,9 @@ def conv_backward_filter(x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups
     if math.prod(dw_shape) == 0 or dy.size == 0 or x.size == 0:
         _done(None)
         return cp.zeros(dw_shape, x.dtype)
+    if _planned(backend):
+        return _run_planned("backward_filter", x, dy, k, s, d, lo, hi, G, x.shape, dw_shape,
+                            x.dtype)
     if _resolve_backend(backend) == "cudnn":
         plan = _cudnn_plan("wgrad", x.shape, dw_shape, dy.shape, x.dtype, s, d, lo, hi)
         if plan is not None:
