@@ -143,11 +143,15 @@ pip_target() {
 wheel() {  # wheel GROUP NAME-PREFIX: the carried wheel file, or nothing
   compgen -G "$WHEELS/$1/$2-*.whl" | head -n 1
 }
+short() { local w out=(); for w in "$@"; do w=${w##*/}; out+=("$(echo "$w" | cut -d- -f1-2)"); done; echo "${out[*]}"; }
 
 installed=()
 if ! has cudnn; then
   w=$(wheel required nvidia_cudnn_frontend)
-  if [ -n "$w" ]; then pip_target "$w"; installed+=("$(basename "$w")")
+  if [ -n "$w" ]; then
+    pip_target "$w"
+    if has cudnn; then installed+=("$(short "$w")")
+    else note "WARNING: installing $(basename "$w") did not make 'import cudnn' work"; fi
   else note "WARNING: no cuDNN frontend here and no wheel in $WHEELS/required (run scripts/gpu_wheels.sh and carry build/wheels): convolutions fall back to im2col"; fi
 fi
 for mod in pytest hypothesis; do
@@ -158,7 +162,9 @@ for mod in pytest hypothesis; do
     esac
     ws=()
     for n in $names; do w=$(wheel fallback "$n"); [ -n "$w" ] && ws+=("$w"); done
-    if [ ${#ws[@]} -gt 0 ]; then pip_target "${ws[@]}"; installed+=("${ws[@]##*/}"); fi
+    if [ ${#ws[@]} -gt 0 ]; then pip_target "${ws[@]}"; fi
+    if has "$mod"; then installed+=("$(short "${ws[@]}")")
+    else note "WARNING: $mod is missing and could not be installed from $WHEELS/fallback"; fi
   fi
 done
 # the directory of libcudnn.so.9 (nvidia-cudnn-cu13's wheel) on LD_LIBRARY_PATH
@@ -200,13 +206,13 @@ if [ $MPI2 = no ]; then
       --prefix "$WORK/mpich" "$w" 2>&1 | grep -v -i "running pip as the 'root' user" || true
     export PATH=$WORK/mpich/bin:$PATH
     export LD_LIBRARY_PATH=$WORK/mpich/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-    installed+=("$(basename "$w")")
+    installed+=("$(short "$w")")
     MPI1=no
     if m=$(mpi1); then MPI1=yes; else
       w=$(wheel mpi mpi4py)
       if [ -n "$w" ]; then
-        pip_target "$w"; installed+=("$(basename "$w")")
-        if m=$(mpi1); then MPI1=yes; fi
+        pip_target "$w"
+        if m=$(mpi1); then MPI1=yes; installed+=("$(short "$w")"); fi
       fi
     fi
     [ $MPI1 = yes ] && note "MPI (after install): $m"
@@ -335,6 +341,8 @@ EOF
         printf "%s\n" "$out" | grep -E "error|warning|Function properties|registers|spill|stack frame"
         [ $r = 0 ] || { echo "FAILED: $f (nvcc exit $r)"; rc=1; }
       done
+      n=$(ls disttensor/ops/local/kernels/*.cu | wc -l)
+      [ $rc = 0 ] && echo "compiled $n .cu files for sm_90 ($("$0" --version | tail -n 1))"
       exit $rc' "$NVCC"
   else
     step "nvcc sm_90 resource usage" "SKIP(no nvcc)" 0 "nvcc not found"
