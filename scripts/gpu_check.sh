@@ -266,6 +266,7 @@ try:
 except Exception:
     pass
 EOF
+timeout 60 "$PY" -m disttensor.info >>"$ENVF" 2>&1 || echo "(python -m disttensor.info failed)" >>"$ENVF"
 GPU=no
 "$PY" -c "import cupy, sys; sys.exit(0 if cupy.cuda.runtime.getDeviceCount() > 0 else 1)" \
   >/dev/null 2>&1 && GPU=yes
