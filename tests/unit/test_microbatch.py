@@ -433,3 +433,11 @@ def test_unwritable_cache_warns_once_and_keeps_plans_in_memory(tmp_path):
     with pytest.warns(RuntimeWarning, match="cannot write"):
         c.put(_fields(), {"v": 1})
     assert c.get(_fields()) == {"v": 1}
+
+
+def test_choose_division_keeps_undivided_within_the_margin():
+    times = {("a", 4): 1.0, ("a", 2): 0.49, ("b", 1): 0.3}
+    assert mb.choose_division(4, times, 0.05) == (1.0, [("a", 4)])
+    total, parts = mb.choose_division(4, {**times, ("a", 2): 0.45}, 0.05)
+    assert total == pytest.approx(0.9) and parts == [("a", 2), ("a", 2)]
+    assert mb.choose_division(4, {("b", 1): 0.3}, 0.05) == (pytest.approx(1.2), [("b", 1)] * 4)

@@ -15,7 +15,9 @@ and limit the planner
    ``"heuristic"``: deterministic, no timing);
 3. divides N by dynamic programming: ``T(0) = 0``, ``T(n) = min over (a, b), b <= n, of
    T(n - b) + t(a, b)`` (time adds, the workspace is the largest of the parts; ties go to fewer
-   micro-batches), see :func:`optimal_division`.
+   micro-batches), see :func:`optimal_division`; a measured division must beat the
+   undivided plan by 5 % to be taken (:func:`choose_division`: timing noise must not buy extra
+   calls).
 
 Filter gradients of the micro-batches are summed (the first writes the output, the others add
 into it: cuDNN's beta = 1).  When no algorithm fits the limit the limit is raised to the
@@ -62,8 +64,8 @@ from .conv_plan_cache import PlanCache, fingerprint
 
 __all__ = [
     "PASSES", "POLICIES", "MODES", "ConvProblem", "Plan", "Config",
-    "candidate_sizes", "optimal_division", "pareto_front", "divide_workspace",
-    "cpu_algorithms", "plan_problem", "pareto_set", "plan_network", "run_plan",
+    "candidate_sizes", "optimal_division", "choose_division", "pareto_front", "divide_workspace",
+    "cpu_algorithms", "candidates", "measure_times", "model_times", "plan_problem", "pareto_set", "plan_network", "run_plan",
     "set_limit_override", "clear_limit_overrides", "tune_mode", "workspace_limit", "policy",
     "conv_forward", "conv_backward_data", "conv_backward_filter", "last_plan", "clear_plans",
 ]
@@ -238,6 +240,24 @@ def optimal_division(n: int, times: dict, workspace: dict | None = None,
     return best[n][0], parts
 
 
+UNDIVIDED_MARGIN = 0.05
+
+
+def choose_division(n: int, times: dict, margin: float = UNDIVIDED_MARGIN):
+    """:func:`optimal_division` with a hysteresis for measured times: the fastest undivided
+    entry ``(a, n)`` is kept unless the division is faster by more than ``margin`` (a
+    fraction), since a division that wins by timing noise only costs extra calls.  Same
+    return value; None if no division exists."""
+    found = optimal_division(n, times)
+    whole = [(t, k) for k, t in times.items() if k[1] == n]
+    if found is None or not whole:
+        return found
+    t_whole, k_whole = min(whole)
+    if found[0] * (1.0 + margin) >= t_whole:
+        return t_whole, [k_whole]
+    return found
+
+
 def pareto_front(configs) -> list:
     """The configurations no other beats in both time and workspace, by increasing
     workspace (and so decreasing time); of equal ones the first is kept."""
@@ -397,7 +417,7 @@ def cpu_algorithms(limit: int) -> dict:
 
 
 # -- measuring -------------------------------------------------------------------------------
-def _candidates(problem: ConvProblem, algos: dict, sizes) -> dict:
+def candidates(problem: ConvProblem, algos: dict, sizes) -> dict:
     """``{(name, b): workspace}`` for the algorithms supporting micro-batch ``b``; of
     algorithms of the same class with the same workspace only the first is kept (e.g. the
     tiled kernel whose tile bound already gives one plane)."""
@@ -422,7 +442,7 @@ def _candidates(problem: ConvProblem, algos: dict, sizes) -> dict:
     return out
 
 
-def _model_times(problem: ConvProblem, algos: dict, cands: dict) -> dict:
+def model_times(problem: ConvProblem, algos: dict, cands: dict) -> dict:
     """Heuristic mode: each candidate's ``estimate_seconds`` (algorithms without a cost model
     are left out)."""
     out = {}
@@ -433,11 +453,15 @@ def _model_times(problem: ConvProblem, algos: dict, cands: dict) -> dict:
     return out
 
 
-def _measure_times(problem: ConvProblem, cands: dict, algos: dict, runner, sync=None) -> dict:
+def measure_times(problem: ConvProblem, cands: dict, algos: dict, runner, sync=None,
+                  budget_s: float | None = None, reps: int | None = None) -> dict:
     """Benchmark mode: ``runner(algorithm, b)`` runs one candidate on the first ``b`` samples;
-    each gets a warm-up and ``_reps()`` timed runs (the minimum).  All candidates of the
-    smallest size are timed; larger sizes only while the budget lasts."""
-    budget, reps = _budget_s(), _reps()
+    each gets a warm-up and ``reps`` timed runs (the minimum; default
+    ``DISTTENSOR_CONV_TUNE_REPS``).  All candidates of the smallest size are timed; larger
+    sizes only while ``budget_s`` lasts (default ``DISTTENSOR_CONV_TUNE_BUDGET_S``).
+    ``sync`` (e.g. a stream synchronize) runs after each call.  Returns ``{(name, b): s}``."""
+    budget = _budget_s() if budget_s is None else float(budget_s)
+    reps = _reps() if reps is None else max(1, int(reps))
     t_start = time.perf_counter()
     out = {}
     sizes = sorted({b for _, b in cands})
@@ -484,7 +508,7 @@ def plan_problem(problem: ConvProblem, algos: dict, limit: int, policy_: str, mo
     ``runner(algorithm, b)`` (which runs the algorithm object on the first ``b`` samples; mode
     ``benchmark``) or modelled (``heuristic``).  With one candidate only nothing is timed."""
     sizes = candidate_sizes(problem.batch, policy_)
-    cands = _candidates(problem, algos, sizes)
+    cands = candidates(problem, algos, sizes)
     if not cands:
         raise RuntimeError(f"no convolution algorithm supports {problem}")
     smallest = min(sizes)
@@ -500,14 +524,15 @@ def plan_problem(problem: ConvProblem, algos: dict, limit: int, policy_: str, mo
         limit = need
         fit = {k: ws for k, ws in cands.items() if ws <= limit}
     if mode == "benchmark" and runner is not None and len(fit) > 1:
-        times = _measure_times(problem, fit, algos, runner, sync)
+        times = measure_times(problem, fit, algos, runner, sync)
     else:
-        times = _model_times(problem, algos, fit)
+        times = model_times(problem, algos, fit)
         if not times:  # no cost model: equal times, so the fewest micro-batches win
             times = {k: 1.0 for k in fit}
     if not any(b == smallest for _, b in times):  # every small candidate failed: model them
         times.update({k: 1.0 for k in fit if k[1] == smallest and k not in times})
-    found = optimal_division(problem.batch, times)
+    found = choose_division(problem.batch, times, UNDIVIDED_MARGIN if mode == "benchmark"
+                            else 0.0)
     if found is None:
         raise RuntimeError(f"no division of {problem.batch} samples for {problem}")
     total, parts = found
@@ -520,13 +545,13 @@ def pareto_set(problem: ConvProblem, algos: dict, max_bytes: int, policy_: str, 
     ``max_bytes``: the optimal division under each distinct candidate workspace as limit, one
     timing table for all."""
     sizes = candidate_sizes(problem.batch, policy_)
-    cands = {k: ws for k, ws in _candidates(problem, algos, sizes).items() if ws <= max_bytes}
+    cands = {k: ws for k, ws in candidates(problem, algos, sizes).items() if ws <= max_bytes}
     if not cands:
         return []
     if mode == "benchmark" and runner is not None and len(cands) > 1:
-        times = _measure_times(problem, cands, algos, runner, sync)
+        times = measure_times(problem, cands, algos, runner, sync)
     else:
-        times = _model_times(problem, algos, cands) or {k: 1.0 for k in cands}
+        times = model_times(problem, algos, cands) or {k: 1.0 for k in cands}
     ws_of = {k: cands[k] for k in times}
     configs = []
     for lim in sorted(set(ws_of.values())):
