@@ -1,19 +1,24 @@
 """Halo exchange vs a bare MPI_Sendrecv of the same bytes (run: mpiexec -n 2 python bench/halo_bench.py).
 
-For a 3-D array of about 64 MiB split over the ranks (a 1-D grid) along axis 0 (faces are
-contiguous) or along the last axis (faces are strided: one run of ``w`` elements per row),
-with a halo of width ``w`` on both sides of the split axis only, it times
+Contiguous faces, a range of sizes: a 3-D array ``(8 * ranks, a, b)`` split along axis 0
+over a 1-D grid of all ranks with a halo of width 1 on both sides of axis 0, so every face is
+one contiguous run of ``a * b`` elements; ``--faces`` lists the face sizes in KiB (default
+4, 32, 256, 2048: latency-bound to bandwidth-bound).  Then strided faces: a 3-D array of about
+``--mib`` MiB split along the last axis (a face is 65536 runs of ``w`` elements), w = 1, 3.
 
-* ours: ``h.exchange()`` of a reusable ``h = x.halo_exchange('zero')`` (subarray datatypes
-  straight from/to the local buffer, no pack copy), and
+It times, interleaved rep by rep on the same data:
+
+* ours: ``h.exchange()`` of a reusable ``h = x.halo_exchange('zero')`` (persistent requests
+  started and waited, the zero fill of the boundary halo, packing where needed);
 * bare: one ``MPI.Sendrecv`` per neighbour of contiguous, preallocated buffers holding exactly
-  as many bytes as ours sends to and receives from that neighbour (read off the exchange plan),
+  as many bytes as ours sends to and receives from that neighbour (read off the exchange plan).
 
-interleaved rep by rep on the same data.  For strided faces a third figure is the hand-written
-floor: NumPy-pack the faces, one Sendrecv, NumPy-unpack (what any exchange of those faces
-must at least do), and ours divided by it.  Each rep starts after a barrier and its time is the
-slowest rank's; each line prints the medians over ``--reps`` reps (after ``--warmup``) and
-the ratio ours/bare (1.0 = no overhead over the network primitive).  See bench/README.md.
+For strided faces a third figure is the hand-written floor: NumPy-pack the faces, one
+Sendrecv, NumPy-unpack, and ours divided by it.  Each rep starts after a barrier and its time
+is the slowest rank's; each line prints the medians over ``--reps`` reps (after ``--warmup``)
+and the ratio ours/bare (1.0 = no overhead over the network primitive), recorded as
+``ratio_vs_sendrecv`` (target 1.2 for contiguous faces, lower is better).  ``--quick``: fewer
+reps, 16 MiB strided arrays (<= 90 s at 2 and 4 ranks).  See bench/README.md.
 """
 from __future__ import annotations
 
@@ -26,7 +31,8 @@ from mpi4py import MPI
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import disttensor as dt  # noqa: E402
-from _timing import compare  # noqa: E402  (bench/ is on sys.path when run as a script)
+from _results import record  # noqa: E402  (bench/ is on sys.path when run as a script)
+from _timing import compare  # noqa: E402
 
 COMM = MPI.COMM_WORLD
 MIB = 1 << 20
@@ -81,44 +87,77 @@ def bare_pack_sendrecv(plan, buf):
     return run
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mib", type=int, default=64, help="global array size in MiB")
-    ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=3)
-    args = ap.parse_args()
-    grid = dt.ProcessGrid((COMM.size,))
-    if COMM.rank == 0:
-        print(f"# halo_bench: {COMM.size} ranks, {args.mib} MiB arrays, median of {args.reps} reps "
-              f"(after {args.warmup} warm-up), times = slowest rank; ratio = ours/bare", flush=True)
+def contiguous_cases(args, grid) -> None:
+    for dtype in ("float32", "float64"):
+        item = np.dtype(dtype).itemsize
+        for kib in args.faces:
+            n = kib * 1024 // item
+            a = 1 << (max(n.bit_length() - 1, 0) // 2)
+            shape = (8 * COMM.size, a, n // a)
+            x = dt.zeros(shape, dtype=dtype, grid=grid, split=(0, None, None),
+                         halo=[(1, 1), (0, 0), (0, 0)])
+            x.local[...] = COMM.rank + 1
+            h = x.halo_exchange("zero")
+            bare, nbytes = bare_sendrecv(h.plan, item)
+            t = compare({"ours": h.exchange, "bare": bare}, args.reps * 5, args.warmup)
+            nbytes = COMM.allreduce(nbytes, op=MPI.MAX)
+            if COMM.rank == 0:
+                ratio = t["ours"] / t["bare"]
+                print(f"halo {dtype} shape={shape} split_axis=0 (contiguous faces) w=1 face="
+                      f"{kib} KiB: sent/rank={nbytes / 1024:.0f} KiB  ours={t['ours'] * 1e3:.4f} ms"
+                      f"  bare_sendrecv={t['bare'] * 1e3:.4f} ms  ratio={ratio:.2f}", flush=True)
+                record("halo", f"{dtype} contiguous face {kib} KiB", "ratio_vs_sendrecv", ratio,
+                       "x", target=1.2, better="lower", ranks=COMM.size)
+            h.free()
+            del x, h
+
+
+def strided_cases(args, grid) -> None:
     for dtype in ("float32", "float64"):
         shape = shape_for(dtype, args.mib * MIB)
-        for axis in (0, 2):
-            split = [None, None, None]
-            split[axis] = 0
-            for w in (1, 3):
-                halo = [(0, 0)] * 3
-                halo[axis] = (w, w)
-                x = dt.zeros(shape, dtype=dtype, grid=grid, split=split, halo=halo)
-                x.local[...] = COMM.rank + 1
-                h = x.halo_exchange("zero")
-                bare, nbytes = bare_sendrecv(h.plan, x.dtype.itemsize)
-                fns = {"ours": h.exchange, "bare": bare}
-                if axis != 0:
-                    fns["pack"] = bare_pack_sendrecv(h.plan, x.buffer)
-                t = compare(fns, args.reps, args.warmup)
-                nbytes = COMM.allreduce(nbytes, op=MPI.MAX)
-                if COMM.rank == 0:
-                    kind = "contiguous" if axis == 0 else "strided"
-                    extra = ""
-                    if "pack" in t:
-                        extra = (f"  [bare_pack+sendrecv+unpack={t['pack'] * 1e3:.3f} ms, "
-                                 f"ours/that={t['ours'] / t['pack']:.2f}]")
-                    print(f"halo {dtype} shape={shape} split_axis={axis} ({kind} faces) w={w}: "
-                          f"sent/rank={nbytes / MIB:.2f} MiB  ours={t['ours'] * 1e3:.3f} ms  "
-                          f"bare_sendrecv={t['bare'] * 1e3:.3f} ms  "
-                          f"ratio={t['ours'] / t['bare']:.2f}{extra}", flush=True)
-                del x, h
+        for w in (1, 3):
+            halo = [(0, 0), (0, 0), (w, w)]
+            x = dt.zeros(shape, dtype=dtype, grid=grid, split=(None, None, 0), halo=halo)
+            x.local[...] = COMM.rank + 1
+            h = x.halo_exchange("zero")
+            bare, nbytes = bare_sendrecv(h.plan, x.dtype.itemsize)
+            fns = {"ours": h.exchange, "bare": bare, "pack": bare_pack_sendrecv(h.plan, x.buffer)}
+            t = compare(fns, args.reps, args.warmup)
+            nbytes = COMM.allreduce(nbytes, op=MPI.MAX)
+            if COMM.rank == 0:
+                print(f"halo {dtype} shape={shape} split_axis=2 (strided faces) w={w}: "
+                      f"sent/rank={nbytes / MIB:.2f} MiB  ours={t['ours'] * 1e3:.3f} ms  "
+                      f"bare_sendrecv={t['bare'] * 1e3:.3f} ms  "
+                      f"ratio={t['ours'] / t['bare']:.2f}  [bare_pack+sendrecv+unpack="
+                      f"{t['pack'] * 1e3:.3f} ms, ours/that={t['ours'] / t['pack']:.2f}]",
+                      flush=True)
+                record("halo", f"{dtype} {shape} strided faces w={w}", "ratio_vs_sendrecv",
+                       t["ours"] / t["bare"], "x", better="lower", ranks=COMM.size)
+                record("halo", f"{dtype} {shape} strided faces w={w}", "ratio_vs_pack_sendrecv",
+                       t["ours"] / t["pack"], "x", better="lower", ranks=COMM.size)
+            h.free()
+            del x, h
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--faces", default="4,32,256,2048",
+                    help="contiguous face sizes in KiB, comma-separated")
+    ap.add_argument("--mib", type=int, default=64, help="strided cases: global size in MiB")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="fewer reps, 16 MiB strided arrays")
+    args = ap.parse_args()
+    if args.quick:
+        args.reps, args.mib = min(args.reps, 10), min(args.mib, 16)
+    args.faces = [int(f) for f in args.faces.split(",")]
+    grid = dt.ProcessGrid((COMM.size,))
+    if COMM.rank == 0:
+        print(f"# halo_bench: {COMM.size} ranks, median of {args.reps} reps (contiguous faces: "
+              f"{5 * args.reps}) after {args.warmup} warm-up, times = slowest rank; ratio = "
+              "ours/bare", flush=True)
+    contiguous_cases(args, grid)
+    strided_cases(args, grid)
     grid.free()
 
 
