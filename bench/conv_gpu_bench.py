@@ -98,15 +98,15 @@ def main(argv=None):
         print(f"# cudnn frontend {getattr(cudnn, '__version__', '?')}, "
               f"backend {cudnn.backend_version()}")
 
-    rng = np.random.default_rng(0)
+    rng = cp.random.default_rng(0)
     for li in (int(i) for i in args.layers.split(",")):
         N, Cin, Cout, n = LAYERS[li]
         sp = (n, n, n)
         for dtype in (np.dtype(d).type for d in args.dtypes.split(",")):
-            x = cp.asarray(rng.standard_normal((N, Cin) + sp, dtype=np.float32), dtype=dtype)
-            w = cp.asarray(rng.standard_normal((Cout, Cin, K, K, K), dtype=np.float32) * 0.1,
-                           dtype=dtype)
-            dy = cp.asarray(rng.standard_normal((N, Cout) + sp, dtype=np.float32), dtype=dtype)
+            # generated on the device (dy of the first layer is 1 GiB in float32)
+            x = rng.standard_normal((N, Cin) + sp, dtype=cp.float32).astype(dtype)
+            w = (rng.standard_normal((Cout, Cin, K, K, K), dtype=cp.float32) * 0.1).astype(dtype)
+            dy = rng.standard_normal((N, Cout) + sp, dtype=cp.float32).astype(dtype)
             ops = _ops(gpu, x, w, dy, sp)
             for opname, op in ops.items():
                 label = f"conv3d {opname} {np.dtype(dtype).name} N={N} {Cin}->{Cout} {n}^3"
