@@ -63,12 +63,17 @@ def _problem(pass_, n, cin, cout, s, k, dtype):
                                (1,) * 3, (p,) * 3, (k - 1 - p,) * 3, 1, dtype)
 
 
-def _runner(pass_, x, w, dy, geo, xp_slice=lambda a, b: a[:b]):
+def _runner(pass_, x, w, dy, geo):
+    take = mb.rotating_slices(x.shape[0])
     if pass_ == "forward":
-        return lambda alg, b: alg.forward(x[:b], w, *geo)
+        return lambda alg, b: alg.forward(x[take(b)], w, *geo)
     if pass_ == "backward_data":
-        return lambda alg, b: alg.backward_data(dy[:b], w, x.shape[2:], *geo)
-    return lambda alg, b: alg.backward_filter(x[:b], dy[:b], w.shape[2:], *geo)
+        return lambda alg, b: alg.backward_data(dy[take(b)], w, x.shape[2:], *geo)
+
+    def filt(alg, b):
+        sl = take(b)
+        return alg.backward_filter(x[sl], dy[sl], w.shape[2:], *geo)
+    return filt
 
 
 def _operands(pass_, x, w, dy):
@@ -184,7 +189,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a subset that runs in ~90 s")
     ap.add_argument("--size", type=int, default=None, help="CosmoFlow resolution (default 32)")
-    ap.add_argument("--batch", type=int, default=None, help="mini-batch (default 8, 4 quick)")
+    ap.add_argument("--batch", type=int, default=None, help="mini-batch (default 8)")
     ap.add_argument("--limits", type=int, nargs="+", default=None,
                     help="workspace limits in MiB (default 8 64 512; 8 64 with --quick)")
     ap.add_argument("--reps", type=int, default=None)
@@ -194,7 +199,7 @@ def main():
     args = ap.parse_args()
     q = args.quick
     args.size = args.size or 32
-    args.batch = args.batch or (4 if q else 8)
+    args.batch = args.batch or 8
     args.limits = args.limits or ([8, 64] if q else [8, 64, 512])
     args.reps = args.reps or (3 if q else 5)
     args.budget = args.budget if args.budget is not None else (0.5 if q else 2.0)

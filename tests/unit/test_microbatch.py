@@ -441,3 +441,11 @@ def test_choose_division_keeps_undivided_within_the_margin():
     total, parts = mb.choose_division(4, {**times, ("a", 2): 0.45}, 0.05)
     assert total == pytest.approx(0.9) and parts == [("a", 2), ("a", 2)]
     assert mb.choose_division(4, {("b", 1): 0.3}, 0.05) == (pytest.approx(1.2), [("b", 1)] * 4)
+
+
+def test_rotating_slices_cover_the_batch():
+    take = mb.rotating_slices(5)
+    assert [take(2) for _ in range(3)] == [slice(0, 2), slice(2, 4), slice(0, 2)]
+    take = mb.rotating_slices(4)
+    assert [take(1) for _ in range(5)] == [slice(i % 4, i % 4 + 1) for i in range(5)]
+    assert take(4) == slice(0, 4)

@@ -775,15 +775,17 @@ def _run_planned(pass_, a, b, extra, s, d, lo, hi, G, x_shape, w_shape, dtype):
     limit = microbatch._limit_overrides.get(problem, microbatch.workspace_limit())
     algos = conv_algorithms(limit)
     geo = (s, d, lo, hi, G)
+    take = microbatch.rotating_slices(a.shape[0])
     if pass_ == "forward":
         def runner(alg, n):
-            return alg.forward(a[:n], b, *geo)
+            return alg.forward(a[take(n)], b, *geo)
     elif pass_ == "backward_data":
         def runner(alg, n):
-            return alg.backward_data(a[:n], b, extra, *geo)
+            return alg.backward_data(a[take(n)], b, extra, *geo)
     else:
         def runner(alg, n):
-            return alg.backward_filter(a[:n], b[:n], extra, *geo)
+            sl = take(n)
+            return alg.backward_filter(a[sl], b[sl], extra, *geo)
     plan = microbatch.get_plan(problem, algos, _gpu_fingerprint(), runner,
                                sync=cp.cuda.get_current_stream().synchronize, limit=limit)
     microbatch._state.plan = plan

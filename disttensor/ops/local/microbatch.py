@@ -66,7 +66,7 @@ __all__ = [
     "PASSES", "POLICIES", "MODES", "ConvProblem", "Plan", "Config",
     "candidate_sizes", "optimal_division", "choose_division", "pareto_front", "divide_workspace",
     "cpu_algorithms", "candidates", "measure_times", "model_times", "plan_problem", "pareto_set", "plan_network", "run_plan",
-    "set_limit_override", "clear_limit_overrides", "tune_mode", "workspace_limit", "policy",
+    "set_limit_override", "clear_limit_overrides", "rotating_slices", "tune_mode", "workspace_limit", "policy",
     "conv_forward", "conv_backward_data", "conv_backward_filter", "last_plan", "clear_plans",
 ]
 
@@ -693,6 +693,19 @@ def plan_network(layers, total_bytes: int, strategy: str = "WD", policy_: str | 
     return out
 
 
+def rotating_slices(n: int):
+    """``take(b)``: successive slices ``[o, o + b)`` cycling through ``range(n)``, so repeated
+    timing runs of a micro-batch read different samples (timing the first ``b`` samples over
+    and over would measure them from cache and favour small micro-batches)."""
+    state = [0]
+
+    def take(b):
+        o = state[0] if state[0] + b <= n else 0
+        state[0] = o + b
+        return slice(o, o + b)
+    return take
+
+
 # -- CPU entry points (kernels_for(numpy array)) ---------------------------------------------
 def _cpu_dtype(*arrays):
     return np.result_type(*(a.dtype for a in arrays))
@@ -727,7 +740,8 @@ def conv_forward(x, w, stride, dilation, pad_lo, pad_hi, groups=1):
         return cpu_conv.conv_forward(x, w, *geo)
     x = np.ascontiguousarray(x)
     w = np.ascontiguousarray(w)
-    plan, algos = _cpu_plan(problem, lambda alg, b: alg.forward(x[:b], w, *geo))
+    take = rotating_slices(x.shape[0])
+    plan, algos = _cpu_plan(problem, lambda alg, b: alg.forward(x[take(b)], w, *geo))
     return run_plan(plan, algos, "forward", x, w, None, geo)
 
 
@@ -750,8 +764,9 @@ def conv_backward_data(dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, grou
         return cpu_conv.conv_backward_data(dy, w, in_spatial, *geo)
     dy = np.ascontiguousarray(dy)
     w = np.ascontiguousarray(w)
+    take = rotating_slices(dy.shape[0])
     plan, algos = _cpu_plan(problem, lambda alg, b: alg.backward_data(
-        dy[:b], w, in_spatial, *geo))
+        dy[take(b)], w, in_spatial, *geo))
     return run_plan(plan, algos, "backward_data", dy, w, in_spatial, geo)
 
 
@@ -775,6 +790,10 @@ def conv_backward_filter(x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups
         return cpu_conv.conv_backward_filter(x, dy, kernel, *geo)
     x = np.ascontiguousarray(x)
     dy = np.ascontiguousarray(dy)
-    plan, algos = _cpu_plan(problem, lambda alg, b: alg.backward_filter(
-        x[:b], dy[:b], kernel, *geo))
+    take = rotating_slices(x.shape[0])
+
+    def runner(alg, b):
+        sl = take(b)
+        return alg.backward_filter(x[sl], dy[sl], kernel, *geo)
+    plan, algos = _cpu_plan(problem, runner)
     return run_plan(plan, algos, "backward_filter", x, dy, kernel, geo)
