@@ -2,20 +2,25 @@
 
 CosmoFlow's five conv layers at 128^3 (N=4, k=3, 'same' padding, stride 1): 4->32 channels on
 128^3, 32->64 on 64^3, 64->128 on 32^3, 128->256 on 16^3, 256->512 on 8^3; forward,
-backward-data and backward-filter; float32, and float16 where cuDNN takes it.  Both backends run in the same process on the same data,
-interleaved rep by rep (who goes first rotates), after warm-up calls (graph building, NVRTC
-compilation, memory pool); each figure is the median over the reps of CUDA-event time on the
-current stream.  One line per figure:
+backward-data and backward-filter; float32, and float16 where cuDNN takes it.  Three ways per
+pass: ``cudnn`` (the heuristics' plan, ``backend='cudnn'``), ``im2col`` (``backend='im2col'``)
+and ``planned`` (``backend=None``, what the ops call: the micro-batch planner's choice among
+cuDNN's plans and im2col under ``DISTTENSOR_CONV_WORKSPACE_MB``, tuned on its first call).  All
+run in the same process on the same data, interleaved rep by rep (who goes first rotates),
+after warm-up calls (graph building, NVRTC compilation, tuning, memory pool); each figure is
+the median over the reps of CUDA-event time on the current stream.  One line per figure:
 
-    conv3d fwd float32 N=4 4->32 128^3: cudnn=… ms  im2col=… ms  im2col/cudnn=…x
+    conv3d fwd float32 N=4 4->32 128^3: cudnn=… ms  im2col=… ms  planned=… ms  im2col/cudnn=…x  cudnn/planned=…x
 
-(``im2col/cudnn`` > 1: cuDNN is that many times faster.)  Without a GPU it says so and exits 0;
-without the cuDNN frontend it times im2col alone.  Figures go to ``$DISTTENSOR_BENCH_CSV``
-(``bench/_results.py``, device ``gpu``): ``im2col_over_cudnn`` (target 1.0: cuDNN at least as
-fast as the fallback) and each backend's ``ms``.  Per-rank, no MPI:
+(``im2col/cudnn`` > 1: cuDNN is that many times faster than the fallback; ``cudnn/planned`` < 1:
+the workspace limit costs the planner that much.)  Without a GPU it says so and exits 0;
+without the cuDNN frontend it times im2col (and the planner) alone.  Figures go to
+``$DISTTENSOR_BENCH_CSV`` (``bench/_results.py``, device ``gpu``): ``im2col_over_cudnn``
+(target 1.0: cuDNN at least as fast as the fallback), ``cudnn_over_planned`` and each way's
+``ms``.  Per-rank, no MPI:
 
     python bench/conv_gpu_bench.py [--quick] [--reps 10] [--warmup 2] [--layers 0,1,2,3,4]
-        [--dtypes float32,float16]
+        [--dtypes float32,float16] [--no-planned]
 
 ``--quick``: 5 reps, 1 warm-up (the GPU check, ``scripts/gpu_check.sh``).
 """
@@ -51,13 +56,18 @@ def _gpu():
     return None
 
 
+def _be(name):
+    return None if name == "planned" else name
+
+
 def _ops(gpu, x, w, dy, sp):
     s3, d3, p3 = (STRIDE,) * 3, (DIL,) * 3, (PAD,) * 3
-    return {
-        "fwd": lambda be: gpu.conv_forward(x, w, s3, d3, p3, p3, 1, backend=be),
-        "bwd_data": lambda be: gpu.conv_backward_data(dy, w, sp, s3, d3, p3, p3, 1, backend=be),
+    return {  # backend None ('planned'): the micro-batch planner's choice, as the ops call it
+        "fwd": lambda be: gpu.conv_forward(x, w, s3, d3, p3, p3, 1, backend=_be(be)),
+        "bwd_data": lambda be: gpu.conv_backward_data(dy, w, sp, s3, d3, p3, p3, 1,
+                                                      backend=_be(be)),
         "bwd_filter": lambda be: gpu.conv_backward_filter(x, dy, (K,) * 3, s3, d3, p3, p3, 1,
-                                                          backend=be),
+                                                          backend=_be(be)),
     }
 
 
@@ -78,6 +88,9 @@ def main(argv=None):
     ap.add_argument("--layers", default=",".join(str(i) for i in range(len(LAYERS))),
                     help="comma-separated indices into LAYERS")
     ap.add_argument("--dtypes", default="float32,float16")
+    ap.add_argument("--no-planned", action="store_true",
+                    help="leave out backend=None (the micro-batch planner under "
+                         "DISTTENSOR_CONV_WORKSPACE_MB, tuned on its first call)")
     args = ap.parse_args(argv)
     args.reps = args.reps or (5 if args.quick else 10)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
@@ -92,7 +105,9 @@ def main(argv=None):
     props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
     name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
     print(f"# device: {name}; cuDNN frontend: "
-          f"{'yes' if have_cudnn else 'no (im2col only)'}; reps={args.reps} warmup={args.warmup}")
+          f"{'yes' if have_cudnn else 'no (im2col only)'}; reps={args.reps} warmup={args.warmup}; "
+          f"planner: DISTTENSOR_CONV_TUNE={os.environ.get('DISTTENSOR_CONV_TUNE', '(default)')} "
+          f"DISTTENSOR_CONV_WORKSPACE_MB={os.environ.get('DISTTENSOR_CONV_WORKSPACE_MB', '(default)')}")
     if have_cudnn:
         import cudnn
         print(f"# cudnn frontend {getattr(cudnn, '__version__', '?')}, "
@@ -111,7 +126,8 @@ def main(argv=None):
             for opname, op in ops.items():
                 label = f"conv3d {opname} {np.dtype(dtype).name} N={N} {Cin}->{Cout} {n}^3"
                 backends, notes = [], []
-                for be in (["cudnn", "im2col"] if have_cudnn else ["im2col"]):
+                for be in ((["cudnn", "im2col"] if have_cudnn else ["im2col"])
+                           + ([] if args.no_planned else ["planned"])):
                     try:
                         for _ in range(max(1, args.warmup)):
                             op(be)
@@ -138,14 +154,19 @@ def main(argv=None):
                 for be, t in med.items():
                     record("conv_gpu", f"{label} {be}", "ms", t, "ms", better="lower",
                            device="gpu")
-                if len(med) == 2:
-                    print(f"{label}: cudnn={med['cudnn']:.3f} ms  im2col={med['im2col']:.3f} ms"
-                          f"  im2col/cudnn={med['im2col'] / med['cudnn']:.2f}x", flush=True)
+                line = f"{label}: " + "  ".join(f"{be}={t:.3f} ms" for be, t in med.items())
+                if "cudnn" in med and "im2col" in med:
+                    line += f"  im2col/cudnn={med['im2col'] / med['cudnn']:.2f}x"
                     record("conv_gpu", label, "im2col_over_cudnn", med["im2col"] / med["cudnn"],
                            "x", target=1.0, better="higher", device="gpu")
-                else:
-                    (be, t), = med.items()
-                    print(f"{label}: {be}={t:.3f} ms  (no ratio: {'; '.join(notes)})", flush=True)
+                if "cudnn" in med and "planned" in med:
+                    # the planner works under a workspace limit, cuDNN's heuristic plan not
+                    line += f"  cudnn/planned={med['cudnn'] / med['planned']:.2f}x"
+                    record("conv_gpu", label, "cudnn_over_planned", med["cudnn"] / med["planned"],
+                           "x", better="higher", device="gpu")
+                if notes:
+                    line += f"  ({'; '.join(notes)})"
+                print(line, flush=True)
             del ops, x, w, dy
             cp.get_default_memory_pool().free_all_blocks()
     return 0

@@ -164,7 +164,9 @@ def main(argv=None) -> int:
 
     case = f"cosmoflow {args.size}^3 batch {args.batch} float32"
     print(f"# {case}, widths {args.widths}, dense {args.dense}; reps {args.reps}, warm-up "
-          f"{args.warmup}; device {device}", flush=True)
+          f"{args.warmup}; device {device}; conv planner DISTTENSOR_CONV_TUNE="
+          f"{os.environ.get('DISTTENSOR_CONV_TUNE', '(default)')}, DISTTENSOR_CONV_WORKSPACE_MB="
+          f"{os.environ.get('DISTTENSOR_CONV_WORKSPACE_MB', '(default)')}", flush=True)
     t0 = time.perf_counter()
     ours, x_host, y_host = ours_step(args, device)
     steps = {"ours": ours}
