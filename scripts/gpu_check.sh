@@ -121,6 +121,8 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 HYDRA_LAUNCHER=
 export DISTTENSOR_TEST_LOG_DIR=$WORK/logs/ranks DISTTENSOR_TEST_TMP_DIR=$WORK/test-tmp
 export DISTTENSOR_HYPOTHESIS_EXAMPLES=${DISTTENSOR_HYPOTHESIS_EXAMPLES:-10}
 export DISTTENSOR_TEST_STACK_DUMP_S=${DISTTENSOR_TEST_STACK_DUMP_S:-150}
+# the conv micro-batch planner's tuned plans (conv_plans.json) come back in gpu_logs.tar.gz
+export DISTTENSOR_CACHE_DIR=${DISTTENSOR_CACHE_DIR:-$WORK/logs/plan-cache}
 
 PY=""
 if [ -n "${GPU_CHECK_PYTHON:-}" ]; then
