@@ -1,0 +1,641 @@
+"""CPU conv3d without an im2col matrix: register-blocked implicit GEMM on 512-bit vectors.
+
+Same contract as :mod:`.cpu_conv` (``conv_forward``, ``conv_backward_data``,
+``conv_backward_filter``): layout ``(N, C, D, H, W)``; ``stride``, ``dilation``, ``pad_lo``,
+``pad_hi`` are 3-tuples of ints, zero padding, possibly asymmetric; cross-correlation with
+``w`` of shape ``(Cout, Cin // groups, kD, kH, kW)``; output extent per axis
+``(n + lo + hi - dilation*(k-1) - 1) // stride + 1``; float32 or float64, result in the
+input's dtype.
+
+The one kernel
+--------------
+All three passes are the same "gathered GEMM"::
+
+    out[r, co] = sum_j  X[row_off[r] + red_off[j]] * A[j, co]
+
+``X`` is a flat, zero-padded array, ``row_off`` / ``red_off`` are int64 offset tables and
+``A`` is packed lane-major, ``(ceil(Cout / C), J, C)`` with ``C`` output channels per block
+(zero-padded).  A micro-tile is ``R`` rows x ``C`` channels held in ``R * V`` vector registers
+(``V`` vectors of 16 float32 / 8 float64 lanes, ``C = V * lanes``): per reduction step it
+loads ``V`` vectors of ``A``, broadcasts ``R`` scalars of ``X`` and issues ``R * V`` fused
+multiply-adds, never touching the accumulators in memory.  The vector type and its
+load/store/broadcast/fma are small Numba intrinsics (LLVM ``<16 x float>`` / ``<8 x
+double>``), so LLVM emits AVX-512 where the CPU has it (and splits the vectors into AVX2/SSE
+halves where it has not: still correct, slower).  The reduction is cut in blocks of
+``_JB`` steps so that the block of ``A`` stays in L1/L2 while a thread sweeps its tiles;
+threads take contiguous ranges of tiles (``parallel=True`` over ``numba.get_num_threads()``
+chunks), so no two threads write one output.
+
+* forward: rows are output positions ``(n, od, oh, ow)`` (offset into the padded input of
+  the group), the reduction is ``(ci, kd, kh, kw)``, ``A`` the packed weights.
+* backward data: the forward kernel on ``dy`` zero-inserted by the stride and padded by
+  ``dilation*(k-1) - pad_lo`` (cropped where negative), with the kernel flipped and its
+  channel axes swapped (a stride-1 correlation over the ``(s-1)/s`` zeros when stride > 1:
+  correct, but ``s^3`` more work; the im2col kernels of :mod:`.cpu_conv` are the better
+  choice there).
+* backward filter: rows are ``(ci, kd, kh, kw)``, the reduction is over ``(n, od, oh, ow)``
+  and ``A`` is ``dy`` packed position-major.
+
+Variants (``ALGORITHMS``): ``"direct4x4"`` (R=4 rows x V=4 vectors: 64 float32 / 32 float64
+output channels per block, 16 accumulators) suits Cout >= 64; ``"direct8x2"`` (R=8 x V=2: 32
+float32 / 16 float64 channels) suits Cout = 32 and the backward filter of narrow layers.
+Both support every stride, dilation, asymmetric (also negative: cropping) zero padding and
+groups, float32 and float64, any N (also empty outputs).  Workspace: the padded input (or
+zero-inserted ``dy``), the packed ``A``, the ``(rows, C)``-blocked output and the offset tables
+(:meth:`_Direct.workspace_bytes`).
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic, models, register_model
+
+__all__ = ["ALGORITHMS", "direct_forward", "direct_backward_data", "direct_backward_filter"]
+
+
+# -- a 512-bit vector type for Numba -----------------------------------------------------------
+class _Vec(types.Type):
+    """A 512-bit SIMD value of ``dtype`` lanes (16 float32 or 8 float64)."""
+
+    def __init__(self, dtype):
+        self.dtype = dtype
+        self.lanes = 512 // dtype.bitwidth
+        super().__init__(name=f"Vec512({dtype})")
+
+
+@register_model(_Vec)
+class _VecModel(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, ir.VectorType(
+            dmm.lookup(fe_type.dtype).get_value_type(), fe_type.lanes))
+
+
+def _elem_ptr(context, builder, aty, arr, idxty, idx):
+    a = context.make_array(aty)(context, builder, arr)
+    return builder.gep(a.data, [context.cast(builder, idx, idxty, types.intp)])
+
+
+@intrinsic
+def _vload(typingctx, arr, idx):
+    """``arr[idx : idx + lanes]`` as a vector (1-d contiguous ``arr``; no bounds check)."""
+    vt = _Vec(arr.dtype)
+
+    def codegen(context, builder, sig, args):
+        vty = context.get_value_type(vt)
+        p = _elem_ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+        return builder.load(builder.bitcast(p, vty.as_pointer()),
+                            align=arr.dtype.bitwidth // 8)
+    return vt(arr, idx), codegen
+
+
+@intrinsic
+def _vstore(typingctx, arr, idx, v):
+    """``arr[idx : idx + lanes] = v`` (no bounds check)."""
+    def codegen(context, builder, sig, args):
+        vty = context.get_value_type(sig.args[2])
+        p = _elem_ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+        builder.store(args[2], builder.bitcast(p, vty.as_pointer()),
+                      align=arr.dtype.bitwidth // 8)
+        return context.get_dummy_value()
+    return types.none(arr, idx, v), codegen
+
+
+@intrinsic
+def _vzero(typingctx, arr):
+    """A zero vector of ``arr``'s dtype."""
+    vt = _Vec(arr.dtype)
+
+    def codegen(context, builder, sig, args):
+        return ir.Constant(context.get_value_type(vt), None)
+    return vt(arr), codegen
+
+
+@intrinsic
+def _vbcast(typingctx, arr, idx):
+    """``arr[idx]`` in every lane."""
+    vt = _Vec(arr.dtype)
+
+    def codegen(context, builder, sig, args):
+        vty = context.get_value_type(vt)
+        p = _elem_ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+        v = builder.insert_element(ir.Constant(vty, ir.Undefined), builder.load(p),
+                                   ir.Constant(ir.IntType(32), 0))
+        return builder.shuffle_vector(
+            v, ir.Constant(vty, ir.Undefined),
+            ir.Constant(ir.VectorType(ir.IntType(32), vt.lanes), [0] * vt.lanes))
+    return vt(arr, idx), codegen
+
+
+@intrinsic
+def _vfma(typingctx, a, b, c):
+    """``a * b + c`` lane by lane, fused (``llvm.fma``)."""
+    def codegen(context, builder, sig, args):
+        vt = sig.args[0]
+        vty = context.get_value_type(vt)
+        name = f"llvm.fma.v{vt.lanes}{'f32' if vt.dtype.bitwidth == 32 else 'f64'}"
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vty, [vty] * 3),
+                                            name)
+        return builder.call(fn, args)
+    return a(a, b, c), codegen
+
+
+@intrinsic
+def _vadd(typingctx, a, b):
+    def codegen(context, builder, sig, args):
+        return builder.fadd(args[0], args[1])
+    return a(a, b), codegen
+
+
+# -- the micro-kernels -------------------------------------------------------------------------
+_JB = 256  # reduction steps per block (A block: _JB * C * itemsize bytes, 64 KiB at C=64 f32)
+
+
+@njit(cache=True)
+def _lanes(a):
+    return 64 // a.itemsize
+
+
+@njit(cache=True, fastmath=True)
+def _tiles_4x4(xf, a, out, row_off, red_off, n_rt, t0, t1):
+    """Tiles ``[t0, t1)`` (tile ``t``: channel block ``t // n_rt``, rows ``4*(t % n_rt)`` +
+    0..3) of ``out[cob, r, :] = sum_j xf[row_off[r] + red_off[j]] * a[cob, j, :]`` (flat
+    arrays; ``out`` is ``(n_cob, 4*n_rt, 4*lanes)``, ``a`` is ``(n_cob, J, 4*lanes)``)."""
+    ln = _lanes(xf)
+    c = 4 * ln
+    jn = red_off.size
+    rp = 4 * n_rt
+    for j0 in range(0, jn, _JB):
+        j1 = min(j0 + _JB, jn)
+        for t in range(t0, t1):
+            cob = t // n_rt
+            r0 = (t - cob * n_rt) * 4
+            b0 = row_off[r0]
+            b1 = row_off[r0 + 1]
+            b2 = row_off[r0 + 2]
+            b3 = row_off[r0 + 3]
+            ob = (cob * rp + r0) * c
+            if j0 == 0:
+                a00 = _vzero(xf); a01 = _vzero(xf); a02 = _vzero(xf); a03 = _vzero(xf)  # noqa: E702
+                a10 = _vzero(xf); a11 = _vzero(xf); a12 = _vzero(xf); a13 = _vzero(xf)  # noqa: E702
+                a20 = _vzero(xf); a21 = _vzero(xf); a22 = _vzero(xf); a23 = _vzero(xf)  # noqa: E702
+                a30 = _vzero(xf); a31 = _vzero(xf); a32 = _vzero(xf); a33 = _vzero(xf)  # noqa: E702
+            else:
+                a00 = _vload(out, ob); a01 = _vload(out, ob + ln)  # noqa: E702
+                a02 = _vload(out, ob + 2 * ln); a03 = _vload(out, ob + 3 * ln)  # noqa: E702
+                a10 = _vload(out, ob + c); a11 = _vload(out, ob + c + ln)  # noqa: E702
+                a12 = _vload(out, ob + c + 2 * ln); a13 = _vload(out, ob + c + 3 * ln)  # noqa: E702
+                a20 = _vload(out, ob + 2 * c); a21 = _vload(out, ob + 2 * c + ln)  # noqa: E702
+                a22 = _vload(out, ob + 2 * c + 2 * ln)
+                a23 = _vload(out, ob + 2 * c + 3 * ln)
+                a30 = _vload(out, ob + 3 * c); a31 = _vload(out, ob + 3 * c + ln)  # noqa: E702
+                a32 = _vload(out, ob + 3 * c + 2 * ln)
+                a33 = _vload(out, ob + 3 * c + 3 * ln)
+            ao = (cob * jn + j0) * c
+            for j in range(j0, j1):
+                o = red_off[j]
+                w0 = _vload(a, ao); w1 = _vload(a, ao + ln)  # noqa: E702
+                w2 = _vload(a, ao + 2 * ln); w3 = _vload(a, ao + 3 * ln)  # noqa: E702
+                ao += c
+                x = _vbcast(xf, b0 + o)
+                a00 = _vfma(x, w0, a00); a01 = _vfma(x, w1, a01)  # noqa: E702
+                a02 = _vfma(x, w2, a02); a03 = _vfma(x, w3, a03)  # noqa: E702
+                x = _vbcast(xf, b1 + o)
+                a10 = _vfma(x, w0, a10); a11 = _vfma(x, w1, a11)  # noqa: E702
+                a12 = _vfma(x, w2, a12); a13 = _vfma(x, w3, a13)  # noqa: E702
+                x = _vbcast(xf, b2 + o)
+                a20 = _vfma(x, w0, a20); a21 = _vfma(x, w1, a21)  # noqa: E702
+                a22 = _vfma(x, w2, a22); a23 = _vfma(x, w3, a23)  # noqa: E702
+                x = _vbcast(xf, b3 + o)
+                a30 = _vfma(x, w0, a30); a31 = _vfma(x, w1, a31)  # noqa: E702
+                a32 = _vfma(x, w2, a32); a33 = _vfma(x, w3, a33)  # noqa: E702
+            _vstore(out, ob, a00); _vstore(out, ob + ln, a01)  # noqa: E702
+            _vstore(out, ob + 2 * ln, a02); _vstore(out, ob + 3 * ln, a03)  # noqa: E702
+            _vstore(out, ob + c, a10); _vstore(out, ob + c + ln, a11)  # noqa: E702
+            _vstore(out, ob + c + 2 * ln, a12); _vstore(out, ob + c + 3 * ln, a13)  # noqa: E702
+            _vstore(out, ob + 2 * c, a20); _vstore(out, ob + 2 * c + ln, a21)  # noqa: E702
+            _vstore(out, ob + 2 * c + 2 * ln, a22)
+            _vstore(out, ob + 2 * c + 3 * ln, a23)
+            _vstore(out, ob + 3 * c, a30); _vstore(out, ob + 3 * c + ln, a31)  # noqa: E702
+            _vstore(out, ob + 3 * c + 2 * ln, a32)
+            _vstore(out, ob + 3 * c + 3 * ln, a33)
+
+
+@njit(cache=True, fastmath=True)
+def _tiles_8x2(xf, a, out, row_off, red_off, n_rt, t0, t1):
+    """:func:`_tiles_4x4` with tiles of 8 rows x 2 vectors (``C = 2*lanes``)."""
+    ln = _lanes(xf)
+    c = 2 * ln
+    jn = red_off.size
+    rp = 8 * n_rt
+    for j0 in range(0, jn, _JB):
+        j1 = min(j0 + _JB, jn)
+        for t in range(t0, t1):
+            cob = t // n_rt
+            r0 = (t - cob * n_rt) * 8
+            b0 = row_off[r0]; b1 = row_off[r0 + 1]; b2 = row_off[r0 + 2]  # noqa: E702
+            b3 = row_off[r0 + 3]; b4 = row_off[r0 + 4]; b5 = row_off[r0 + 5]  # noqa: E702
+            b6 = row_off[r0 + 6]; b7 = row_off[r0 + 7]  # noqa: E702
+            ob = (cob * rp + r0) * c
+            if j0 == 0:
+                a00 = _vzero(xf); a01 = _vzero(xf); a10 = _vzero(xf); a11 = _vzero(xf)  # noqa: E702
+                a20 = _vzero(xf); a21 = _vzero(xf); a30 = _vzero(xf); a31 = _vzero(xf)  # noqa: E702
+                a40 = _vzero(xf); a41 = _vzero(xf); a50 = _vzero(xf); a51 = _vzero(xf)  # noqa: E702
+                a60 = _vzero(xf); a61 = _vzero(xf); a70 = _vzero(xf); a71 = _vzero(xf)  # noqa: E702
+            else:
+                a00 = _vload(out, ob); a01 = _vload(out, ob + ln)  # noqa: E702
+                a10 = _vload(out, ob + c); a11 = _vload(out, ob + c + ln)  # noqa: E702
+                a20 = _vload(out, ob + 2 * c); a21 = _vload(out, ob + 2 * c + ln)  # noqa: E702
+                a30 = _vload(out, ob + 3 * c); a31 = _vload(out, ob + 3 * c + ln)  # noqa: E702
+                a40 = _vload(out, ob + 4 * c); a41 = _vload(out, ob + 4 * c + ln)  # noqa: E702
+                a50 = _vload(out, ob + 5 * c); a51 = _vload(out, ob + 5 * c + ln)  # noqa: E702
+                a60 = _vload(out, ob + 6 * c); a61 = _vload(out, ob + 6 * c + ln)  # noqa: E702
+                a70 = _vload(out, ob + 7 * c); a71 = _vload(out, ob + 7 * c + ln)  # noqa: E702
+            ao = (cob * jn + j0) * c
+            for j in range(j0, j1):
+                o = red_off[j]
+                w0 = _vload(a, ao); w1 = _vload(a, ao + ln)  # noqa: E702
+                ao += c
+                x = _vbcast(xf, b0 + o); a00 = _vfma(x, w0, a00); a01 = _vfma(x, w1, a01)  # noqa: E702
+                x = _vbcast(xf, b1 + o); a10 = _vfma(x, w0, a10); a11 = _vfma(x, w1, a11)  # noqa: E702
+                x = _vbcast(xf, b2 + o); a20 = _vfma(x, w0, a20); a21 = _vfma(x, w1, a21)  # noqa: E702
+                x = _vbcast(xf, b3 + o); a30 = _vfma(x, w0, a30); a31 = _vfma(x, w1, a31)  # noqa: E702
+                x = _vbcast(xf, b4 + o); a40 = _vfma(x, w0, a40); a41 = _vfma(x, w1, a41)  # noqa: E702
+                x = _vbcast(xf, b5 + o); a50 = _vfma(x, w0, a50); a51 = _vfma(x, w1, a51)  # noqa: E702
+                x = _vbcast(xf, b6 + o); a60 = _vfma(x, w0, a60); a61 = _vfma(x, w1, a61)  # noqa: E702
+                x = _vbcast(xf, b7 + o); a70 = _vfma(x, w0, a70); a71 = _vfma(x, w1, a71)  # noqa: E702
+            _vstore(out, ob, a00); _vstore(out, ob + ln, a01)  # noqa: E702
+            _vstore(out, ob + c, a10); _vstore(out, ob + c + ln, a11)  # noqa: E702
+            _vstore(out, ob + 2 * c, a20); _vstore(out, ob + 2 * c + ln, a21)  # noqa: E702
+            _vstore(out, ob + 3 * c, a30); _vstore(out, ob + 3 * c + ln, a31)  # noqa: E702
+            _vstore(out, ob + 4 * c, a40); _vstore(out, ob + 4 * c + ln, a41)  # noqa: E702
+            _vstore(out, ob + 5 * c, a50); _vstore(out, ob + 5 * c + ln, a51)  # noqa: E702
+            _vstore(out, ob + 6 * c, a60); _vstore(out, ob + 6 * c + ln, a61)  # noqa: E702
+            _vstore(out, ob + 7 * c, a70); _vstore(out, ob + 7 * c + ln, a71)  # noqa: E702
+
+
+@njit(cache=True, parallel=True)
+def _run_4x4(xf, a, out, row_off, red_off, n_rt, n_tiles, n_chunks):
+    for i in prange(n_chunks):
+        _tiles_4x4(xf, a, out, row_off, red_off, n_rt, i * n_tiles // n_chunks,
+                   (i + 1) * n_tiles // n_chunks)
+
+
+@njit(cache=True, parallel=True)
+def _run_8x2(xf, a, out, row_off, red_off, n_rt, n_tiles, n_chunks):
+    for i in prange(n_chunks):
+        _tiles_8x2(xf, a, out, row_off, red_off, n_rt, i * n_tiles // n_chunks,
+                   (i + 1) * n_tiles // n_chunks)
+
+
+# -- packing -----------------------------------------------------------------------------------
+@njit(cache=True, parallel=True)
+def _pack(src, dst, m_n):
+    """``dst[cob, n*Q + q, c] = src[n, cob*C + c, q]`` (0 where ``cob*C + c >= m_n``);
+    ``src`` is ``(N, >= m_n, Q)``, ``dst`` ``(n_cob, N*Q, C)``."""
+    n_n, _, q_n = src.shape
+    n_cob, _, c_n = dst.shape
+    for t in prange(n_cob * n_n):
+        cob = t // n_n
+        n = t - cob * n_n
+        for c in range(c_n):
+            m = cob * c_n + c
+            if m < m_n:
+                for q in range(q_n):
+                    dst[cob, n * q_n + q, c] = src[n, m, q]
+            else:
+                for q in range(q_n):
+                    dst[cob, n * q_n + q, c] = 0
+
+
+@njit(cache=True, parallel=True)
+def _unpack(src, dst):
+    """``dst[n, m, q] = src[m // C, n*Q + q, m % C]`` (the inverse of :func:`_pack`)."""
+    n_n, m_n, q_n = dst.shape
+    c_n = src.shape[2]
+    for t in prange(n_n * m_n):
+        n = t // m_n
+        m = t - n * m_n
+        cob = m // c_n
+        c = m - cob * c_n
+        for q in range(q_n):
+            dst[n, m, q] = src[cob, n * q_n + q, c]
+
+
+# -- geometry ----------------------------------------------------------------------------------
+def _out_shape(in_spatial, kernel, stride, dilation, pad_lo, pad_hi):
+    out = []
+    for n, k, s, d, lo, hi in zip(in_spatial, kernel, stride, dilation, pad_lo, pad_hi):
+        span = d * (k - 1) + 1
+        if n + lo + hi < span:
+            raise ValueError(f"input extent {n} padded by ({lo}, {hi}) is shorter than the "
+                             f"kernel span {span}")
+        out.append((n + lo + hi - span) // s + 1)
+    return tuple(out)
+
+
+def _embed(x, lo, size, step=(1, 1, 1)):
+    """Zeros of spatial ``size`` with ``x[..., i]`` at ``lo + i*step`` per axis (positions
+    outside are dropped: negative ``lo`` crops)."""
+    out = np.zeros(x.shape[:2] + tuple(size), dtype=x.dtype)
+    src, dst = [slice(None)] * 2, [slice(None)] * 2
+    for n, l, sz, s in zip(x.shape[2:], lo, size, step):
+        i0 = 0 if l >= 0 else (-l + s - 1) // s          # first i with l + i*s >= 0
+        i1 = min(n, (sz - 1 - l) // s + 1) if sz - 1 - l >= 0 else 0
+        if i1 <= i0:
+            return out
+        src.append(slice(i0, i1))
+        dst.append(slice(l + i0 * s, l + (i1 - 1) * s + 1, s))
+    out[tuple(dst)] = x[tuple(src)]
+    return out
+
+
+def _positions(n_n, sample, out_sp, stride, strides3):
+    """Flat offsets ``n*sample + sum_a o_a*stride_a*strides3_a`` of every output position."""
+    od, oh, ow = out_sp
+    sd, sh, sw = (s * t for s, t in zip(stride, strides3))
+    off = (np.arange(n_n, dtype=np.int64)[:, None, None, None] * sample
+           + np.arange(od, dtype=np.int64)[:, None, None] * sd
+           + np.arange(oh, dtype=np.int64)[:, None] * sh + np.arange(ow, dtype=np.int64) * sw)
+    return off.reshape(-1)
+
+
+def _taps(cg, chan, kernel, dilation, strides3):
+    """Flat offsets ``ci*chan + sum_a k_a*dilation_a*strides3_a`` over ``(ci, kd, kh, kw)``."""
+    kd, kh, kw = kernel
+    dd, dh, dw = (d * t for d, t in zip(dilation, strides3))
+    off = (np.arange(cg, dtype=np.int64)[:, None, None, None] * chan
+           + np.arange(kd, dtype=np.int64)[:, None, None] * dd
+           + np.arange(kh, dtype=np.int64)[:, None] * dh + np.arange(kw, dtype=np.int64) * dw)
+    return off.reshape(-1)
+
+
+def _padded_rows(off, rows_per_tile):
+    """``off`` extended to a multiple of ``rows_per_tile`` by repeating its last entry."""
+    n = off.size
+    pad = (-n) % rows_per_tile
+    if pad:
+        off = np.concatenate([off, np.full(pad, off[-1], dtype=np.int64)])
+    return off
+
+
+def _float_dtype(*arrays):
+    dtype = np.result_type(*(a.dtype for a in arrays))
+    if dtype not in (np.float32, np.float64):
+        raise TypeError(f"CPU convolution kernels take float32 or float64 arrays, got "
+                        f"{', '.join(str(a.dtype) for a in arrays)}")
+    return dtype
+
+
+def _check(x_shape, w_shape, groups):
+    if len(x_shape) != 5 or len(w_shape) != 5:
+        raise ValueError(f"local conv kernels take (N, C, D, H, W) inputs and 5-d weights, got "
+                         f"{tuple(x_shape)} and {tuple(w_shape)}")
+    if groups < 1 or x_shape[1] % groups or w_shape[0] % groups:
+        raise ValueError(f"groups={groups} must divide the input channels {x_shape[1]} and "
+                         f"the output channels {w_shape[0]}")
+    if w_shape[1] * groups != x_shape[1]:
+        raise ValueError(f"weight {tuple(w_shape)} expects {w_shape[1] * groups} input channels "
+                         f"with groups={groups}, input has {x_shape[1]}")
+
+
+# -- the variants ------------------------------------------------------------------------------
+class _Direct:
+    """One register-blocking variant (see the module docstring).  ``rows`` x ``vecs`` is the
+    micro-tile; every stride, dilation, zero padding (asymmetric; negative crops) and groups
+    count is supported, float32 and float64."""
+
+    def __init__(self, name, rows, vecs, runner):
+        self.name, self.rows, self.vecs, self._run = name, rows, vecs, runner
+
+    def __repr__(self):
+        return f"<cpu_conv_direct {self.name}: {self.rows} rows x {self.vecs} vectors>"
+
+    # ---- the gathered GEMM
+    def _gemm(self, xf, a_pk, row_off, red_off, dtype):
+        """``(n_cob, rows_padded, C)`` result of the gathered GEMM (module docstring)."""
+        n_cob, c = a_pk.shape[0], a_pk.shape[2]
+        row_off = _padded_rows(row_off, self.rows)
+        n_rt = row_off.size // self.rows
+        out = np.empty((n_cob, row_off.size, c), dtype=dtype)
+        n_tiles = n_cob * n_rt
+        n_chunks = max(1, min(numba.get_num_threads(), n_tiles))
+        self._run(xf, a_pk.reshape(-1), out.reshape(-1), row_off, red_off, n_rt, n_tiles,
+                  n_chunks)
+        return out
+
+    def _c(self, dtype):
+        return self.vecs * 64 // np.dtype(dtype).itemsize
+
+    # ---- the planner's interface
+    def supports(self, pass_, x_shape, w_shape, stride, dilation, pad_lo, pad_hi, groups,
+                 dtype) -> bool:
+        """Whether this variant runs the pass for these shapes (float32/float64, 5-d shapes
+        whose groups divide the channels, an input no shorter than the dilated kernel)."""
+        if pass_ not in ("forward", "backward_data", "backward_filter"):
+            return False
+        if np.dtype(dtype) not in (np.float32, np.float64):
+            return False
+        try:
+            _check(x_shape, w_shape, groups)
+            _out_shape(tuple(x_shape[2:]), tuple(w_shape[2:]), stride, dilation, pad_lo,
+                       pad_hi)
+        except ValueError:
+            return False
+        return (all(int(s) >= 1 for s in stride) and all(int(d) >= 1 for d in dilation)
+                and all(int(k) >= 1 for k in w_shape[2:]))
+
+    def workspace_bytes(self, pass_, x_shape, w_shape, stride, dilation, pad_lo, pad_hi,
+                        groups, dtype) -> int:
+        """Temporary bytes of one call (x_shape's N is the micro-batch): padded operand,
+        packed ``A``, blocked output and offset tables."""
+        item = np.dtype(dtype).itemsize
+        c = self._c(dtype)
+        n_n, cin = int(x_shape[0]), int(x_shape[1])
+        cout = int(w_shape[0])
+        kernel = tuple(int(k) for k in w_shape[2:])
+        kk = int(np.prod(kernel))
+        in_sp = tuple(int(v) for v in x_shape[2:])
+        out_sp = _out_shape(in_sp, kernel, stride, dilation, pad_lo, pad_hi)
+        p_n = int(np.prod(out_sp))
+        i_n = int(np.prod(in_sp))
+        cg, cog = cin // groups, cout // groups
+        rup = lambda v, m: -(-v // m) * m  # noqa: E731
+        if pass_ == "forward":
+            padded = n_n * cin * int(np.prod([n + lo + hi for n, lo, hi in
+                                               zip(in_sp, pad_lo, pad_hi)]))
+            rows, red = n_n * p_n, cg * kk
+            blocks = rup(cog, c)
+            extra = 0
+        elif pass_ == "backward_data":
+            padded = n_n * cout * int(np.prod([n + d * (k - 1) for n, k, d in
+                                                zip(in_sp, kernel, dilation)]))
+            rows, red = n_n * i_n, cog * kk
+            blocks = rup(cg, c)
+            extra = cin * cog * kk
+        else:
+            padded = n_n * cin * int(np.prod([n + lo + hi for n, lo, hi in
+                                               zip(in_sp, pad_lo, pad_hi)]))
+            rows, red = cg * kk, n_n * p_n
+            blocks = rup(cog, c)
+            extra = 0
+        out_block = blocks * rup(max(rows, 1), self.rows)
+        return int((padded + blocks * red + out_block + extra) * item
+                   + 8 * (rows + self.rows + red))
+
+    def forward(self, x, w, stride, dilation, pad_lo, pad_hi, groups=1):
+        """``y[n, co] = sum_{ci in group(co), k} w[co, ci, k] * xpad[n, ci, o*stride +
+        k*dilation]`` (the contract of :func:`.cpu_conv.conv_forward`)."""
+        _check(x.shape, w.shape, groups)
+        dtype = _float_dtype(x, w)
+        x = np.ascontiguousarray(x, dtype=dtype)
+        w = np.ascontiguousarray(w, dtype=dtype)
+        stride, dilation = tuple(map(int, stride)), tuple(map(int, dilation))
+        pad_lo, pad_hi = tuple(map(int, pad_lo)), tuple(map(int, pad_hi))
+        n_n, cin = x.shape[:2]
+        cout = w.shape[0]
+        kernel = w.shape[2:]
+        out_sp = _out_shape(x.shape[2:], kernel, stride, dilation, pad_lo, pad_hi)
+        y = np.empty((n_n, cout) + out_sp, dtype=dtype)
+        if y.size == 0:
+            return y
+        if x.size == 0 or w.size == 0:
+            y[...] = 0
+            return y
+        size = tuple(n + lo + hi for n, lo, hi in zip(x.shape[2:], pad_lo, pad_hi))
+        xp = _embed(x, pad_lo, size)
+        self._conv(xp, w, y, stride, dilation, groups)
+        return y
+
+    def _conv(self, xp, w, y, stride, dilation, groups):
+        """``y = correlate(xp, w)`` over the already padded ``xp`` (no padding left)."""
+        dtype = xp.dtype
+        n_n, cin = xp.shape[:2]
+        cout = w.shape[0]
+        kernel = w.shape[2:]
+        cg, cog = cin // groups, cout // groups
+        sp = xp.shape[2:]
+        strides3 = (sp[1] * sp[2], sp[2], 1)
+        chan = sp[0] * sp[1] * sp[2]
+        out_sp = y.shape[2:]
+        p_n = int(np.prod(out_sp))
+        c = self._c(dtype)
+        n_cob = -(-cog // c)
+        rows = _positions(n_n, cin * chan, out_sp, stride, strides3)
+        taps = _taps(cg, chan, kernel, dilation, strides3)
+        kk = taps.size
+        xf = xp.reshape(-1)
+        yv = y.reshape(n_n, groups, cog, p_n)
+        for g in range(groups):
+            a_pk = np.empty((n_cob, kk, c), dtype=dtype)
+            _pack(w[g * cog:(g + 1) * cog].reshape(1, cog, kk), a_pk, cog)
+            out = self._gemm(xf, a_pk, rows, taps + g * cg * chan, dtype)
+            res = np.empty((n_n, cog, p_n), dtype=dtype)
+            _unpack(out[:, :n_n * p_n].reshape(n_cob, n_n * p_n, c), res)
+            yv[:, g] = res
+
+    def backward_data(self, dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, groups=1):
+        """Gradient of ``sum(forward(x, w) * dy)`` with respect to ``x`` (N, Cin,
+        *in_spatial); the contract of :func:`.cpu_conv.conv_backward_data`."""
+        dtype = _float_dtype(dy, w)
+        dy = np.ascontiguousarray(dy, dtype=dtype)
+        w = np.ascontiguousarray(w, dtype=dtype)
+        in_spatial = tuple(int(v) for v in in_spatial)
+        stride, dilation = tuple(map(int, stride)), tuple(map(int, dilation))
+        pad_lo, pad_hi = tuple(map(int, pad_lo)), tuple(map(int, pad_hi))
+        n_n, cout = dy.shape[:2]
+        cg, cog = w.shape[1], cout // groups
+        cin = cg * groups
+        _check((n_n, cin) + in_spatial, w.shape, groups)
+        kernel = w.shape[2:]
+        out_sp = _out_shape(in_spatial, kernel, stride, dilation, pad_lo, pad_hi)
+        if tuple(dy.shape[2:]) != out_sp:
+            raise ValueError(f"dy has spatial shape {dy.shape[2:]}, the convolution gives "
+                             f"{out_sp}")
+        dx = np.empty((n_n, cin) + in_spatial, dtype=dtype)
+        if dx.size == 0:
+            return dx
+        if dy.size == 0 or w.size == 0:
+            dx[...] = 0
+            return dx
+        # dx[i] = sum_k w[k] dy[(i + lo - k*d) / s]: a stride-1 correlation of the
+        # zero-inserted, re-padded dy with the flipped kernel, channels swapped per group
+        size = tuple(n + d * (k - 1) for n, k, d in zip(in_spatial, kernel, dilation))
+        lo = tuple(d * (k - 1) - p for k, d, p in zip(kernel, dilation, pad_lo))
+        dyp = _embed(dy, lo, size, stride)
+        wt = (w[:, :, ::-1, ::-1, ::-1].reshape((groups, cog, cg) + kernel)
+              .transpose(0, 2, 1, 3, 4, 5).reshape((cin, cog) + kernel))
+        self._conv(dyp, np.ascontiguousarray(wt), dx, (1, 1, 1), dilation, groups)
+        return dx
+
+    def backward_filter(self, x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups=1):
+        """Gradient of ``sum(forward(x, w) * dy)`` with respect to ``w`` (Cout, Cin //
+        groups, *kernel); the contract of :func:`.cpu_conv.conv_backward_filter`."""
+        dtype = _float_dtype(x, dy)
+        x = np.ascontiguousarray(x, dtype=dtype)
+        dy = np.ascontiguousarray(dy, dtype=dtype)
+        kernel = tuple(int(k) for k in kernel)
+        stride, dilation = tuple(map(int, stride)), tuple(map(int, dilation))
+        pad_lo, pad_hi = tuple(map(int, pad_lo)), tuple(map(int, pad_hi))
+        n_n, cin = x.shape[:2]
+        cout = dy.shape[1]
+        _check(x.shape, (cout, cin // max(groups, 1)) + kernel, groups)
+        cg, cog = cin // groups, cout // groups
+        out_sp = _out_shape(x.shape[2:], kernel, stride, dilation, pad_lo, pad_hi)
+        if tuple(dy.shape[2:]) != out_sp or dy.shape[0] != n_n:
+            raise ValueError(f"dy has shape {dy.shape}, the convolution gives "
+                             f"{(n_n, cout) + out_sp}")
+        kk = int(np.prod(kernel))
+        dw = np.zeros((cout, cg) + kernel, dtype=dtype)
+        if dy.size == 0 or x.size == 0 or dw.size == 0:
+            return dw
+        size = tuple(n + lo + hi for n, lo, hi in zip(x.shape[2:], pad_lo, pad_hi))
+        xp = _embed(x, pad_lo, size)
+        strides3 = (size[1] * size[2], size[2], 1)
+        chan = size[0] * size[1] * size[2]
+        p_n = int(np.prod(out_sp))
+        c = self._c(dtype)
+        n_cob = -(-cog // c)
+        red = _positions(n_n, cin * chan, out_sp, stride, strides3)
+        taps = _taps(cg, chan, kernel, dilation, strides3)
+        xf = xp.reshape(-1)
+        dyv = dy.reshape(n_n, cout, p_n)
+        dwv = dw.reshape(groups, cog, cg * kk)
+        for g in range(groups):
+            a_pk = np.empty((n_cob, n_n * p_n, c), dtype=dtype)
+            _pack(dyv[:, g * cog:(g + 1) * cog], a_pk, cog)
+            out = self._gemm(xf, a_pk, taps + g * cg * chan, red, dtype)
+            res = np.empty((1, cog, cg * kk), dtype=dtype)
+            _unpack(out[:, :cg * kk], res)
+            dwv[g] = res[0]
+        return dw
+
+
+ALGORITHMS: dict = {
+    "direct4x4": _Direct("direct4x4", 4, 4, _run_4x4),
+    "direct8x2": _Direct("direct8x2", 8, 2, _run_8x2),
+}
+
+
+def direct_forward(x, w, stride, dilation, pad_lo, pad_hi, groups=1, algorithm=None):
+    """:meth:`_Direct.forward` of ``algorithm`` (None: ``direct4x4`` where Cout/groups > 32,
+    else ``direct8x2``)."""
+    algo = ALGORITHMS[algorithm or ("direct4x4" if w.shape[0] // groups > 32 else "direct8x2")]
+    return algo.forward(x, w, stride, dilation, pad_lo, pad_hi, groups)
+
+
+def direct_backward_data(dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, groups=1,
+                         algorithm=None):
+    """:meth:`_Direct.backward_data` (None: ``direct4x4`` where Cin/groups > 32)."""
+    algo = ALGORITHMS[algorithm or ("direct4x4" if w.shape[1] > 32 else "direct8x2")]
+    return algo.backward_data(dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, groups)
+
+
+def direct_backward_filter(x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups=1,
+                           algorithm=None):
+    """:meth:`_Direct.backward_filter` (None: ``direct4x4`` where Cout/groups > 32)."""
+    algo = ALGORITHMS[algorithm or ("direct4x4" if dy.shape[1] // groups > 32
+                                    else "direct8x2")]
+    return algo.backward_filter(x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups)
