@@ -6,7 +6,10 @@ Run under MPI::
 
 The ranks form a 4-D grid ``(sample, depth, height, width)``: the global batch is dealt over the
 sample axis, and every sample is cut into blocks over the three spatial axes (each rank reads
-only its block from the files, see :class:`disttensor.io.SampleDataset`).  Parameters are
+only its block from the files, see :class:`disttensor.io.SampleDataset`).  Without ``--grid``
+the grid is the one whose step the performance model predicts fastest
+(:func:`disttensor.nn.perfmodel.plan_grid`: measured layer times per local block and a
+measured latency/bandwidth model of halo exchange and all-reduce); rank 0 prints the ranking.  Parameters are
 replicated; their gradients are summed over all ranks in buckets overlapped with backward
 (:class:`disttensor.nn.DistributedDataParallel`).  With batch norm in its default global mode
 the run computes the same thing on any grid as on one rank.
@@ -67,8 +70,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "--val-fraction of the training files)")
     p.add_argument("--val-fraction", type=float, default=0.125)
     p.add_argument("--out", default="runs/train", help="metrics.csv and checkpoint.h5 go here")
-    p.add_argument("--grid", default=None, help="SxDxHxW ranks, e.g. 2x2x1x1 (default: see "
-                   "choose_grid)")
+    p.add_argument("--grid", default=None, help="SxDxHxW ranks, e.g. 2x2x1x1 (default: the "
+                   "grid with the fastest step predicted by nn.perfmodel.plan_grid)")
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
     p.add_argument("--batch-size", type=int, default=8, help="global batch (samples)")
@@ -133,6 +136,30 @@ def choose_grid(nranks: int, batch: int, spatial: tuple[int, int, int]) -> tuple
         return (s, 1, 1, 1)
     d, h = MPI.Compute_dims(rest, 2)
     return (s, d, h, 1)
+
+
+def _plan_grid(args, comm, sample_shape, probe, segmentation, progress) -> tuple[int, ...]:
+    """No ``--grid``: rank the grids by the step time the performance model predicts
+    (:func:`disttensor.nn.perfmodel.plan_grid`, quick mode, collective) and take the fastest;
+    the ranked table goes to rank 0's output.  A model the planner cannot handle falls back
+    to :func:`choose_grid` (on every rank alike: planning errors are collective)."""
+    if segmentation:
+        args.classes = _num_classes(probe, comm)
+    with collective(comm):
+        model = build_model(args, sample_shape, np.random.default_rng(args.seed))
+    t0 = time.perf_counter()
+    try:
+        plan = nn.perfmodel.plan_grid(model, sample_shape, args.batch_size, comm=comm,
+                                      optimizer=args.optimizer,
+                                      bucket_bytes=int(args.bucket_mb * 2 ** 20),
+                                      overlap=not args.no_overlap, quick=True)
+    except ValueError as e:
+        dims = choose_grid(comm.size, args.batch_size, sample_shape[1:])
+        progress.say(f"grid planning failed ({e}); default grid {dims}")
+        return dims
+    progress.say(plan.report(top=5) + f"\nchosen grid (sample, d, h, w) = {plan.best.grid} "
+                 f"(planned in {time.perf_counter() - t0:.1f} s; --grid overrides)")
+    return plan.best.grid
 
 
 def _parse_partition(text: str):
@@ -440,10 +467,16 @@ def run(argv=None, comm=None, on_step=None) -> TrainResult:
                           batch_size=1, prefetch=False, y_dataset=yname)
     sample_shape, n_train = probe.sample_shape, probe.num_samples
     args.outputs = probe.num_targets
-    probe.close()
     per_stage = comm.size // args.stages
-    dims = _parse_grid(args.grid) if args.grid else choose_grid(per_stage, args.batch_size,
-                                                                sample_shape[1:])
+    try:
+        if args.grid:
+            dims = _parse_grid(args.grid)
+        elif args.stages == 1:
+            dims = _plan_grid(args, comm, sample_shape, probe, segmentation, progress)
+        else:
+            dims = choose_grid(per_stage, args.batch_size, sample_shape[1:])
+    finally:
+        probe.close()
     full = None
     if args.stages > 1:
         # (groups, stages, d, h, w); the ranks of one stage hold a (sample, d, h, w) grid

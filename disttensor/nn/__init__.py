@@ -35,3 +35,8 @@ from . import memory  # noqa: E402  (keep / offload / recompute saved activation
 from .memory import apply_plan, checkpoint, plan_memory, profile_memory  # noqa: E402
 
 __all__ += ["memory", "checkpoint", "profile_memory", "plan_memory", "apply_plan"]
+
+from . import perfmodel  # noqa: E402  (predicted step time per grid, plan_grid)
+from .perfmodel import plan_grid  # noqa: E402
+
+__all__ += ["perfmodel", "plan_grid"]

@@ -58,8 +58,7 @@ U-Net, whose skip connections make it one layer) is timed whole on the local blo
 communication ignored, and must be the last layer.  Transfers of one rank are assumed not to
 slow each other beyond the fitted model; compute is assumed independent of which spatial axis
 is cut beyond the block shape (on cubic samples permutations of a split are taken as
-equivalent, see :func:`enumerate_grids`); ``quick`` mode times blocks of one sample and scales
-linearly with the local batch.
+equivalent, see :func:`enumerate_grids`).
 """
 from __future__ import annotations
 
@@ -527,66 +526,101 @@ class LayerTimer:
     :meth:`time_all` takes a list of ``(layer, shape)`` jobs that must be the same on every
     rank of ``comm``; every rank runs them in that order (a barrier before each, so ranks
     measure concurrently) and one ``Allreduce(MAX)`` makes the result identical everywhere.
-    A block that fails to run gives ``inf`` on every rank."""
+    A block that fails to run gives ``inf`` on every rank.  The rounds of a block are
+    synchronised (a barrier before each) and the slowest rank's time of each round is
+    taken before the median over rounds: the step waits for the slowest rank of every
+    layer."""
 
     def __init__(self, comm: MPI.Comm, dtype, device: str = "cpu", repeats: int = 2,
-                 warmup: int = 1):
+                 warmup: int = 1, chunk_bytes: int = 256 * 2 ** 20):
         self.comm, self.dtype, self.device = comm, np.dtype(dtype), device
         self.repeats, self.warmup = int(repeats), int(warmup)
+        self.chunk_bytes = int(chunk_bytes)
         self.cache: dict = {}
 
-    def _one(self, layer, shape) -> tuple[float, float]:
+    def _prepared(self, layer, shape, input_grad: bool):
+        """A function timing one round of ``layer`` on a block of ``shape``: a barrier (so
+        the ranks run concurrently), forward, backward; returns ``(forward_s, backward_s)``.
+        Side effects on the layer are undone (as :func:`~disttensor.nn.partition.profile_layers`
+        does)."""
         from ..autograd.tensor import Tensor, filled_like
         from ..array import DistArray
         from ..creation import from_global
         from ..grid import ProcessGrid
         from .partition import _Isolated, _sync
-        rng = np.random.default_rng(0)
-        a = rng.standard_normal(shape).astype(self.dtype)
+        a = np.random.default_rng(0).standard_normal(shape).astype(self.dtype)
         grid = ProcessGrid((1,) * (len(shape) - 1), comm=MPI.COMM_SELF)
         x = from_global(a, grid=grid, split=(0, None) + tuple(range(1, len(shape) - 1)),
                         device=self.device)
-        fw, bw = [], []
         with _Isolated([layer], grid):
-            for r in range(self.warmup + self.repeats):
-                xt = Tensor(x, requires_grad=True)
+            y = layer(Tensor(x))
+        template = y.data if isinstance(y.data, DistArray) else None
+        del y
+
+        def run():
+            with _Isolated([layer], grid):
+                xt = Tensor(x, requires_grad=input_grad)
+                g = None if template is None else filled_like(template, 1)
+                self.comm.Barrier()
                 t0 = time.perf_counter()
                 y = layer(xt)
                 _sync(y.data)
                 t1 = time.perf_counter()
                 if y.requires_grad:
-                    g = filled_like(y.data, 1) if isinstance(y.data, DistArray) else None
                     y.backward(g)
                 _sync(y.data)
                 t2 = time.perf_counter()
-                if r >= self.warmup:
-                    fw.append(t1 - t0)
-                    bw.append(t2 - t1)
-                for p in layer.parameters():
-                    p.grad = None
-        return statistics.median(fw), statistics.median(bw)
+            return t1 - t0, t2 - t1
+        return run, x.local.nbytes
 
     def time_all(self, jobs: Sequence[tuple]) -> list[tuple[float, float]]:
-        """``(forward_s, backward_s)`` per ``(layer, shape)`` job (collective)."""
-        keys = [(_layer_key(layer), tuple(shape), self.dtype.str) for layer, shape in jobs]
+        """``(forward_s, backward_s)`` per ``(layer, shape, input_grad)`` job (collective):
+        the median over rounds of the slowest rank's time in each round.  ``input_grad``:
+        whether backward computes the gradient of the layer's input (not for the first
+        layer, whose input is the data).  The rounds of the distinct blocks are interleaved
+        (in chunks of at most ``chunk_bytes`` of inputs), so drifting load hits them alike."""
+        keys = [(_layer_key(layer), tuple(shape), bool(ig), self.dtype.str)
+                for layer, shape, ig in jobs]
         todo, seen = [], set()
-        for k, (layer, shape) in zip(keys, jobs):
+        for k, (layer, shape, ig) in zip(keys, jobs):
             if k not in self.cache and k not in seen and len(shape):
                 seen.add(k)
-                todo.append((k, layer, shape))
-        mine = np.zeros(2 * len(todo))
-        for j, (k, layer, shape) in enumerate(todo):
-            self.comm.Barrier()
-            try:
-                mine[2 * j:2 * j + 2] = self._one(layer, tuple(shape))
-            except Exception:  # noqa: BLE001 - an unrunnable block: inf on every rank
-                mine[2 * j:2 * j + 2] = math.inf
+                todo.append((k, layer, tuple(shape), ig))
+        R = self.repeats
+        mine = np.zeros((len(todo), R, 2))
+        start = 0
+        while start < len(todo):
+            runs, nbytes, stop = [], 0, start
+            while stop < len(todo) and (stop == start or nbytes < self.chunk_bytes):
+                k, layer, shape, ig = todo[stop]
+                try:
+                    run, nb = self._prepared(layer, shape, ig)
+                    nbytes += nb
+                except Exception:  # noqa: BLE001 - an unrunnable block: inf on every rank
+                    run = None
+                runs.append(run)
+                stop += 1
+            for r in range(self.warmup + R):
+                for j, run in enumerate(runs):
+                    if run is None:
+                        mine[start + j] = math.inf
+                        continue
+                    try:
+                        t = run()
+                    except Exception:  # noqa: BLE001
+                        runs[j] = None
+                        mine[start + j] = math.inf
+                        continue
+                    if r >= self.warmup:
+                        mine[start + j, r - self.warmup] = t
+            start = stop
         agreed = np.empty_like(mine)
         self.comm.Allreduce(mine, agreed, op=MPI.MAX)
-        for j, (k, _, _) in enumerate(todo):
-            self.cache[k] = (float(agreed[2 * j]), float(agreed[2 * j + 1]))
+        for j, (k, _, _, _) in enumerate(todo):
+            self.cache[k] = (float(np.median(agreed[j, :, 0])),
+                             float(np.median(agreed[j, :, 1])))
         return [self.cache.get(k, (0.0, 0.0)) if len(shape) else (0.0, 0.0)
-                for k, (_, shape) in zip(keys, jobs)]
+                for k, (_, shape, _) in zip(keys, jobs)]
 
 
 def _optimizer_time(params, optimizer: str, dtype, comm, repeats: int) -> float:
@@ -658,9 +692,9 @@ def plan_grid(model: Module, input_shape: Sequence[int], batch: int, nranks: int
     ``optimizer``: ``sgd``, ``adam``, ``adamw`` (its state and step time); ``bucket_bytes``
     and ``overlap``: the gradient reducer's; ``halo_overlap``: whether windowed ops overlap
     their halo exchange (default: on GPU only, as the convolution does); ``candidates``: the
-    grids to consider (default :func:`enumerate_grids`); ``quick``: time one-sample blocks
-    and scale with the local batch, fewer repetitions and message sizes (a few seconds on
-    small models); ``links``/``timer``: reuse earlier measurements.
+    grids to consider (default :func:`enumerate_grids`); ``quick``: 2 timed rounds per block
+    instead of 5 and fewer message sizes (a few seconds on small models); ``repeats``: timed
+    rounds per block; ``links``/``timer``: reuse earlier measurements.
 
     Every candidate is analysed (:func:`analyze_layers`), its distinct local blocks timed
     (:class:`LayerTimer`), and predicted (:func:`predict_grid`); see the module docstring
@@ -708,15 +742,11 @@ def plan_grid(model: Module, input_shape: Sequence[int], batch: int, nranks: int
                 excluded.append((g, str(e)))
     # everything above is pure given agreed arguments: every rank has the same geometries
     links = measure_links(comm, quick=quick) if links is None else links
-    reps = repeats or (1 if quick else 3)
+    reps = repeats or (2 if quick else 5)
     timer = LayerTimer(comm, dtype, device, repeats=reps, warmup=1) if timer is None else timer
 
-    def shape_of(gm, s):
-        if not gm.time_shape:
-            return ()
-        return (1,) + tuple(gm.time_shape[1:]) if quick else gm.time_shape
-    jobs = [(layer, shape_of(gm, g)) for g, gl in geoms.items()
-            for layer, gm in zip(layers, gl)]
+    jobs = [(layer, gm.time_shape, i > 0) for g, gl in geoms.items()
+            for i, (layer, gm) in enumerate(zip(layers, gl))]
     measured = timer.time_all(jobs)
     opt_s = _optimizer_time(params, optimizer, dtype, comm, reps)
     owner = {id(p): i for i, layer in enumerate(layers) for p in layer.parameters()}
@@ -726,9 +756,6 @@ def plan_grid(model: Module, input_shape: Sequence[int], batch: int, nranks: int
     for g, gl in geoms.items():
         ts = measured[k:k + len(gl)]
         k += len(gl)
-        if quick:
-            ts = [(f * gm.time_shape[0], b * gm.time_shape[0]) if gm.time_shape else (f, b)
-                  for (f, b), gm in zip(ts, gl)]
         if any(math.isinf(f) or math.isinf(b) for f, b in ts):
             bad = next(gm.name for (f, b), gm in zip(ts, gl) if math.isinf(f + b))
             excluded.append((g, f"layer {bad} failed to run on its local block"))

@@ -1,0 +1,141 @@
+"""Predicted vs measured training step time per grid (run under mpiexec -n 1, 2, 4).
+
+A small CosmoFlow (default 32^3 x 4 input, widths 8,16,32, dense 32,16, global batch 4) is
+planned with :func:`disttensor.nn.perfmodel.plan_grid` over every grid of the job's ranks
+(all permutations of the spatial splits, so 2 ranks give four grids), then one training step
+(forward, MSE, backward with the bucketed overlapped all-reduce of
+``DistributedDataParallel``, Adam) is measured on each grid: the median of ``--reps``
+interleaved steps, the slowest rank's time.  Printed per grid: predicted, measured, their
+ratio; then the predicted and the measured rank orders.
+
+``ranking_correct`` is 1 when no pair of grids is ordered the other way round by the
+measurement than by the prediction, beyond ``--tie`` (relative: measured times closer than
+that are ties, the noise of this machine).  Targets: predicted/measured within 25%, correct
+ranking.  One rank has a single grid (ranking trivially correct).
+
+    mpiexec -n 4 python -m mpi4py bench/perfmodel_bench.py [--quick] [--size 32]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _results import record  # noqa: E402
+from _timing import compare  # noqa: E402
+
+import disttensor as dt  # noqa: E402
+from disttensor import nn  # noqa: E402
+from disttensor.autograd import Tensor  # noqa: E402
+from disttensor.nn import functional as F  # noqa: E402
+from disttensor.nn.perfmodel import enumerate_grids, plan_grid  # noqa: E402
+
+
+def build(args):
+    return nn.models.cosmoflow(input_size=args.size, in_channels=4, widths=args.widths,
+                               dense=args.dense, outputs=4, rng=np.random.default_rng(0))
+
+
+def stepper(dims, args):
+    grid = dt.ProcessGrid(dims)
+    m = build(args)
+    net = nn.DistributedDataParallel(m, grid)
+    opt = nn.optim.Adam(m.parameters(), lr=1e-4)
+    g = dt.random.default_rng(1)
+    x = g.normal(shape=(args.batch, 4) + (args.size,) * 3, dtype="float32", grid=grid,
+                 split=(0, None, 1, 2, 3))
+    y = g.uniform(-1, 1, shape=(args.batch, 4), dtype="float32", grid=grid, split=(0, None))
+
+    def step():
+        loss = F.mse_loss(net(Tensor(x)), Tensor(y))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return step, net
+
+
+def ranking_correct(pred: list, meas: list, tie: float) -> bool:
+    """No pair ordered one way by ``pred`` and the other way by ``meas`` by more than
+    ``tie`` (relative)."""
+    n = len(pred)
+    for i in range(n):
+        for j in range(n):
+            if pred[i] < pred[j] and meas[i] > meas[j] * (1 + tie):
+                return False
+    return True
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--size", type=int, default=32)
+    p.add_argument("--widths", default="8,16,32")
+    p.add_argument("--dense", default="32,16")
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--tie", type=float, default=0.05,
+                   help="measured times closer than this (relative) count as ties")
+    p.add_argument("--quick", action="store_true", help="quick planning, at most 4 grids "
+                   "measured, 3 repetitions (<= 90 s per rank count)")
+    args = p.parse_args(argv)
+    args.widths = tuple(int(w) for w in args.widths.split(","))
+    args.dense = tuple(int(w) for w in args.dense.split(","))
+    comm = MPI.COMM_WORLD
+    n = comm.size
+    say = print if comm.rank == 0 else (lambda *a, **k: None)
+    say(f"# CosmoFlow {args.size}^3 x 4, widths {args.widths}, dense {args.dense}, global "
+        f"batch {args.batch}, {n} ranks{' (quick)' if args.quick else ''}")
+    cands = enumerate_grids(n, args.batch, (args.size,) * 3, symmetric=False)
+    t0 = time.perf_counter()
+    plan = plan_grid(build(args), (4,) + (args.size,) * 3, args.batch, comm=comm,
+                     candidates=cands, quick=args.quick)
+    t_plan = time.perf_counter() - t0
+    say(f"planning took {t_plan:.1f} s")
+    say(plan.report())
+    ranked = plan.ranked
+    if args.quick and len(ranked) > 4:  # best, worst and two between
+        idx = sorted({round(k * (len(ranked) - 1) / 3) for k in range(4)})
+        ranked = [ranked[k] for k in idx]
+    reps = 3 if args.quick else args.reps
+    steps, nets = {}, []
+    for pr in ranked:
+        steps[pr.grid], net = stepper(pr.grid, args)
+        nets.append(net)
+    meas = compare(steps, reps, warmup=1)
+    for net in nets:
+        net.reducer.release()
+    say(f"{'grid':12s} {'predicted ms':>13s} {'measured ms':>12s} {'pred/meas':>10s}")
+    for pr in ranked:
+        m = meas[pr.grid]
+        case = "x".join(map(str, pr.grid))
+        say(f"{case:12s} {pr.step_s * 1e3:13.2f} {m * 1e3:12.2f} {pr.step_s / m:10.3f}")
+        record("perfmodel", case, "predicted_s", pr.step_s, "s", better="lower", ranks=n,
+               rank=comm.rank)
+        record("perfmodel", case, "measured_s", m, "s", better="lower", ranks=n,
+               rank=comm.rank)
+        record("perfmodel", case, "predicted_over_measured", pr.step_s / m, "x", ranks=n,
+               rank=comm.rank)
+        record("perfmodel", case, "abs_error_fraction", abs(pr.step_s / m - 1), "fraction",
+               target=0.25, better="lower", ranks=n, rank=comm.rank)
+    pred_order = [pr.grid for pr in ranked]
+    meas_order = sorted(pred_order, key=lambda g: meas[g])
+    ok = ranking_correct([pr.step_s for pr in ranked], [meas[pr.grid] for pr in ranked],
+                         args.tie)
+    fmt = lambda gs: ", ".join("x".join(map(str, g)) for g in gs)  # noqa: E731
+    say(f"predicted order: {fmt(pred_order)}")
+    say(f"measured order:  {fmt(meas_order)}")
+    worst = max(abs(pr.step_s / meas[pr.grid] - 1) for pr in ranked)
+    say(f"ranking correct (ties within {args.tie:.0%}): {int(ok)}; largest |pred/meas - 1| "
+        f"{worst:.3f}")
+    record("perfmodel", f"cosmoflow {args.size}^3 batch {args.batch}", "ranking_correct",
+           float(ok), "bool", target=1.0, better="higher", ranks=n, rank=comm.rank)
+    record("perfmodel", f"cosmoflow {args.size}^3 batch {args.batch}", "planning_s", t_plan,
+           "s", better="lower", ranks=n, rank=comm.rank)
+
+
+if __name__ == "__main__":
+    main()
