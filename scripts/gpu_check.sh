@@ -203,11 +203,14 @@ if [ $MPI1 = yes ] && out2=$(mpi2); then MPI2=yes; fi
 if [ $MPI2 = no ]; then
   w=$(wheel mpi mpich)
   if [ -n "$w" ]; then
-    note "MPI: 1 rank ${MPI1}, 2 ranks no (${out2:-mpi4py does not start}): installing $(basename "$w")"
+    note "MPI: 1 rank ${MPI1}, 2 ranks no (${out2:-mpiexec failed or missing}): installing $(basename "$w")"
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
       --prefix "$WORK/mpich" "$w" 2>&1 | grep -v -i "running pip as the 'root' user" || true
+    PATH0=$PATH; LD0=${LD_LIBRARY_PATH:-}; MPI1_0=$MPI1; m0=$m
     export PATH=$WORK/mpich/bin:$PATH
     export LD_LIBRARY_PATH=$WORK/mpich/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    # mpi4py >= 4 wheels load the MPI library named here (a source build ignores it)
+    export MPI4PY_LIBMPI=$WORK/mpich/lib/libmpi.so.12
     installed+=("$(short "$w")")
     MPI1=no
     if m=$(mpi1); then MPI1=yes; else
@@ -219,6 +222,14 @@ if [ $MPI2 = no ]; then
     fi
     [ $MPI1 = yes ] && note "MPI (after install): $m"
     if [ $MPI1 = yes ] && out2=$(mpi2); then MPI2=yes; fi
+    if [ $MPI1 = no ] && [ "$MPI1_0" = yes ]; then
+      # worse than before: back to the image's MPI (1 rank only)
+      note "MPI: the carried MPICH made things worse; back to the image's MPI (1 rank)"
+      export PATH=$PATH0 LD_LIBRARY_PATH=$LD0
+      unset MPI4PY_LIBMPI
+      rm -rf "$SITE"/mpi4py "$SITE"/mpi4py-*
+      MPI1=yes; m=$m0
+    fi
   fi
 fi
 [ $MPI1 = yes ] || note "MPI: mpi4py cannot start MPI here ($m): the tests under tests/mpi cannot run"
