@@ -89,9 +89,34 @@ def _array_token(a) -> tuple:
                                                    digest_size=16).hexdigest())
 
 
+_DistArray = None  # disttensor.array.DistArray, resolved on first use (import cycle)
+
+
+def _distarray_type():
+    global _DistArray
+    if _DistArray is None:
+        from .array import DistArray
+        _DistArray = DistArray
+    return _DistArray
+
+
 def token(value):
     """A hashable, rank-independent description of ``value`` for agreement: equal on two ranks
-    exactly when the two values count as the same argument of a collective call."""
+    exactly when the two values count as the same argument of a collective call.
+
+    Fast paths: ints, strings and ``None`` are their own tokens; a DistArray's token (its
+    metadata never changes: distribution, grid shape, halo, dtype and device are fixed at
+    construction) is computed once and kept on the array."""
+    t = type(value)
+    if t is int or t is str or value is None:
+        return value
+    if t is (_DistArray or _distarray_type()):
+        tok = value.__dict__.get("_agreement_token")
+        if tok is None:
+            tok = value.__dict__["_agreement_token"] = (
+                "DistArray", value.distribution, value.grid.dims, value.halo, value.dtype.str,
+                value.device)
+        return tok
     if isinstance(value, bool):
         return ("bool", value)  # not True == 1: the digest cache would merge them
     if value is None or isinstance(value, (int, str, bytes)):

@@ -31,7 +31,7 @@ from .comm import PieceExchange, copy_into, fill_zero, private_comm
 from .distribution import Distribution
 from .plans import CommPlan, halo_plan
 
-__all__ = ["HaloExchange", "plan", "normalize_boundary"]
+__all__ = ["HaloExchange", "plan", "normalize_boundary", "reverse_window"]
 
 _REVERSE_TAG = 1 << 14
 
@@ -195,3 +195,59 @@ class HaloExchange:
     def reverse(self) -> None:
         self.reverse_begin()
         self.reverse_end()
+
+
+def _inside(box, start, stop) -> bool:
+    return all(a >= lo and b <= hi for a, b, lo, hi in zip(box.start, box.stop, start, stop))
+
+
+def _shifted(box, delta):
+    return tuple(slice(a - d, b - d) for a, b, d in zip(box.start, box.stop, delta))
+
+
+def reverse_window(window, read_start, x_dist: Distribution, grid, halo, periodic):
+    """Adjoint of "exchange the halo, then read a window of the buffer", straight from the
+    window's gradient, or ``None`` where this fast path does not apply (the caller then adds
+    ``window`` into a zero halo'd buffer and runs :meth:`HaloExchange.reverse`).
+
+    ``window`` (NumPy) is the gradient of the buffer box starting at ``read_start`` (buffer
+    coordinates: the owned block starts at ``lo``); ``halo`` the buffer's ``(lo, hi)`` per
+    axis.  Returns this rank's gradient block (new, C-contiguous): its owned part of
+    ``window`` plus every halo piece that its peers send back, added.  Applies when every
+    halo piece received from a peer (and every periodic piece copied locally) lies inside the
+    window; the messages are then those of the reverse exchange (same private communicator,
+    peers, tags and contents: cells outside the window have zero gradient), so ranks taking
+    this path and ranks taking the other one match.  Collective over the grid's ranks (like
+    the reverse exchange); no agreement (the caller agreed)."""
+    if type(window) is not np.ndarray:
+        return None
+    comm = grid.cart
+    lo = tuple(h[0] for h in halo)
+    hi = tuple(h[1] for h in halo)
+    p = plan(x_dist, comm.rank, lo, hi, tuple(periodic))
+    block = x_dist.block_shape(grid.coords)
+    r0 = tuple(read_start)
+    r1 = tuple(a + n for a, n in zip(r0, window.shape))
+    if not all(_inside(t.box, r0, r1) for t in p.recvs) or \
+            not all(_inside(d, r0, r1) for _, d in p.local):
+        return None
+    own0, own1 = lo, tuple(a + n for a, n in zip(lo, block))
+    c0 = tuple(max(a, b) for a, b in zip(own0, r0))
+    c1 = tuple(min(a, b) for a, b in zip(own1, r1))
+    covered = all(a == o and b == e for a, b, o, e in zip(c0, c1, own0, own1))
+    out = np.empty(block, dtype=window.dtype) if covered else np.zeros(block, dtype=window.dtype)
+    ex = None
+    if comm.size > 1 and (p.recvs or p.sends):
+        pcomm = private_comm(comm, "halo")
+        ex = PieceExchange(
+            pcomm, [(t.peer, t.tag + _REVERSE_TAG, window[_shifted(t.box, r0)]) for t in p.recvs],
+            [(t.peer, t.tag + _REVERSE_TAG, out[_shifted(t.box, lo)]) for t in p.sends],
+            accumulate=True, persistent=False).start()
+    if all(b > a for a, b in zip(c0, c1)):
+        copy_into(out[tuple(slice(a - o, b - o) for a, b, o in zip(c0, c1, own0))],
+                  window[tuple(slice(a - r, b - r) for a, b, r in zip(c0, c1, r0))])
+    for sbox, dbox in p.local:
+        out[_shifted(sbox, lo)] += window[_shifted(dbox, r0)]
+    if ex is not None:
+        ex.finish()
+    return out

@@ -279,6 +279,13 @@ def halo_gradient(local_grad, x_dist: Distribution, grid, plan: WindowPlan) -> D
     buf_shape = tuple(lo + n + hi for (lo, hi), n in zip(plan.halo, block))
     if not plan.needs_exchange and plan.has_output and tuple(local_grad.shape) == buf_shape:
         return DistArray(local_grad, x_dist, grid)  # the read window is the whole block
+    if plan.has_output and plan.needs_exchange:
+        # straight from the window's gradient: no zero halo'd buffer, one copy of the block
+        from ..halo import reverse_window
+        out = reverse_window(local_grad, tuple(sl.start or 0 for sl in plan.read), x_dist,
+                             grid, plan.halo, plan.periodic or (False,) * x_dist.ndim)
+        if out is not None:
+            return DistArray(out, x_dist, grid)
     buf = xp.zeros(buf_shape, dtype=local_grad.dtype)
     if plan.has_output:
         buf[plan.read] = local_grad
