@@ -328,9 +328,11 @@ def analyze_layers(layers: Sequence, input_shape: Sequence[int], batch: int,
                 m = max(oo[j + 1] - oo[j] for j in range(len(oo) - 1))
                 tshape.append(0 if m == 0 else max((m - 1) * w.stride + w.span - w.pad_lo
                                                    - w.pad_hi, 1))
-                hbox.append(max(sizes[j] + (lo if j > 0 else 0)
-                                + (hi if j < len(sizes) - 1 else 0) for j in range(len(sizes))))
-                pieces *= 1 + (lo > 0 and len(sizes) > 1) + (hi > 0 and len(sizes) > 1)
+                box, j = max((sizes[j] + (lo if j > 0 else 0)
+                              + (hi if j < len(sizes) - 1 else 0), j) for j in range(len(sizes)))
+                hbox.append(box)
+                # neighbour pieces along this axis of the block with the largest halo'd box
+                pieces *= 1 + (lo > 0 and j > 0) + (hi > 0 and j < len(sizes) - 1)
                 new.append(list(oo))
             cout = layer.out_channels if hasattr(layer, "out_channels") else chans
             in_vol = b * chans * math.prod(hbox) * itemsize
