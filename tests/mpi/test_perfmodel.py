@@ -1,0 +1,158 @@
+"""plan_grid under MPI: collective, the same ranking on every rank, bad input raising on every
+rank, the memory limit excluding grids, and the chosen grid running a training step."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import disttensor as dt
+from disttensor import nn
+from disttensor.agreement import ArgumentMismatchError
+from disttensor.autograd import Tensor
+from disttensor.nn import functional as F
+from disttensor.nn.perfmodel import LayerTimer, measure_links, plan_grid
+
+from checks import COMM, SIZE
+from conftest import assert_all_ranks, assert_raises_all
+
+SHAPE = (2, 8, 8, 8)
+BATCH = 4
+
+
+def model():
+    return nn.models.cosmoflow(input_size=8, in_channels=2, widths=(3, 4), dense=(5,),
+                               outputs=2, rng=np.random.default_rng(0))
+
+
+def same_everywhere(value) -> bool:
+    return all(v == value for v in COMM.allgather(value))
+
+
+def summary(plan):
+    return ([(p.grid, p.step_s, p.memory["total"]) for p in plan.ranked],
+            [g for g, _ in plan.excluded])
+
+
+def test_plan_is_identical_on_every_rank_and_valid():
+    plan = plan_grid(model(), SHAPE, BATCH, comm=COMM, quick=True)
+    assert_all_ranks(COMM, same_everywhere(summary(plan)), "plans differ between ranks")
+    grids = [p.grid for p in plan.ranked]
+    ok = all(math.prod(g) == SIZE and BATCH % g[0] == 0 for g in grids)
+    assert_all_ranks(COMM, ok and len(set(grids)) == len(grids), f"bad grids {grids}")
+    steps = [p.step_s for p in plan.ranked]
+    assert_all_ranks(COMM, steps == sorted(steps) and all(s > 0 for s in steps),
+                     f"not ranked by predicted step {steps}")
+    # the breakdown adds up to the step
+    best = plan.best
+    parts = sum(lp.forward_s + lp.backward_s for lp in best.layers)
+    assert_all_ranks(COMM, abs(parts + best.allreduce_s + best.optimizer_s - best.step_s)
+                     < 1e-9 * max(best.step_s, 1), "breakdown does not add up")
+    if SIZE > 1:  # the links were measured: positive latency, finite bandwidth
+        assert_all_ranks(COMM, plan.links.p2p.alpha > 0 and plan.links.allreduce.alpha > 0
+                         and plan.links.nranks == SIZE, str(plan.links))
+
+
+def test_chosen_grid_runs_a_step():
+    plan = plan_grid(model(), SHAPE, BATCH, comm=COMM, quick=True)
+    grid = dt.ProcessGrid(plan.best.grid)
+    m = model()
+    net = nn.DistributedDataParallel(m, grid)
+    g = dt.random.default_rng(3)
+    x = g.normal(shape=(BATCH,) + SHAPE, dtype="float32", grid=grid, split=(0, None, 1, 2, 3))
+    y = g.uniform(-1, 1, shape=(BATCH, 2), dtype="float32", grid=grid, split=(0, None))
+    loss = F.mse_loss(net(Tensor(x)), Tensor(y))
+    loss.backward()
+    net.reducer.release()
+    grads = [p.grad for p in m.parameters()]
+    assert_all_ranks(COMM, all(gr is not None and np.all(np.isfinite(gr)) for gr in grads),
+                     "the planned grid did not train")
+
+
+def test_candidates_and_invalid_grids_are_reported():
+    # a model with three pooling stages on 8^3: splitting depth over 4 or more ranks is too
+    # fine for the last convolution's halo
+    deep = nn.models.cosmoflow(input_size=8, in_channels=2, widths=(2, 2, 2), dense=(3,),
+                               outputs=2, rng=np.random.default_rng(0))
+    cands = [(SIZE, 1, 1, 1), (1, SIZE, 1, 1)]
+    plan = plan_grid(deep, SHAPE, 4 * SIZE, comm=COMM, quick=True, candidates=cands)
+    got = {p.grid for p in plan.ranked}
+    excluded = {g for g, _ in plan.excluded}
+    expect_bad = {(1, SIZE, 1, 1)} if SIZE >= 3 else set()
+    assert_all_ranks(COMM, excluded == expect_bad and got == set(cands) - expect_bad,
+                     f"ranked {got}, excluded {plan.excluded}")
+
+
+def test_memory_limit_excludes_grids():
+    free = plan_grid(model(), SHAPE, BATCH, comm=COMM, quick=True)
+    mems = sorted({p.memory["total"] for p in free.ranked})
+    if len(mems) > 1:
+        limit = (mems[0] + mems[1]) / 2
+        plan = plan_grid(model(), SHAPE, BATCH, memory_limit=limit, comm=COMM, quick=True)
+        kept = {p.grid for p in plan.ranked}
+        want = {p.grid for p in free.ranked if p.memory["total"] <= limit}
+        assert_all_ranks(COMM, kept == want and len(plan.excluded) >= len(free.ranked)
+                         - len(want) and all("over the limit" in why for _, why in
+                                             plan.excluded), f"{kept} vs {want}")
+    assert_raises_all(COMM, ValueError, "no valid grid fits",
+                      lambda: plan_grid(model(), SHAPE, BATCH, memory_limit=mems[0] / 2, comm=COMM,
+                                        quick=True))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"batch": 0}, "batch must be a positive"),
+    ({"input_shape": (2, 8, 8)}, "input_shape must be"),
+    ({"optimizer": "lbfgs"}, "optimizer must be one of"),
+    ({"memory_limit": -1.0}, "memory_limit must be positive"),
+    ({"candidates": [(SIZE + 1, 1, 1, 1)]}, "is not a 4-axis grid"),
+])
+def test_bad_input_raises_on_every_rank(kwargs, match):
+    args = {"input_shape": SHAPE, "batch": BATCH, **kwargs}
+    assert_raises_all(COMM, ValueError, match, lambda: plan_grid(model(), comm=COMM, quick=True,
+                                                                  **args))
+
+
+def test_batch_no_grid_divides():
+    # an odd batch on an even rank count still has s = 1 grids; a batch that fits nothing
+    # is only possible through candidates
+    if SIZE > 1:
+        assert_raises_all(COMM, ValueError, "no valid grid fits",
+                          lambda: plan_grid(model(), SHAPE, 1, comm=COMM, quick=True,
+                                            candidates=[(SIZE, 1, 1, 1)]))
+
+
+@pytest.mark.skipif(SIZE < 2, reason="needs 2 ranks")
+def test_arguments_differing_between_ranks():
+    batch = 4 if COMM.rank == 0 else 8
+    assert_raises_all(COMM, ArgumentMismatchError, "differ between ranks",
+                      lambda: plan_grid(model(), SHAPE, batch, comm=COMM, quick=True))
+
+
+def test_links_and_timer_agree_across_ranks():
+    links = measure_links(COMM, quick=True)
+    assert_all_ranks(COMM, same_everywhere(links), "link models differ")
+    assert_all_ranks(COMM, links.p2p.alpha >= 0 and links.p2p.beta >= 0
+                     and links.allreduce.alpha >= 0 and links.allreduce.beta >= 0, str(links))
+    m = model()
+    layers = nn.sequential_layers(m)
+    before = [np.array(p.data, copy=True) for p in m.parameters()]
+    timer = LayerTimer(COMM, np.float32, repeats=3)
+    t = timer.time_all([(layers[0], (2, 2, 32, 32, 32), True),
+                        (layers[0], (2, 2, 4, 32, 32), True),
+                        (layers[1], (2, 3, 8, 8, 8), True), (layers[0], (), True)])
+    assert_all_ranks(COMM, same_everywhere(t), "timings differ between ranks")
+    assert_all_ranks(COMM, all(f > 0 and b > 0 for f, b in t[:3]) and t[3] == (0.0, 0.0),
+                     str(t))
+    # a conv on a block with 8x the work takes longer (beyond this machine's noise)
+    assert_all_ranks(COMM, sum(t[0]) > sum(t[1]), str(t))
+    # cached: the same job again is not re-timed
+    assert_all_ranks(COMM, timer.time_all([(layers[0], (2, 2, 4, 32, 32), True)]) == [t[1]],
+                     "not cached")
+    after = [np.asarray(p.data) for p in m.parameters()]
+    assert_all_ranks(COMM, all(np.array_equal(a, b) for a, b in zip(before, after))
+                     and all(p.grad is None for p in m.parameters()), "timing changed the model")
+    # a block the layer cannot run (wrong channel count) is inf on every rank
+    bad = timer.time_all([(layers[0], (1, 5, 4, 4, 4), True)])
+    assert_all_ranks(COMM, same_everywhere(bad) and math.isinf(bad[0][0]), str(bad))
