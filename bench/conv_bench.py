@@ -1,16 +1,20 @@
-"""CPU convolution benchmarks: our local conv3d kernels vs a straightforward im2col +
-numpy.matmul baseline (and torch.nn.functional.conv3d where PyTorch happens to be installed),
-and the distributed conv on all ranks vs the same conv on one rank.
+"""CPU convolution benchmarks: our local conv3d algorithms vs torch.nn.functional.conv3d
+(PyTorch CPU, oneDNN, where PyTorch happens to be installed; it is not a dependency) on the
+CosmoFlow and 3D U-Net layer shapes, and the distributed conv on all ranks vs the same conv on
+one rank.
 
 Run on one rank for the local figures, two ranks for the distributed one::
 
-    .venv/bin/python bench/conv_bench.py --local
+    OPENBLAS_THREAD_TIMEOUT=4 .venv/bin/python bench/conv_bench.py --local [--quick]
     mpiexec -n 2 .venv/bin/python bench/conv_bench.py --distributed
 
 Every figure is a ratio against a baseline measured in the same run, interleaved rep by rep
-(median of ``--reps``).  Local layers are CosmoFlow's first four conv layers (k=3, 'same') at
-a reduced resolution (``--size``, default 64: 4->32 on 64^3, 32->64 on 32^3, 64->128 on 16^3,
-128->256 on 8^3), float32, batch ``--batch``.
+(median of ``--reps``).  Local layers (k=3 'same', float32, batch ``--batch``): CosmoFlow's
+conv layers on a ``--size``^3 input (default 64: 4->32 on 64^3 ... 256->512 on 4^3) and the
+3D U-Net's (encoder, bottom, decoder, 1x1 head) on a ``--unet-size``^3 input (default 32).
+Our algorithms: ``im2col`` (:mod:`disttensor.ops.local.cpu_conv`, tiled columns + BLAS) and
+every entry of :data:`disttensor.ops.local.cpu_conv_direct.ALGORITHMS`; "best" takes the
+fastest algorithm per pass (forward, backward data, backward filter), as the planner would.
 """
 from __future__ import annotations
 
@@ -25,106 +29,143 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from _results import record  # noqa: E402
 from _timing import compare, timed, wall  # noqa: E402
-from disttensor.ops.local import cpu_conv  # noqa: E402
+from disttensor.ops.local import cpu_conv, cpu_conv_direct  # noqa: E402
 
 ONE = (1, 1, 1)
+ZERO = (0, 0, 0)
 
 
-# -- the baseline: im2col of the whole input at once + one matmul ---------------------------------
-def _cols(x, k):
-    """(N, C, D, H, W) padded by 1 -> (N, C*27, D*H*W) column matrix, one big copy."""
-    n, c = x.shape[:2]
-    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1), (1, 1)))
-    win = np.lib.stride_tricks.sliding_window_view(xp, (k, k, k), axis=(2, 3, 4))
-    d, h, w = win.shape[2:5]
-    return np.ascontiguousarray(win.transpose(0, 1, 5, 6, 7, 2, 3, 4)).reshape(n, c * k ** 3,
-                                                                              d * h * w)
+def cosmoflow_layers(size):
+    """(name, cin, cout, spatial, k) of CosmoFlow's conv layers (MLPerf widths) at size^3."""
+    out, c, s = [], 4, size
+    for w in (32, 64, 128, 256, 512):
+        if s < 2:
+            break
+        out.append((f"cosmoflow {c}->{w} @{s}^3", c, w, s, 3))
+        c, s = w, s // 2
+    return out
 
 
-def baseline_forward(x, w):
-    n = x.shape[0]
-    cols = _cols(x, w.shape[2])
-    y = np.matmul(w.reshape(w.shape[0], -1), cols)
-    return y.reshape((n, w.shape[0]) + x.shape[2:])
+def unet_layers(size):
+    """(name, cin, cout, spatial, k) of the 3D U-Net's conv layers (3 levels, 1 input channel,
+    3 classes) at size^3, transposed convolutions left out."""
+    enc = ((32, 64), (64, 128), (128, 256))
+    out, c, s, skips = [], 1, size, []
+    for lvl, (w1, w2) in enumerate(enc):
+        out += [(f"unet enc{lvl}a {c}->{w1} @{s}^3", c, w1, s, 3),
+                (f"unet enc{lvl}b {w1}->{w2} @{s}^3", w1, w2, s, 3)]
+        skips.append((w2, s))
+        c, s = w2, s // 2
+    out += [(f"unet bottom_a {c}->256 @{s}^3", c, 256, s, 3),
+            (f"unet bottom_b 256->512 @{s}^3", 256, 512, s, 3)]
+    c = 512
+    for lvl, (skip, s) in reversed(list(enumerate(skips))):
+        out += [(f"unet dec{lvl}a {c + skip}->{skip} @{s}^3", c + skip, skip, s, 3),
+                (f"unet dec{lvl}b {skip}->{skip} @{s}^3", skip, skip, s, 3)]
+        c = skip
+    out.append((f"unet head {c}->3 k1 @{size}^3", c, 3, size, 1))
+    return out
 
 
-def baseline_backward(x, w, dy):
-    n, c = x.shape[:2]
-    k = w.shape[2]
-    cols = _cols(x, k)
-    dyf = dy.reshape(n, dy.shape[1], -1)
-    dw = np.einsum("nop,nkp->ok", dyf, cols).reshape(w.shape)
-    dcols = np.matmul(w.reshape(w.shape[0], -1).T, dyf).reshape((n, c, k, k, k) + x.shape[2:])
-    dxp = np.zeros((n, c) + tuple(s + 2 for s in x.shape[2:]), dtype=x.dtype)
-    d, h, ww = x.shape[2:]
-    for a in range(k):
-        for b in range(k):
-            for e in range(k):
-                dxp[:, :, a:a + d, b:b + h, e:e + ww] += dcols[:, :, a, b, e]
-    return dxp[:, :, 1:-1, 1:-1, 1:-1], dw
-
-
-def ours_forward(x, w):
-    return cpu_conv.conv_forward(x, w, ONE, ONE, ONE, ONE, 1)
-
-
-def ours_backward(x, w, dy):
-    dx = cpu_conv.conv_backward_data(dy, w, x.shape[2:], ONE, ONE, ONE, ONE, 1)
-    dw = cpu_conv.conv_backward_filter(x, dy, w.shape[2:], ONE, ONE, ONE, ONE, 1)
-    return dx, dw
+def _algorithms(batch):
+    """name -> (forward, backward_data, backward_filter) of each of our algorithms."""
+    algos = {"im2col": (cpu_conv.conv_forward, cpu_conv.conv_backward_data,
+                        cpu_conv.conv_backward_filter)}
+    if batch > 1:
+        algos["im2col_batched"] = (cpu_conv.conv_forward_batched,
+                                   cpu_conv.conv_backward_data_batched,
+                                   cpu_conv.conv_backward_filter_batched)
+    for name, a in cpu_conv_direct.ALGORITHMS.items():
+        algos[name] = (a.forward, a.backward_data, a.backward_filter)
+    return algos
 
 
 def local_bench(args) -> None:
     try:
         import torch
         import torch.nn.functional as F
-        torch.set_num_threads(os.cpu_count() or 1)
+        torch.set_num_threads(args.threads or os.cpu_count() or 1)
     except ImportError:
         torch = None
     rng = np.random.default_rng(0)
-    s = args.size
-    layers = [(4, 32, s), (32, 64, s // 2), (64, 128, s // 4), (128, 256, s // 8)]
-    print(f"# local conv3d k=3 'same' float32, batch {args.batch}, threads: numba "
+    layers = cosmoflow_layers(args.size) + unet_layers(args.unet_size)
+    seen, uniq = {}, []
+    for name, cin, cout, n, k in layers:      # a shape shared by both models is timed once
+        key = (cin, cout, n, k)
+        if key in seen:
+            uniq[seen[key]] = (uniq[seen[key]][0] + " = " + name.split(" @")[0],) + key
+        else:
+            seen[key] = len(uniq)
+            uniq.append((name,) + key)
+    if args.quick:
+        keep = ("4->32 @", "32->64 @", "64->128 @", "128->256 @", "256->512 @", "dec0a",
+                "dec1a", "dec2a", "head")
+        uniq = [u for u in uniq if any(t in u[0] for t in keep)]
+    algos = _algorithms(args.batch)
+    print(f"# local conv3d 'same' float32, batch {args.batch}, threads: numba "
           f"{os.environ.get('NUMBA_NUM_THREADS', 'default')}, torch "
-          f"{'not installed' if torch is None else torch.__version__}")
-    for cin, cout, n in layers:
+          f"{'not installed' if torch is None else torch.__version__}; OPENBLAS_CORETYPE="
+          f"{os.environ.get('OPENBLAS_CORETYPE', '')}")
+    passes = ("fwd", "bwdd", "bwdf")
+    for name, cin, cout, n, k in uniq:
+        p = k // 2
+        pad = (p, p, p)
         x = rng.standard_normal((args.batch, cin, n, n, n)).astype(np.float32)
-        w = (rng.standard_normal((cout, cin, 3, 3, 3)) / np.sqrt(cin * 27)).astype(np.float32)
+        w = (rng.standard_normal((cout, cin, k, k, k)) / np.sqrt(cin * k ** 3)).astype(
+            np.float32)
         dy = rng.standard_normal((args.batch, cout, n, n, n)).astype(np.float32)
-        # the two implementations agree (float32 tolerance) before anything is timed
-        yo, yb = ours_forward(x, w), baseline_forward(x, w)
-        dxo, dwo = ours_backward(x, w, dy)
-        dxb, dwb = baseline_backward(x, w, dy)
-        for a, b in ((yo, yb), (dxo, dxb), (dwo, dwb)):
-            err = np.abs(a - b).max() / max(np.abs(b).max(), 1e-30)
-            assert err < 1e-4, err
-        fns = {"ours_fwd": lambda: ours_forward(x, w), "base_fwd": lambda: baseline_forward(x, w),
-               "ours_bwd": lambda: ours_backward(x, w, dy),
-               "base_bwd": lambda: baseline_backward(x, w, dy)}
+        fns = {}
+        y0 = dx0 = dw0 = None
+        for an, (f, bd, bf) in algos.items():
+            # every algorithm agrees with im2col (float32 tolerance) before anything is timed
+            y = f(x, w, ONE, ONE, pad, pad, 1)
+            dx = bd(dy, w, x.shape[2:], ONE, ONE, pad, pad, 1)
+            dw = bf(x, dy, w.shape[2:], ONE, ONE, pad, pad, 1)
+            if y0 is None:
+                y0, dx0, dw0 = y, dx, dw
+            for a, b in ((y, y0), (dx, dx0), (dw, dw0)):
+                err = np.abs(a - b).max() / max(np.abs(b).max(), 1e-30)
+                assert err < 1e-4, (an, err)
+            fns[an + ":fwd"] = lambda f=f: f(x, w, ONE, ONE, pad, pad, 1)
+            fns[an + ":bwdd"] = lambda bd=bd: bd(dy, w, x.shape[2:], ONE, ONE, pad, pad, 1)
+            fns[an + ":bwdf"] = lambda bf=bf: bf(x, dy, w.shape[2:], ONE, ONE, pad, pad, 1)
         if torch is not None:
             xt, wt, dyt = (torch.from_numpy(a) for a in (x, w, dy))
 
             def torch_fwd():
                 with torch.no_grad():
-                    F.conv3d(xt, wt, padding=1)
+                    F.conv3d(xt, wt, padding=p)
 
-            def torch_bwd():
+            def torch_fwdbwd():
                 xr = xt.clone().requires_grad_(True)
                 wr = wt.clone().requires_grad_(True)
-                F.conv3d(xr, wr, padding=1).backward(dyt)
-            fns["torch_fwd"] = torch_fwd
-            fns["torch_fwdbwd"] = torch_bwd
+                F.conv3d(xr, wr, padding=p).backward(dyt)
+            fns["torch:fwd"] = torch_fwd
+            fns["torch:fwdbwd"] = torch_fwdbwd
         t = compare(fns, args.reps, args.warmup, timer=wall)
-        flops = 2 * args.batch * cout * cin * 27 * n ** 3
-        line = (f"conv3d {cin:>3}->{cout:<3} {n:>3}^3: fwd ours {t['ours_fwd'] * 1e3:8.1f} ms "
-                f"({flops / t['ours_fwd'] / 1e9:5.1f} GFLOP/s)  im2col+matmul/ours "
-                f"{t['base_fwd'] / t['ours_fwd']:.2f}x;  bwd(data+filter) ours "
-                f"{t['ours_bwd'] * 1e3:8.1f} ms  im2col+matmul/ours "
-                f"{t['base_bwd'] / t['ours_bwd']:.2f}x")
+        flops = 2 * args.batch * cout * cin * k ** 3 * n ** 3
+        best = {ps: min(algos, key=lambda a: t[f"{a}:{ps}"]) for ps in passes}
+        tb = {ps: t[f"{best[ps]}:{ps}"] for ps in passes}
+        t_fb = tb["fwd"] + tb["bwdd"] + tb["bwdf"]
+        per = "  ".join(f"{an} " + "/".join(f"{t[f'{an}:{ps}'] * 1e3:.1f}" for ps in passes)
+                        for an in algos)
+        line = (f"{name}: ms fwd/bwd-data/bwd-filter {per};  best {tb['fwd'] * 1e3:.1f} "
+                f"({flops / tb['fwd'] / 1e9:.0f} GFLOP/s, {best['fwd']}) / "
+                f"{tb['bwdd'] * 1e3:.1f} ({best['bwdd']}) / {tb['bwdf'] * 1e3:.1f} "
+                f"({best['bwdf']}), fwd+bwd {3 * flops / t_fb / 1e9:.0f} GFLOP/s")
         if torch is not None:
-            line += (f";  torch fwd/ours {t['torch_fwd'] / t['ours_fwd']:.2f}x, torch fwd+bwd/"
-                     f"ours {t['torch_fwdbwd'] / (t['ours_fwd'] + t['ours_bwd']):.2f}x")
+            r_f = t["torch:fwd"] / tb["fwd"]
+            r_fb = t["torch:fwdbwd"] / t_fb
+            line += (f";  torch fwd {t['torch:fwd'] * 1e3:.1f} ms "
+                     f"({flops / t['torch:fwd'] / 1e9:.0f} GFLOP/s), fwd+bwd "
+                     f"{t['torch:fwdbwd'] * 1e3:.1f} ms;  torch/ours fwd {r_f:.2f}x, "
+                     f"fwd+bwd {r_fb:.2f}x")
+            case = f"{name} b{args.batch}"
+            record("conv", case, "torch_over_ours_fwd", r_f, "x", target=1.0, better="higher")
+            record("conv", case, "torch_over_ours_fwdbwd", r_fb, "x", target=1.0,
+                   better="higher")
         print(line, flush=True)
 
 
@@ -180,10 +221,17 @@ def main() -> None:
     ap.add_argument("--local", action="store_true")
     ap.add_argument("--distributed", action="store_true")
     ap.add_argument("--size", type=int, default=64)
+    ap.add_argument("--unet-size", type=int, default=32)
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=None, help="default 5 (3 with --quick)")
     ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores)")
+    ap.add_argument("--quick", action="store_true",
+                    help="--local: fewer layers (CosmoFlow's + U-Net's widest decoder and "
+                         "head layers) and 3 reps")
     args = ap.parse_args()
+    if args.reps is None:
+        args.reps = 3 if args.quick else 5
     if not (args.local or args.distributed):
         args.local = True
     if args.local:

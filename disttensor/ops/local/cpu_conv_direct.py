@@ -328,6 +328,8 @@ def _unpack(src, dst):
 def _out_shape(in_spatial, kernel, stride, dilation, pad_lo, pad_hi):
     out = []
     for n, k, s, d, lo, hi in zip(in_spatial, kernel, stride, dilation, pad_lo, pad_hi):
+        if s < 1 or d < 1 or k < 1:
+            raise ValueError(f"stride {s}, dilation {d} and kernel extent {k} must be >= 1")
         span = d * (k - 1) + 1
         if n + lo + hi < span:
             raise ValueError(f"input extent {n} padded by ({lo}, {hi}) is shorter than the "
@@ -444,8 +446,7 @@ class _Direct:
                        pad_hi)
         except ValueError:
             return False
-        return (all(int(s) >= 1 for s in stride) and all(int(d) >= 1 for d in dilation)
-                and all(int(k) >= 1 for k in w_shape[2:]))
+        return True
 
     def workspace_bytes(self, pass_, x_shape, w_shape, stride, dilation, pad_lo, pad_hi,
                         groups, dtype) -> int:
