@@ -85,7 +85,7 @@ def _operands(pass_, x, w, dy):
 
 
 def run_case(name, pass_, n, cin, cout, s, k, limit, xp, algos_for, sync, device, reps,
-             budget, dtype=np.float32):
+             budget, dtype=np.float32, table_reps=2):
     """Measure one (layer, pass, limit) and record its figure; returns the table row."""
     prob = _problem(pass_, n, cin, cout, s, k, dtype)
     rng = np.random.default_rng(0)
@@ -103,9 +103,10 @@ def run_case(name, pass_, n, cin, cout, s, k, limit, xp, algos_for, sync, device
         undiv_fit = {kk: ws for kk, ws in cands.items() if kk[1] == n and ws == smallest}
     runner = _runner(pass_, x, w, dy, geo)
     # the undivided candidates are always timed; the divided ones while the budget lasts
-    table = mb.measure_times(prob, undiv_fit, algos, runner, sync, budget_s=1e9, reps=2)
+    table = mb.measure_times(prob, undiv_fit, algos, runner, sync, budget_s=1e9,
+                             reps=table_reps)
     table.update(mb.measure_times(prob, {kk: ws for kk, ws in fit.items() if kk[1] < n},
-                                  algos, runner, sync, budget_s=budget, reps=2))
+                                  algos, runner, sync, budget_s=budget, reps=table_reps))
     und = min((t, kk) for kk, t in table.items() if kk in undiv_fit)
     undivided = mb.Plan((und[1],), und[0], undiv_fit[und[1]])
     fit_times = {kk: t for kk, t in table.items() if kk in fit}
@@ -146,15 +147,21 @@ def _print(rows):
 def run_cpu(args):
     layers = cosmoflow_layers(args.size) + DEEPBENCH_3D
     if args.quick:
-        layers = cosmoflow_layers(args.size)[1:] + DEEPBENCH_3D[1:3]
+        cf = cosmoflow_layers(args.size)
+        layers = [cf[1], DEEPBENCH_3D[2]]
+    cases = [(layer, pass_, lim) for layer in layers for pass_ in mb.PASSES
+             for lim in args.limits]
     rows, t0 = [], time.perf_counter()
-    for name, cin, cout, s, k in layers:
-        for pass_ in mb.PASSES:
-            for lim in args.limits:
-                rows.append(run_case(name, pass_, args.batch, cin, cout, s, k, lim * MIB, np,
-                                     mb.cpu_algorithms, None, "cpu", args.reps, args.budget))
-                print(f"  [{time.perf_counter() - t0:5.1f} s] {rows[-1][0]} {pass_} "
-                      f"{lim} MiB: {rows[-1][-1]:.2f}x", flush=True)
+    for i, ((name, cin, cout, s, k), pass_, lim) in enumerate(cases):
+        if args.deadline and time.perf_counter() - t0 > args.deadline:
+            print(f"  time limit of {args.deadline:.0f} s reached: {len(cases) - i} of "
+                  f"{len(cases)} cases skipped")
+            break
+        rows.append(run_case(name, pass_, args.batch, cin, cout, s, k, lim * MIB, np,
+                             mb.cpu_algorithms, None, "cpu", args.reps, args.budget,
+                             table_reps=args.table_reps))
+        print(f"  [{time.perf_counter() - t0:5.1f} s] {name} {pass_} {lim} MiB: "
+              f"{rows[-1][-1]:.2f}x", flush=True)
     print("\nCPU: micro-batched vs undivided (same workspace limit, same-run interleaved)")
     _print(rows)
     rs = [r[-1] for r in rows]
@@ -180,7 +187,7 @@ def run_gpu(args):
             for lim in args.limits:
                 rows.append(run_case(name, pass_, args.batch * 2, cin, cout, s, k, lim * MIB,
                                      cp, gpu.conv_algorithms, sync, "gpu", args.reps,
-                                     args.budget))
+                                     args.budget, table_reps=3))
     print("\nGPU: micro-batched vs undivided (cuDNN plans + im2col)")
     _print(rows)
 
@@ -189,20 +196,25 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a subset that runs in ~90 s")
     ap.add_argument("--size", type=int, default=None, help="CosmoFlow resolution (default 32)")
-    ap.add_argument("--batch", type=int, default=None, help="mini-batch (default 8)")
+    ap.add_argument("--batch", type=int, default=None, help="mini-batch (default 8, 4 with --quick)")
     ap.add_argument("--limits", type=int, nargs="+", default=None,
                     help="workspace limits in MiB (default 8 64 512; 8 64 with --quick)")
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--budget", type=float, default=None,
-                    help="seconds of candidate timing per case (default 2, 0.5 quick)")
+                    help="seconds of candidate timing per case (default 2, 0.3 quick)")
     ap.add_argument("--cpu-only", action="store_true")
+    ap.add_argument("--deadline", type=float, default=None,
+                    help="stop starting CPU cases after this many seconds (default: 70 with "
+                    "--quick, none otherwise)")
     args = ap.parse_args()
     q = args.quick
     args.size = args.size or 32
-    args.batch = args.batch or 8
+    args.batch = args.batch or (4 if q else 8)
+    args.table_reps = 1 if q else 2
     args.limits = args.limits or ([8, 64] if q else [8, 64, 512])
     args.reps = args.reps or (3 if q else 5)
-    args.budget = args.budget if args.budget is not None else (0.5 if q else 2.0)
+    args.budget = args.budget if args.budget is not None else (0.3 if q else 2.0)
+    args.deadline = args.deadline if args.deadline is not None else (70.0 if q else 0.0)
     run_cpu(args)
     if not args.cpu_only:
         run_gpu(args)

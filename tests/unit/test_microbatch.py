@@ -329,6 +329,7 @@ def test_limit_nothing_fits_falls_back_to_smallest_workspace():
     x, w, dy, geo = _data(CASES[1])
     prob = mb.ConvProblem.make("forward", x.shape, w.shape, *geo, x.dtype)
     algos = mb.cpu_algorithms(1)
+    mb._warned.clear()  # warnings are once per process
     with pytest.warns(RuntimeWarning, match="no convolution algorithm fits"):
         plan = mb.plan_problem(prob, algos, 1, "powerOfTwo", "heuristic")
     assert "raised" in plan.note
@@ -449,3 +450,27 @@ def test_rotating_slices_cover_the_batch():
     take = mb.rotating_slices(4)
     assert [take(1) for _ in range(5)] == [slice(i % 4, i % 4 + 1) for i in range(5)]
     assert take(4) == slice(0, 4)
+
+
+def test_measure_times_budget_and_failures():
+    """The smallest size is always timed, larger ones only within the budget; a raising
+    candidate is dropped with a warning; each timed run covers the whole batch."""
+    prob = mb.ConvProblem.make("forward", (4, 1, 3, 3, 3), (1, 1, 1, 1, 1), (1,) * 3,
+                               (1,) * 3, (0,) * 3, (0,) * 3, 1, np.float64)
+    calls = []
+
+    def runner(alg, b):
+        calls.append((alg, b))
+        if alg == "bad":
+            raise RuntimeError("boom")
+    algos = {"a": "a", "b": "b", "bad": "bad"}
+    mb._warned.clear()  # warnings are once per process
+    cands = {("a", 1): 0, ("b", 1): 0, ("a", 4): 0, ("bad", 1): 0}
+    with pytest.warns(RuntimeWarning, match="failed while being timed"):
+        got = mb.measure_times(prob, cands, algos, runner, budget_s=0.0, reps=3)
+    assert set(got) == {("a", 1), ("b", 1)}
+    assert calls.count(("a", 1)) == 1 + 4  # warm-up + one round of N // b calls
+    calls.clear()
+    got = mb.measure_times(prob, cands, algos, runner, budget_s=1e9, reps=2)
+    assert set(got) == {("a", 1), ("b", 1), ("a", 4)}
+    assert calls.count(("a", 4)) == 1 + 2 and calls.count(("a", 1)) == 1 + 2 * 4

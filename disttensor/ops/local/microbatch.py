@@ -455,41 +455,58 @@ def model_times(problem: ConvProblem, algos: dict, cands: dict) -> dict:
 
 def measure_times(problem: ConvProblem, cands: dict, algos: dict, runner, sync=None,
                   budget_s: float | None = None, reps: int | None = None) -> dict:
-    """Benchmark mode: ``runner(algorithm, b)`` runs one candidate on the first ``b`` samples;
-    each gets a warm-up and ``reps`` timed runs (the minimum; default
-    ``DISTTENSOR_CONV_TUNE_REPS``).  All candidates of the smallest size are timed; larger
-    sizes only while ``budget_s`` lasts (default ``DISTTENSOR_CONV_TUNE_BUDGET_S``).
-    ``sync`` (e.g. a stream synchronize) runs after each call.  Returns ``{(name, b): s}``."""
+    """Benchmark mode: time the candidates ``{(name, b): workspace}`` with
+    ``runner(algorithm, b)``, which runs an algorithm on ``b`` samples; returns
+    ``{(name, b): seconds per call}``.
+
+    Each candidate gets a warm-up and ``reps`` timed runs (default
+    ``DISTTENSOR_CONV_TUNE_REPS``), the minimum kept.  A timed run of size ``b`` is ``N // b``
+    calls (over different samples, the runner's business) divided by their number, so every
+    candidate is timed over a whole mini-batch of work: timing one short call would favour
+    small micro-batches on a loaded machine (the minimum of short runs finds quiet moments
+    more easily).  The repetitions go round the candidates (smallest sizes first), so a drift
+    of the machine's load hits all of them alike.  The first round over the smallest size is
+    always completed; everything else only while ``budget_s`` lasts (default
+    ``DISTTENSOR_CONV_TUNE_BUDGET_S``).  ``sync`` (e.g. a stream synchronize) runs before a
+    clock is read.  A candidate that raises is dropped with a warning."""
     budget = _budget_s() if budget_s is None else float(budget_s)
     reps = _reps() if reps is None else max(1, int(reps))
     t_start = time.perf_counter()
-    out = {}
-    sizes = sorted({b for _, b in cands})
-    for i, b in enumerate(sizes):
-        if i > 0 and time.perf_counter() - t_start > budget:
-            break
-        for (name, bb) in sorted(cands):
-            if bb != b:
+    order = sorted(cands, key=lambda k: (k[1], k[0]))
+    smallest = min((b for _, b in order), default=0)
+    out: dict = {}
+    failed: set = set()
+
+    def over():
+        return time.perf_counter() - t_start > budget
+
+    for rep in range(reps):
+        for key in order:
+            name, b = key
+            if key in failed or (rep > 0 and key not in out):
                 continue
-            if i > 0 and time.perf_counter() - t_start > budget:
+            if over() and (rep > 0 or b != smallest):
                 break
             try:
-                runner(algos[name], b)
-                if sync:
-                    sync()
-                best = math.inf
-                for _ in range(reps):
-                    t0 = time.perf_counter()
+                if rep == 0:
                     runner(algos[name], b)
                     if sync:
                         sync()
-                    best = min(best, time.perf_counter() - t0)
+                calls = max(1, problem.batch // b)
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    runner(algos[name], b)
+                if sync:
+                    sync()
+                dt = (time.perf_counter() - t0) / calls
             except Exception as err:  # noqa: BLE001 - a failing candidate is not a candidate
                 _warn_once(("run", name, type(err).__name__),
                            f"conv algorithm {name!r} failed while being timed "
                            f"({type(err).__name__}: {err}); it is skipped")
+                failed.add(key)
+                out.pop(key, None)
                 continue
-            out[(name, b)] = best
+            out[key] = min(out.get(key, math.inf), dt)
     return out
 
 
