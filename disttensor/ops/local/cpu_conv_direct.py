@@ -150,7 +150,7 @@ def _vadd(typingctx, a, b):
 
 
 # -- the micro-kernels -------------------------------------------------------------------------
-_JB = 256  # reduction steps per block (A block: _JB * C * itemsize bytes, 64 KiB at C=64 f32)
+_JB = 128  # reduction steps per block (A block: _JB * C * itemsize bytes, 32 KiB at C=64 f32)
 
 
 @njit(cache=True)
@@ -291,37 +291,51 @@ def _run_8x2(xf, a, out, row_off, red_off, n_rt, n_tiles, n_chunks):
 
 
 # -- packing -----------------------------------------------------------------------------------
+_QB = 32  # positions per block of the pack/unpack transposes (both sides stay in L1)
+
+
 @njit(cache=True, parallel=True)
 def _pack(src, dst, m_n):
     """``dst[cob, n*Q + q, c] = src[n, cob*C + c, q]`` (0 where ``cob*C + c >= m_n``);
-    ``src`` is ``(N, >= m_n, Q)``, ``dst`` ``(n_cob, N*Q, C)``."""
+    ``src`` is ``(N, >= m_n, Q)`` (any strides), ``dst`` ``(n_cob, N*Q, C)``.  Blocks of
+    ``_QB`` positions x C channels, so that reads and writes both stay in L1."""
     n_n, _, q_n = src.shape
     n_cob, _, c_n = dst.shape
-    for t in prange(n_cob * n_n):
-        cob = t // n_n
-        n = t - cob * n_n
+    n_qb = (q_n + _QB - 1) // _QB
+    for t in prange(n_cob * n_n * n_qb):
+        cob = t // (n_n * n_qb)
+        rem = t - cob * n_n * n_qb
+        n = rem // n_qb
+        q0 = (rem - n * n_qb) * _QB
+        q1 = min(q0 + _QB, q_n)
         for c in range(c_n):
             m = cob * c_n + c
             if m < m_n:
-                for q in range(q_n):
+                for q in range(q0, q1):
                     dst[cob, n * q_n + q, c] = src[n, m, q]
             else:
-                for q in range(q_n):
+                for q in range(q0, q1):
                     dst[cob, n * q_n + q, c] = 0
 
 
 @njit(cache=True, parallel=True)
 def _unpack(src, dst):
-    """``dst[n, m, q] = src[m // C, n*Q + q, m % C]`` (the inverse of :func:`_pack`)."""
+    """``dst[n, m, q] = src[m // C, n*Q + q, m % C]`` (the inverse of :func:`_pack`;
+    ``dst`` may have any strides), in blocks as :func:`_pack`."""
     n_n, m_n, q_n = dst.shape
     c_n = src.shape[2]
-    for t in prange(n_n * m_n):
-        n = t // m_n
-        m = t - n * m_n
-        cob = m // c_n
-        c = m - cob * c_n
-        for q in range(q_n):
-            dst[n, m, q] = src[cob, n * q_n + q, c]
+    n_cob = (m_n + c_n - 1) // c_n
+    n_qb = (q_n + _QB - 1) // _QB
+    for t in prange(n_cob * n_n * n_qb):
+        cob = t // (n_n * n_qb)
+        rem = t - cob * n_n * n_qb
+        n = rem // n_qb
+        q0 = (rem - n * n_qb) * _QB
+        q1 = min(q0 + _QB, q_n)
+        for c in range(min(c_n, m_n - cob * c_n)):
+            m = cob * c_n + c
+            for q in range(q0, q1):
+                dst[n, m, q] = src[cob, n * q_n + q, c]
 
 
 # -- geometry ----------------------------------------------------------------------------------
@@ -533,9 +547,7 @@ class _Direct:
             a_pk = np.empty((n_cob, kk, c), dtype=dtype)
             _pack(w[g * cog:(g + 1) * cog].reshape(1, cog, kk), a_pk, cog)
             out = self._gemm(xf, a_pk, rows, taps + g * cg * chan, dtype)
-            res = np.empty((n_n, cog, p_n), dtype=dtype)
-            _unpack(out[:, :n_n * p_n].reshape(n_cob, n_n * p_n, c), res)
-            yv[:, g] = res
+            _unpack(out, yv[:, g])
 
     def backward_data(self, dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, groups=1):
         """Gradient of ``sum(forward(x, w) * dy)`` with respect to ``x`` (N, Cin,
@@ -608,9 +620,7 @@ class _Direct:
             a_pk = np.empty((n_cob, n_n * p_n, c), dtype=dtype)
             _pack(dyv[:, g * cog:(g + 1) * cog], a_pk, cog)
             out = self._gemm(xf, a_pk, taps + g * cg * chan, red, dtype)
-            res = np.empty((1, cog, cg * kk), dtype=dtype)
-            _unpack(out[:, :cg * kk], res)
-            dwv[g] = res[0]
+            _unpack(out, dwv[g:g + 1])
         return dw
 
 
