@@ -148,7 +148,7 @@ def run_cpu(args):
     layers = cosmoflow_layers(args.size) + DEEPBENCH_3D
     if args.quick:
         cf = cosmoflow_layers(args.size)
-        layers = [cf[1], DEEPBENCH_3D[2]]
+        layers = [cf[1], cf[3], DEEPBENCH_3D[0], DEEPBENCH_3D[2]]
     cases = [(layer, pass_, lim) for layer in layers for pass_ in mb.PASSES
              for lim in args.limits]
     rows, t0 = [], time.perf_counter()
@@ -204,17 +204,17 @@ def main():
                     help="seconds of candidate timing per case (default 2, 0.3 quick)")
     ap.add_argument("--cpu-only", action="store_true")
     ap.add_argument("--deadline", type=float, default=None,
-                    help="stop starting CPU cases after this many seconds (default: 70 with "
+                    help="stop starting CPU cases after this many seconds (default: 60 with "
                     "--quick, none otherwise)")
     args = ap.parse_args()
     q = args.quick
     args.size = args.size or 32
     args.batch = args.batch or (4 if q else 8)
-    args.table_reps = 1 if q else 2
+    args.table_reps = 2
     args.limits = args.limits or ([8, 64] if q else [8, 64, 512])
     args.reps = args.reps or (3 if q else 5)
     args.budget = args.budget if args.budget is not None else (0.3 if q else 2.0)
-    args.deadline = args.deadline if args.deadline is not None else (70.0 if q else 0.0)
+    args.deadline = args.deadline if args.deadline is not None else (60.0 if q else 0.0)
     run_cpu(args)
     if not args.cpu_only:
         run_gpu(args)
