@@ -396,6 +396,21 @@ class PieceExchange:
                 if r != MPI.REQUEST_NULL:
                     r.Free()
 
+    @staticmethod
+    def _drop(recvs, sends) -> None:
+        """Release requests a failed wait left in flight: all freed, none cancelled (MPI
+        completes freed ones in the background, into buffers that stay with this object, so
+        the messages of the failed exchange are consumed by its own requests and cannot
+        match the next exchange's)."""
+        if MPI.Is_finalized():
+            return
+        for r in list(recvs) + list(sends):
+            try:
+                if r != MPI.REQUEST_NULL:
+                    r.Free()
+            except Exception:  # noqa: BLE001
+                pass
+
     def __del__(self):
         try:
             if not self._active:
@@ -448,6 +463,7 @@ class PieceExchange:
         except BaseException:
             if self.persistent:  # requests in an unknown state: make new ones next time
                 self._preqs = None
+                self._drop(reqs[:len(self.recvs)], reqs[len(self.recvs):])
             raise
         finally:
             self._reqs, self._keep, self._active = [], [], False

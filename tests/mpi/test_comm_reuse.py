@@ -76,6 +76,38 @@ def test_piece_exchange_misuse_raises_and_stays_usable():
     assert_all_ranks(COMM, ok, "exchange wrong after a failed call")
 
 
+def test_piece_exchange_after_a_failed_wait(monkeypatch):
+    """A wait that raised (here: an exception injected where the wait starts, on every rank)
+    drops the persistent requests; the next exchange makes new ones and is right."""
+    import disttensor.comm as dcomm
+    ex, sv, rv = _ring(True, True)
+    prev = (RANK - 1) % SIZE
+    calls = [0]
+
+    class Boom:
+        def __enter__(self):
+            calls[0] += 1
+            if calls[0] == 1:
+                raise KeyboardInterrupt("injected")
+
+        def __exit__(self, *a):
+            return False
+    monkeypatch.setattr(dcomm, "waiting", lambda comm, what: Boom())
+    sv[...] = RANK
+    ex.start()
+    with pytest.raises(KeyboardInterrupt):
+        ex.finish()
+    assert ex._preqs is None and not ex._active
+    COMM.Barrier()
+    ok = True
+    for it in range(3):
+        sv[...] = 100 * it + RANK
+        ex.run()
+        ok &= bool(np.all(rv == 100 * it + prev))
+    ex.free()
+    assert_all_ranks(COMM, ok, "exchange wrong after a failed wait")
+
+
 def test_halo_exchange_reused_and_after_misuse():
     grid = dt.ProcessGrid((SIZE,))
     n = 3 * SIZE
