@@ -15,7 +15,8 @@ smallest predicted step that fits in memory is chosen:
   point-to-point exchange between neighbours (concurrent ``Sendrecv`` of rank pairs, the
   pattern of a halo exchange) and of ``Allreduce`` over the whole communicator (what the
   gradient reducer and the per-op argument agreement use), fitted by least squares on
-  relative error (:meth:`AlphaBeta.fit`), maximum over ranks.
+  relative error (:meth:`AlphaBeta.fit`), maximum over ranks; and the overhead every
+  distributed op pays per pass over its one-rank cost (:class:`LinkModel`).
 
 The prediction for one grid (:func:`predict_grid`, pure given the measurements):
 
@@ -28,8 +29,10 @@ The prediction for one grid (:func:`predict_grid`, pure given the measurements):
   interior with the exchange) a layer costs ``max(compute, halo)`` instead of the sum.
 * flatten on a spatially split grid gathers each sample on every rank of its spatial group:
   ``(P_sp - 1) * alpha_p2p + (P_sp - 1) / P_sp * bytes * beta_p2p``; backward slices locally.
-* every distributed op agrees its arguments in one small all-reduce per pass:
-  ``alpha_allreduce`` per layer forward and backward (and twice more for global batch norm).
+* every distributed op agrees its arguments in one small all-reduce per pass, which also
+  synchronises the ranks: a measured per-op overhead forward and backward (an activation of
+  a tiny block on ``comm`` minus the same on one rank), and ``alpha_allreduce`` twice more
+  for global batch norm.
 * gradient all-reduce: the parameters packed into buckets of ``bucket_bytes`` in reverse
   registration order (as :class:`~disttensor.nn.parallel.GradientReducer`); a bucket is ready
   when backward reaches the layer of its last parameter; buckets all-reduce one after the
@@ -126,11 +129,16 @@ class AlphaBeta:
 
 @dataclass(frozen=True)
 class LinkModel:
-    """Measured links of a communicator: ``p2p`` between neighbours (per message) and
-    ``allreduce`` over all ranks (``nranks`` of them)."""
+    """Measured links of a communicator: ``p2p`` between neighbours (per message),
+    ``allreduce`` over all ranks (``nranks`` of them), and the overhead a distributed op
+    pays per forward / backward pass over what it costs on one rank (``op_forward_s``,
+    ``op_backward_s``: agreeing its arguments in a small all-reduce, the synchronisation that
+    implies, bookkeeping; measured on an activation of a tiny block)."""
     p2p: AlphaBeta = AlphaBeta()
     allreduce: AlphaBeta = AlphaBeta()
     nranks: int = 1
+    op_forward_s: float = 0.0
+    op_backward_s: float = 0.0
 
 
 def _median_time(fn, repeats: int) -> float:
@@ -177,8 +185,42 @@ def measure_links(comm: MPI.Comm, quick: bool = False, repeats: int | None = Non
     agreed = np.empty(len(mine))
     comm.Allreduce(np.asarray(mine, dtype=np.float64), agreed, op=MPI.MAX)
     k = len(p2p_sizes)
+    of, ob = _op_overhead(comm, 5 if quick else 9)
     return LinkModel(p2p=AlphaBeta.fit(p2p_sizes, agreed[:k]),
-                     allreduce=AlphaBeta.fit(red_sizes, agreed[k:]), nranks=size)
+                     allreduce=AlphaBeta.fit(red_sizes, agreed[k:]), nranks=size,
+                     op_forward_s=of, op_backward_s=ob)
+
+
+def _op_overhead(comm: MPI.Comm, rounds: int) -> tuple[float, float]:
+    """Per-pass overhead of a distributed op on ``comm`` (collective): a LeakyReLU forward
+    and backward on a tiny block split over all ranks, minus the same on ``COMM_SELF``,
+    interleaved rounds (a barrier before each), the slowest rank's time per round, median
+    over rounds, clamped at 0."""
+    from ..autograd.tensor import Tensor, filled_like
+    from ..creation import from_global
+    from ..grid import ProcessGrid
+    from .layers import LeakyReLU
+    layer = LeakyReLU()
+    xs = []
+    for c, n in ((comm, comm.size), (MPI.COMM_SELF, 1)):
+        grid = ProcessGrid((n,), comm=c)
+        xs.append((c, from_global(np.ones((2 * n, 8), np.float32), grid=grid, split=(0, None))))
+    times = np.zeros((rounds, 2, 2))
+    for r in range(rounds + 1):
+        for j, (c, x) in enumerate(xs):
+            g = filled_like(x, 1)
+            comm.Barrier()
+            t0 = time.perf_counter()
+            y = layer(Tensor(x, requires_grad=True))
+            t1 = time.perf_counter()
+            y.backward(g)
+            t2 = time.perf_counter()
+            if r:
+                times[r - 1, j] = (t1 - t0, t2 - t1)
+    agreed = np.empty_like(times)
+    comm.Allreduce(times, agreed, op=MPI.MAX)
+    med = np.median(agreed, axis=0)
+    return max(float(med[0, 0] - med[1, 0]), 0.0), max(float(med[0, 1] - med[1, 1]), 0.0)
 
 
 # -- candidate grids -----------------------------------------------------------------------------
@@ -484,13 +526,15 @@ def predict_grid(grid, geoms: Sequence[LayerGeometry], times: Sequence[tuple[flo
     if len(times) != len(geoms):
         raise ValueError("predict_grid: one (forward, backward) time per layer")
     p2p, red = links.p2p, links.allreduce
-    agree = red.alpha if links.nranks > 1 else 0.0
+    many = links.nranks > 1
+    of, ob = (links.op_forward_s, links.op_backward_s) if many else (0.0, 0.0)
+    extra = red.alpha if many else 0.0
     preds, fwd_total, ends, t_bwd = [], 0.0, {}, 0.0
     comm_f, comm_b = [], []
     for g in geoms:
         halo = p2p(g.halo_bytes, g.halo_pieces)
-        cf = halo + agree * (1 + g.allreduces)
-        cb = halo + agree * (1 + g.allreduces)
+        cf = halo + of + extra * g.allreduces
+        cb = halo + ob + extra * g.allreduces
         if g.kind == "flatten" and g.gather_peers:
             cf += p2p(g.gather_bytes, g.gather_peers)
         comm_f.append((cf, halo))
@@ -664,7 +708,9 @@ class GridPlan:
         lines = [f"grid plan (predicted step per grid (sample, d, h, w); links: p2p "
                  f"{self.links.p2p.alpha * 1e6:.1f} us + {self.links.p2p.bandwidth / 1e9:.2f} "
                  f"GB/s, all-reduce {self.links.allreduce.alpha * 1e6:.1f} us + "
-                 f"{self.links.allreduce.bandwidth / 1e9:.2f} GB/s):"]
+                 f"{self.links.allreduce.bandwidth / 1e9:.2f} GB/s, per op "
+                 f"{self.links.op_forward_s * 1e6:.0f}/{self.links.op_backward_s * 1e6:.0f} us "
+                 "forward/backward):"]
         for k, p in enumerate(rows):
             lines.append(f"  {k + 1}. {'x'.join(map(str, p.grid)):10s} {p.step_s * 1e3:9.2f} ms"
                          f"  (compute+halo {(p.forward_s + p.backward_s) * 1e3:8.2f}, "

@@ -167,7 +167,8 @@ def geom(name, kind="window", halo=0, pieces=0, saved=0, inb=0, outb=0, **kw):
 
 
 def test_predict_grid_sums_layers_and_halos():
-    links = LinkModel(p2p=AlphaBeta(1e-3, 1e-6), allreduce=AlphaBeta(2e-3, 1e-6), nranks=2)
+    links = LinkModel(p2p=AlphaBeta(1e-3, 1e-6), allreduce=AlphaBeta(2e-3, 1e-6), nranks=2,
+                      op_forward_s=2e-3, op_backward_s=3e-3)
     geoms = [geom("a", halo=1000, pieces=2), geom("b", kind="pointwise")]
     times = [(0.1, 0.2), (0.01, 0.02)]
     # parameters: 500 bytes on layer 0 (one bucket, ready at the end of backward)
@@ -176,11 +177,11 @@ def test_predict_grid_sums_layers_and_halos():
     agree = 2e-3
     assert pred.layers[0].comm_forward_s == pytest.approx(halo + agree)
     assert pred.forward_s == pytest.approx(0.1 + 0.01 + halo + 2 * agree)
-    assert pred.backward_s == pytest.approx(0.2 + 0.02 + halo + 2 * agree)
+    assert pred.backward_s == pytest.approx(0.2 + 0.02 + halo + 2 * 3e-3)
     assert pred.allreduce_s == pytest.approx(2e-3 + 500 * 1e-6)
     assert pred.step_s == pytest.approx(pred.forward_s + pred.backward_s + pred.allreduce_s
                                         + 0.05)
-    # overlapped halo: max(compute, halo) + the agreement
+    # overlapped halo: max(compute, halo) + the per-op overhead
     ov = predict_grid((1, 2, 1, 1), geoms, times, links, [(0, 500)], halo_overlap=True)
     assert ov.layers[0].forward_s == pytest.approx(max(0.1, halo) + agree)
     slow_link = LinkModel(p2p=AlphaBeta(1.0, 0.0), allreduce=AlphaBeta(), nranks=2)
@@ -188,14 +189,23 @@ def test_predict_grid_sums_layers_and_halos():
     assert ov2.layers[0].forward_s == pytest.approx(2.0)  # the exchange dominates
     # one rank: no communication at all
     one = predict_grid((1, 1, 1, 1), [geom("a"), geom("b", kind="pointwise")], times,
-                       LinkModel(), [(0, 500)])
+                       LinkModel(op_forward_s=1.0), [(0, 500)])
     assert one.step_s == pytest.approx(sum(f + b for f, b in times))
+
+
+def test_predict_grid_batch_norm_allreduces():
+    links = LinkModel(allreduce=AlphaBeta(1e-3, 0.0), nranks=2, op_forward_s=1e-4,
+                      op_backward_s=2e-4)
+    bn = geom("bn", kind="pointwise", allreduces=2)
+    pred = predict_grid((2, 1, 1, 1), [bn], [(0.5, 0.5)], links, [])
+    assert pred.forward_s == pytest.approx(0.5 + 1e-4 + 2e-3)
+    assert pred.backward_s == pytest.approx(0.5 + 2e-4 + 2e-3)
 
 
 def test_predict_grid_flatten_gather():
     links = LinkModel(p2p=AlphaBeta(1e-3, 1e-6), allreduce=AlphaBeta(), nranks=4)
     g = geom("f", kind="flatten", gather_bytes=3000, gather_peers=3)
-    pred = predict_grid((1, 4, 1, 1), [g], [(0.0, 0.0)], links, [])
+    pred = predict_grid((1, 4, 1, 1), [g], [(0.0, 0.0)], links, [])  # no op overhead
     assert pred.forward_s == pytest.approx(3 * 1e-3 + 3000 * 1e-6)
     assert pred.backward_s == 0.0
 
