@@ -338,6 +338,27 @@ def _unpack(src, dst):
                 dst[n, m, q] = src[cob, n * q_n + q, c]
 
 
+@njit(cache=True, parallel=True)
+def _pack_flipped(w, dst):
+    """``dst[cb, ci*KK + k, c] = w[ci, cb*C + c, KK-1-k]`` (0 past ``w.shape[1]``): the
+    backward-data operand, the kernel flipped (reversing the flat ``(kd, kh, kw)`` index flips
+    all three axes) and the channel axes of the group swapped; ``w`` is ``(Cin_fwd_out,
+    Cg, KK)`` = one group's forward weight, ``dst`` ``(ceil(Cg / C), Cin_fwd_out*KK, C)``."""
+    m_n, cg, kk = w.shape
+    n_cb, _, c_n = dst.shape
+    for t in prange(n_cb * m_n):
+        cb = t // m_n
+        ci = t - cb * m_n
+        for c in range(c_n):
+            m = cb * c_n + c
+            if m < cg:
+                for k in range(kk):
+                    dst[cb, ci * kk + k, c] = w[ci, m, kk - 1 - k]
+            else:
+                for k in range(kk):
+                    dst[cb, ci * kk + k, c] = 0
+
+
 # -- geometry ----------------------------------------------------------------------------------
 def _out_shape(in_spatial, kernel, stride, dilation, pad_lo, pad_hi):
     out = []
@@ -524,11 +545,13 @@ class _Direct:
         self._conv(xp, w, y, stride, dilation, groups)
         return y
 
-    def _conv(self, xp, w, y, stride, dilation, groups):
-        """``y = correlate(xp, w)`` over the already padded ``xp`` (no padding left)."""
+    def _conv(self, xp, w, y, stride, dilation, groups, transposed=False):
+        """``y = correlate(xp, w)`` over the already padded ``xp`` (no padding left).
+        ``transposed``: use the flipped kernel with its channel axes swapped per group
+        (``w`` is then the forward convolution's weight), for the backward data pass."""
         dtype = xp.dtype
         n_n, cin = xp.shape[:2]
-        cout = w.shape[0]
+        cout = y.shape[1]
         kernel = w.shape[2:]
         cg, cog = cin // groups, cout // groups
         sp = xp.shape[2:]
@@ -545,7 +568,10 @@ class _Direct:
         yv = y.reshape(n_n, groups, cog, p_n)
         for g in range(groups):
             a_pk = np.empty((n_cob, kk, c), dtype=dtype)
-            _pack(w[g * cog:(g + 1) * cog].reshape(1, cog, kk), a_pk, cog)
+            if transposed:   # w is (groups*cg, cog, *kernel) here
+                _pack_flipped(w[g * cg:(g + 1) * cg].reshape(cg, cog, -1), a_pk)
+            else:
+                _pack(w[g * cog:(g + 1) * cog].reshape(1, cog, kk), a_pk, cog)
             out = self._gemm(xf, a_pk, rows, taps + g * cg * chan, dtype)
             _unpack(out, yv[:, g])
 
@@ -578,9 +604,7 @@ class _Direct:
         size = tuple(n + d * (k - 1) for n, k, d in zip(in_spatial, kernel, dilation))
         lo = tuple(d * (k - 1) - p for k, d, p in zip(kernel, dilation, pad_lo))
         dyp = _embed(dy, lo, size, stride)
-        wt = (w[:, :, ::-1, ::-1, ::-1].reshape((groups, cog, cg) + kernel)
-              .transpose(0, 2, 1, 3, 4, 5).reshape((cin, cog) + kernel))
-        self._conv(dyp, np.ascontiguousarray(wt), dx, (1, 1, 1), dilation, groups)
+        self._conv(dyp, w, dx, (1, 1, 1), dilation, groups, transposed=True)
         return dx
 
     def backward_filter(self, x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups=1):
