@@ -474,3 +474,26 @@ def test_measure_times_budget_and_failures():
     got = mb.measure_times(prob, cands, algos, runner, budget_s=1e9, reps=2)
     assert set(got) == {("a", 1), ("b", 1), ("a", 4)}
     assert calls.count(("a", 4)) == 1 + 2 and calls.count(("a", 1)) == 1 + 2 * 4
+
+
+def test_gpu_algorithm_metadata_without_a_gpu():
+    """The GPU registry's pure parts (no CuPy needed): without the cuDNN frontend only
+    im2col is offered, and its workspace follows the limit (chunks of whole samples while they
+    fit, else output-depth planes)."""
+    from disttensor.ops.local import gpu
+    if gpu.cudnn_available():
+        pytest.skip("the cuDNN frontend is installed here")
+    args = ("forward", (8, 16, 12, 12, 12), (32, 16, 3, 3, 3), (1,) * 3, (1,) * 3, (1,) * 3,
+            (1,) * 3, 1, np.float32)
+    small = gpu.conv_algorithms(1)
+    assert set(small) == {"im2col"}
+    per_sample = 16 * 27 * 12 ** 3 + 32 * 12 ** 3  # column + output elements of one sample
+    big = gpu.conv_algorithms(10**12)["im2col"].workspace_bytes(*args)
+    assert big == 8 * per_sample * 4
+    one = gpu.conv_algorithms(16 * 27 * 12 ** 3 * 4)["im2col"].workspace_bytes(*args)
+    assert one == per_sample * 4
+    plane = small["im2col"].workspace_bytes(*args)
+    assert plane == (16 * 27 + 32) * 12 * 12 * 4
+    for b in (1, 3, 8):
+        assert [c[1] for c in gpu._chunks(b, 12, 16 * 27 * 144, 4, 2 * 16 * 27 * 1728 * 4)] \
+            == [min(2, b - n0) for n0 in range(0, b, 2)]
