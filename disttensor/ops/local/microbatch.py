@@ -404,15 +404,25 @@ def _direct_algorithms() -> dict:
     return _direct_cache["algos"]
 
 
+_cpu_algos: dict = {}
+
+
 def cpu_algorithms(limit: int) -> dict:
     """The CPU algorithms for a workspace limit: ``im2col-tiled`` (tiles of up to ``limit``),
     ``im2col-plane`` (tiles of one output depth plane: the smallest workspace),
-    ``im2col-batched``, and those of ``cpu_conv_direct`` (which may not reuse these names)."""
-    algos = {"im2col-tiled": Im2colTiled(int(limit)), "im2col-plane": Im2colTiled(0),
-             "im2col-batched": Im2colBatched()}
-    for name, a in _direct_algorithms().items():
-        if name not in algos:
-            algos[name] = a
+    ``im2col-batched``, and those of ``cpu_conv_direct`` (which may not reuse these names).
+    The same (stateless) objects for the same limit; do not modify the returned dict."""
+    limit = int(limit)
+    algos = _cpu_algos.get(limit)
+    if algos is None:
+        algos = {"im2col-tiled": Im2colTiled(limit), "im2col-plane": Im2colTiled(0),
+                 "im2col-batched": Im2colBatched()}
+        for name, a in _direct_algorithms().items():
+            if name not in algos:
+                algos[name] = a
+        if len(_cpu_algos) > 64:
+            _cpu_algos.clear()
+        _cpu_algos[limit] = algos
     return algos
 
 
@@ -522,7 +532,7 @@ def _warn_once(key, msg):
 def plan_problem(problem: ConvProblem, algos: dict, limit: int, policy_: str, mode: str,
                  runner=None, sync=None) -> Plan:
     """The plan for ``problem`` under ``limit`` bytes (see the module): times measured with
-    ``runner(algorithm, b)`` (which runs the algorithm object on the first ``b`` samples; mode
+    ``runner(algorithm, b)`` (which runs the algorithm object on ``b`` of the samples; mode
     ``benchmark``) or modelled (``heuristic``).  With one candidate only nothing is timed."""
     sizes = candidate_sizes(problem.batch, policy_)
     cands = candidates(problem, algos, sizes)
