@@ -153,9 +153,23 @@ def _vadd(typingctx, a, b):
 _JB = 128  # reduction steps per block (A block: _JB * C * itemsize bytes, 32 KiB at C=64 f32)
 
 
-@njit(cache=True)
-def _lanes(a):
-    return 64 // a.itemsize
+@intrinsic
+def _lanes(typingctx, arr):
+    """Lanes of a 512-bit vector of ``arr``'s dtype, as a compile-time constant."""
+    lanes = 512 // arr.dtype.bitwidth
+
+    def codegen(context, builder, sig, args):
+        return context.get_constant(types.intp, lanes)
+    return types.intp(arr), codegen
+
+
+@intrinsic
+def _at(typingctx, arr, idx):
+    """``arr[idx]`` without the negative-index wraparound and bounds logic."""
+    def codegen(context, builder, sig, args):
+        return builder.load(_elem_ptr(context, builder, sig.args[0], args[0], sig.args[1],
+                                      args[1]))
+    return arr.dtype(arr, idx), codegen
 
 
 @njit(cache=True, fastmath=True)
@@ -195,7 +209,7 @@ def _tiles_4x4(xf, a, out, row_off, red_off, n_rt, t0, t1):
                 a33 = _vload(out, ob + 3 * c + 3 * ln)
             ao = (cob * jn + j0) * c
             for j in range(j0, j1):
-                o = red_off[j]
+                o = _at(red_off, j)
                 w0 = _vload(a, ao); w1 = _vload(a, ao + ln)  # noqa: E702
                 w2 = _vload(a, ao + 2 * ln); w3 = _vload(a, ao + 3 * ln)  # noqa: E702
                 ao += c
@@ -255,7 +269,7 @@ def _tiles_8x2(xf, a, out, row_off, red_off, n_rt, t0, t1):
                 a70 = _vload(out, ob + 7 * c); a71 = _vload(out, ob + 7 * c + ln)  # noqa: E702
             ao = (cob * jn + j0) * c
             for j in range(j0, j1):
-                o = red_off[j]
+                o = _at(red_off, j)
                 w0 = _vload(a, ao); w1 = _vload(a, ao + ln)  # noqa: E702
                 ao += c
                 x = _vbcast(xf, b0 + o); a00 = _vfma(x, w0, a00); a01 = _vfma(x, w1, a01)  # noqa: E702
@@ -308,14 +322,13 @@ def _pack(src, dst, m_n):
         n = rem // n_qb
         q0 = (rem - n * n_qb) * _QB
         q1 = min(q0 + _QB, q_n)
-        for c in range(c_n):
-            m = cob * c_n + c
-            if m < m_n:
-                for q in range(q0, q1):
-                    dst[cob, n * q_n + q, c] = src[n, m, q]
-            else:
-                for q in range(q0, q1):
-                    dst[cob, n * q_n + q, c] = 0
+        c_hi = min(c_n, m_n - cob * c_n)
+        for q in range(q0, q1):
+            row = dst[cob, n * q_n + q]
+            for c in range(c_hi):
+                row[c] = src[n, cob * c_n + c, q]
+            for c in range(c_hi, c_n):
+                row[c] = 0
 
 
 @njit(cache=True, parallel=True)
@@ -349,14 +362,13 @@ def _pack_flipped(w, dst):
     for t in prange(n_cb * m_n):
         cb = t // m_n
         ci = t - cb * m_n
-        for c in range(c_n):
-            m = cb * c_n + c
-            if m < cg:
-                for k in range(kk):
-                    dst[cb, ci * kk + k, c] = w[ci, m, kk - 1 - k]
-            else:
-                for k in range(kk):
-                    dst[cb, ci * kk + k, c] = 0
+        c_hi = min(c_n, cg - cb * c_n)
+        for k in range(kk):
+            row = dst[cb, ci * kk + k]
+            for c in range(c_hi):
+                row[c] = w[ci, cb * c_n + c, kk - 1 - k]
+            for c in range(c_hi, c_n):
+                row[c] = 0
 
 
 # -- geometry ----------------------------------------------------------------------------------
