@@ -151,6 +151,7 @@ def _vadd(typingctx, a, b):
 
 # -- the micro-kernels -------------------------------------------------------------------------
 _JB = 128  # reduction steps per block (A block: _JB * C * itemsize bytes, 32 KiB at C=64 f32)
+_TB = 64   # tiles per super-block (its accumulators, 64 tiles * 16 vectors = 64 KiB, stay in L2)
 
 
 @intrinsic
@@ -181,60 +182,61 @@ def _tiles_4x4(xf, a, out, row_off, red_off, n_rt, t0, t1):
     c = 4 * ln
     jn = red_off.size
     rp = 4 * n_rt
-    for j0 in range(0, jn, _JB):
-        j1 = min(j0 + _JB, jn)
-        for t in range(t0, t1):
-            cob = t // n_rt
-            r0 = (t - cob * n_rt) * 4
-            b0 = row_off[r0]
-            b1 = row_off[r0 + 1]
-            b2 = row_off[r0 + 2]
-            b3 = row_off[r0 + 3]
-            ob = (cob * rp + r0) * c
-            if j0 == 0:
-                a00 = _vzero(xf); a01 = _vzero(xf); a02 = _vzero(xf); a03 = _vzero(xf)  # noqa: E702
-                a10 = _vzero(xf); a11 = _vzero(xf); a12 = _vzero(xf); a13 = _vzero(xf)  # noqa: E702
-                a20 = _vzero(xf); a21 = _vzero(xf); a22 = _vzero(xf); a23 = _vzero(xf)  # noqa: E702
-                a30 = _vzero(xf); a31 = _vzero(xf); a32 = _vzero(xf); a33 = _vzero(xf)  # noqa: E702
-            else:
-                a00 = _vload(out, ob); a01 = _vload(out, ob + ln)  # noqa: E702
-                a02 = _vload(out, ob + 2 * ln); a03 = _vload(out, ob + 3 * ln)  # noqa: E702
-                a10 = _vload(out, ob + c); a11 = _vload(out, ob + c + ln)  # noqa: E702
-                a12 = _vload(out, ob + c + 2 * ln); a13 = _vload(out, ob + c + 3 * ln)  # noqa: E702
-                a20 = _vload(out, ob + 2 * c); a21 = _vload(out, ob + 2 * c + ln)  # noqa: E702
-                a22 = _vload(out, ob + 2 * c + 2 * ln)
-                a23 = _vload(out, ob + 2 * c + 3 * ln)
-                a30 = _vload(out, ob + 3 * c); a31 = _vload(out, ob + 3 * c + ln)  # noqa: E702
-                a32 = _vload(out, ob + 3 * c + 2 * ln)
-                a33 = _vload(out, ob + 3 * c + 3 * ln)
-            ao = (cob * jn + j0) * c
-            for j in range(j0, j1):
-                o = _at(red_off, j)
-                w0 = _vload(a, ao); w1 = _vload(a, ao + ln)  # noqa: E702
-                w2 = _vload(a, ao + 2 * ln); w3 = _vload(a, ao + 3 * ln)  # noqa: E702
-                ao += c
-                x = _vbcast(xf, b0 + o)
-                a00 = _vfma(x, w0, a00); a01 = _vfma(x, w1, a01)  # noqa: E702
-                a02 = _vfma(x, w2, a02); a03 = _vfma(x, w3, a03)  # noqa: E702
-                x = _vbcast(xf, b1 + o)
-                a10 = _vfma(x, w0, a10); a11 = _vfma(x, w1, a11)  # noqa: E702
-                a12 = _vfma(x, w2, a12); a13 = _vfma(x, w3, a13)  # noqa: E702
-                x = _vbcast(xf, b2 + o)
-                a20 = _vfma(x, w0, a20); a21 = _vfma(x, w1, a21)  # noqa: E702
-                a22 = _vfma(x, w2, a22); a23 = _vfma(x, w3, a23)  # noqa: E702
-                x = _vbcast(xf, b3 + o)
-                a30 = _vfma(x, w0, a30); a31 = _vfma(x, w1, a31)  # noqa: E702
-                a32 = _vfma(x, w2, a32); a33 = _vfma(x, w3, a33)  # noqa: E702
-            _vstore(out, ob, a00); _vstore(out, ob + ln, a01)  # noqa: E702
-            _vstore(out, ob + 2 * ln, a02); _vstore(out, ob + 3 * ln, a03)  # noqa: E702
-            _vstore(out, ob + c, a10); _vstore(out, ob + c + ln, a11)  # noqa: E702
-            _vstore(out, ob + c + 2 * ln, a12); _vstore(out, ob + c + 3 * ln, a13)  # noqa: E702
-            _vstore(out, ob + 2 * c, a20); _vstore(out, ob + 2 * c + ln, a21)  # noqa: E702
-            _vstore(out, ob + 2 * c + 2 * ln, a22)
-            _vstore(out, ob + 2 * c + 3 * ln, a23)
-            _vstore(out, ob + 3 * c, a30); _vstore(out, ob + 3 * c + ln, a31)  # noqa: E702
-            _vstore(out, ob + 3 * c + 2 * ln, a32)
-            _vstore(out, ob + 3 * c + 3 * ln, a33)
+    for s0 in range(t0, t1, _TB):
+        for j0 in range(0, jn, _JB):
+            j1 = min(j0 + _JB, jn)
+            for t in range(s0, min(s0 + _TB, t1)):
+                cob = t // n_rt
+                r0 = (t - cob * n_rt) * 4
+                b0 = row_off[r0]
+                b1 = row_off[r0 + 1]
+                b2 = row_off[r0 + 2]
+                b3 = row_off[r0 + 3]
+                ob = (cob * rp + r0) * c
+                if j0 == 0:
+                    a00 = _vzero(xf); a01 = _vzero(xf); a02 = _vzero(xf); a03 = _vzero(xf)  # noqa: E702
+                    a10 = _vzero(xf); a11 = _vzero(xf); a12 = _vzero(xf); a13 = _vzero(xf)  # noqa: E702
+                    a20 = _vzero(xf); a21 = _vzero(xf); a22 = _vzero(xf); a23 = _vzero(xf)  # noqa: E702
+                    a30 = _vzero(xf); a31 = _vzero(xf); a32 = _vzero(xf); a33 = _vzero(xf)  # noqa: E702
+                else:
+                    a00 = _vload(out, ob); a01 = _vload(out, ob + ln)  # noqa: E702
+                    a02 = _vload(out, ob + 2 * ln); a03 = _vload(out, ob + 3 * ln)  # noqa: E702
+                    a10 = _vload(out, ob + c); a11 = _vload(out, ob + c + ln)  # noqa: E702
+                    a12 = _vload(out, ob + c + 2 * ln); a13 = _vload(out, ob + c + 3 * ln)  # noqa: E702
+                    a20 = _vload(out, ob + 2 * c); a21 = _vload(out, ob + 2 * c + ln)  # noqa: E702
+                    a22 = _vload(out, ob + 2 * c + 2 * ln)
+                    a23 = _vload(out, ob + 2 * c + 3 * ln)
+                    a30 = _vload(out, ob + 3 * c); a31 = _vload(out, ob + 3 * c + ln)  # noqa: E702
+                    a32 = _vload(out, ob + 3 * c + 2 * ln)
+                    a33 = _vload(out, ob + 3 * c + 3 * ln)
+                ao = (cob * jn + j0) * c
+                for j in range(j0, j1):
+                    o = _at(red_off, j)
+                    w0 = _vload(a, ao); w1 = _vload(a, ao + ln)  # noqa: E702
+                    w2 = _vload(a, ao + 2 * ln); w3 = _vload(a, ao + 3 * ln)  # noqa: E702
+                    ao += c
+                    x = _vbcast(xf, b0 + o)
+                    a00 = _vfma(x, w0, a00); a01 = _vfma(x, w1, a01)  # noqa: E702
+                    a02 = _vfma(x, w2, a02); a03 = _vfma(x, w3, a03)  # noqa: E702
+                    x = _vbcast(xf, b1 + o)
+                    a10 = _vfma(x, w0, a10); a11 = _vfma(x, w1, a11)  # noqa: E702
+                    a12 = _vfma(x, w2, a12); a13 = _vfma(x, w3, a13)  # noqa: E702
+                    x = _vbcast(xf, b2 + o)
+                    a20 = _vfma(x, w0, a20); a21 = _vfma(x, w1, a21)  # noqa: E702
+                    a22 = _vfma(x, w2, a22); a23 = _vfma(x, w3, a23)  # noqa: E702
+                    x = _vbcast(xf, b3 + o)
+                    a30 = _vfma(x, w0, a30); a31 = _vfma(x, w1, a31)  # noqa: E702
+                    a32 = _vfma(x, w2, a32); a33 = _vfma(x, w3, a33)  # noqa: E702
+                _vstore(out, ob, a00); _vstore(out, ob + ln, a01)  # noqa: E702
+                _vstore(out, ob + 2 * ln, a02); _vstore(out, ob + 3 * ln, a03)  # noqa: E702
+                _vstore(out, ob + c, a10); _vstore(out, ob + c + ln, a11)  # noqa: E702
+                _vstore(out, ob + c + 2 * ln, a12); _vstore(out, ob + c + 3 * ln, a13)  # noqa: E702
+                _vstore(out, ob + 2 * c, a20); _vstore(out, ob + 2 * c + ln, a21)  # noqa: E702
+                _vstore(out, ob + 2 * c + 2 * ln, a22)
+                _vstore(out, ob + 2 * c + 3 * ln, a23)
+                _vstore(out, ob + 3 * c, a30); _vstore(out, ob + 3 * c + ln, a31)  # noqa: E702
+                _vstore(out, ob + 3 * c + 2 * ln, a32)
+                _vstore(out, ob + 3 * c + 3 * ln, a33)
 
 
 @njit(cache=True, fastmath=True)
@@ -244,50 +246,51 @@ def _tiles_8x2(xf, a, out, row_off, red_off, n_rt, t0, t1):
     c = 2 * ln
     jn = red_off.size
     rp = 8 * n_rt
-    for j0 in range(0, jn, _JB):
-        j1 = min(j0 + _JB, jn)
-        for t in range(t0, t1):
-            cob = t // n_rt
-            r0 = (t - cob * n_rt) * 8
-            b0 = row_off[r0]; b1 = row_off[r0 + 1]; b2 = row_off[r0 + 2]  # noqa: E702
-            b3 = row_off[r0 + 3]; b4 = row_off[r0 + 4]; b5 = row_off[r0 + 5]  # noqa: E702
-            b6 = row_off[r0 + 6]; b7 = row_off[r0 + 7]  # noqa: E702
-            ob = (cob * rp + r0) * c
-            if j0 == 0:
-                a00 = _vzero(xf); a01 = _vzero(xf); a10 = _vzero(xf); a11 = _vzero(xf)  # noqa: E702
-                a20 = _vzero(xf); a21 = _vzero(xf); a30 = _vzero(xf); a31 = _vzero(xf)  # noqa: E702
-                a40 = _vzero(xf); a41 = _vzero(xf); a50 = _vzero(xf); a51 = _vzero(xf)  # noqa: E702
-                a60 = _vzero(xf); a61 = _vzero(xf); a70 = _vzero(xf); a71 = _vzero(xf)  # noqa: E702
-            else:
-                a00 = _vload(out, ob); a01 = _vload(out, ob + ln)  # noqa: E702
-                a10 = _vload(out, ob + c); a11 = _vload(out, ob + c + ln)  # noqa: E702
-                a20 = _vload(out, ob + 2 * c); a21 = _vload(out, ob + 2 * c + ln)  # noqa: E702
-                a30 = _vload(out, ob + 3 * c); a31 = _vload(out, ob + 3 * c + ln)  # noqa: E702
-                a40 = _vload(out, ob + 4 * c); a41 = _vload(out, ob + 4 * c + ln)  # noqa: E702
-                a50 = _vload(out, ob + 5 * c); a51 = _vload(out, ob + 5 * c + ln)  # noqa: E702
-                a60 = _vload(out, ob + 6 * c); a61 = _vload(out, ob + 6 * c + ln)  # noqa: E702
-                a70 = _vload(out, ob + 7 * c); a71 = _vload(out, ob + 7 * c + ln)  # noqa: E702
-            ao = (cob * jn + j0) * c
-            for j in range(j0, j1):
-                o = _at(red_off, j)
-                w0 = _vload(a, ao); w1 = _vload(a, ao + ln)  # noqa: E702
-                ao += c
-                x = _vbcast(xf, b0 + o); a00 = _vfma(x, w0, a00); a01 = _vfma(x, w1, a01)  # noqa: E702
-                x = _vbcast(xf, b1 + o); a10 = _vfma(x, w0, a10); a11 = _vfma(x, w1, a11)  # noqa: E702
-                x = _vbcast(xf, b2 + o); a20 = _vfma(x, w0, a20); a21 = _vfma(x, w1, a21)  # noqa: E702
-                x = _vbcast(xf, b3 + o); a30 = _vfma(x, w0, a30); a31 = _vfma(x, w1, a31)  # noqa: E702
-                x = _vbcast(xf, b4 + o); a40 = _vfma(x, w0, a40); a41 = _vfma(x, w1, a41)  # noqa: E702
-                x = _vbcast(xf, b5 + o); a50 = _vfma(x, w0, a50); a51 = _vfma(x, w1, a51)  # noqa: E702
-                x = _vbcast(xf, b6 + o); a60 = _vfma(x, w0, a60); a61 = _vfma(x, w1, a61)  # noqa: E702
-                x = _vbcast(xf, b7 + o); a70 = _vfma(x, w0, a70); a71 = _vfma(x, w1, a71)  # noqa: E702
-            _vstore(out, ob, a00); _vstore(out, ob + ln, a01)  # noqa: E702
-            _vstore(out, ob + c, a10); _vstore(out, ob + c + ln, a11)  # noqa: E702
-            _vstore(out, ob + 2 * c, a20); _vstore(out, ob + 2 * c + ln, a21)  # noqa: E702
-            _vstore(out, ob + 3 * c, a30); _vstore(out, ob + 3 * c + ln, a31)  # noqa: E702
-            _vstore(out, ob + 4 * c, a40); _vstore(out, ob + 4 * c + ln, a41)  # noqa: E702
-            _vstore(out, ob + 5 * c, a50); _vstore(out, ob + 5 * c + ln, a51)  # noqa: E702
-            _vstore(out, ob + 6 * c, a60); _vstore(out, ob + 6 * c + ln, a61)  # noqa: E702
-            _vstore(out, ob + 7 * c, a70); _vstore(out, ob + 7 * c + ln, a71)  # noqa: E702
+    for s0 in range(t0, t1, _TB):
+        for j0 in range(0, jn, _JB):
+            j1 = min(j0 + _JB, jn)
+            for t in range(s0, min(s0 + _TB, t1)):
+                cob = t // n_rt
+                r0 = (t - cob * n_rt) * 8
+                b0 = row_off[r0]; b1 = row_off[r0 + 1]; b2 = row_off[r0 + 2]  # noqa: E702
+                b3 = row_off[r0 + 3]; b4 = row_off[r0 + 4]; b5 = row_off[r0 + 5]  # noqa: E702
+                b6 = row_off[r0 + 6]; b7 = row_off[r0 + 7]  # noqa: E702
+                ob = (cob * rp + r0) * c
+                if j0 == 0:
+                    a00 = _vzero(xf); a01 = _vzero(xf); a10 = _vzero(xf); a11 = _vzero(xf)  # noqa: E702
+                    a20 = _vzero(xf); a21 = _vzero(xf); a30 = _vzero(xf); a31 = _vzero(xf)  # noqa: E702
+                    a40 = _vzero(xf); a41 = _vzero(xf); a50 = _vzero(xf); a51 = _vzero(xf)  # noqa: E702
+                    a60 = _vzero(xf); a61 = _vzero(xf); a70 = _vzero(xf); a71 = _vzero(xf)  # noqa: E702
+                else:
+                    a00 = _vload(out, ob); a01 = _vload(out, ob + ln)  # noqa: E702
+                    a10 = _vload(out, ob + c); a11 = _vload(out, ob + c + ln)  # noqa: E702
+                    a20 = _vload(out, ob + 2 * c); a21 = _vload(out, ob + 2 * c + ln)  # noqa: E702
+                    a30 = _vload(out, ob + 3 * c); a31 = _vload(out, ob + 3 * c + ln)  # noqa: E702
+                    a40 = _vload(out, ob + 4 * c); a41 = _vload(out, ob + 4 * c + ln)  # noqa: E702
+                    a50 = _vload(out, ob + 5 * c); a51 = _vload(out, ob + 5 * c + ln)  # noqa: E702
+                    a60 = _vload(out, ob + 6 * c); a61 = _vload(out, ob + 6 * c + ln)  # noqa: E702
+                    a70 = _vload(out, ob + 7 * c); a71 = _vload(out, ob + 7 * c + ln)  # noqa: E702
+                ao = (cob * jn + j0) * c
+                for j in range(j0, j1):
+                    o = _at(red_off, j)
+                    w0 = _vload(a, ao); w1 = _vload(a, ao + ln)  # noqa: E702
+                    ao += c
+                    x = _vbcast(xf, b0 + o); a00 = _vfma(x, w0, a00); a01 = _vfma(x, w1, a01)  # noqa: E702
+                    x = _vbcast(xf, b1 + o); a10 = _vfma(x, w0, a10); a11 = _vfma(x, w1, a11)  # noqa: E702
+                    x = _vbcast(xf, b2 + o); a20 = _vfma(x, w0, a20); a21 = _vfma(x, w1, a21)  # noqa: E702
+                    x = _vbcast(xf, b3 + o); a30 = _vfma(x, w0, a30); a31 = _vfma(x, w1, a31)  # noqa: E702
+                    x = _vbcast(xf, b4 + o); a40 = _vfma(x, w0, a40); a41 = _vfma(x, w1, a41)  # noqa: E702
+                    x = _vbcast(xf, b5 + o); a50 = _vfma(x, w0, a50); a51 = _vfma(x, w1, a51)  # noqa: E702
+                    x = _vbcast(xf, b6 + o); a60 = _vfma(x, w0, a60); a61 = _vfma(x, w1, a61)  # noqa: E702
+                    x = _vbcast(xf, b7 + o); a70 = _vfma(x, w0, a70); a71 = _vfma(x, w1, a71)  # noqa: E702
+                _vstore(out, ob, a00); _vstore(out, ob + ln, a01)  # noqa: E702
+                _vstore(out, ob + c, a10); _vstore(out, ob + c + ln, a11)  # noqa: E702
+                _vstore(out, ob + 2 * c, a20); _vstore(out, ob + 2 * c + ln, a21)  # noqa: E702
+                _vstore(out, ob + 3 * c, a30); _vstore(out, ob + 3 * c + ln, a31)  # noqa: E702
+                _vstore(out, ob + 4 * c, a40); _vstore(out, ob + 4 * c + ln, a41)  # noqa: E702
+                _vstore(out, ob + 5 * c, a50); _vstore(out, ob + 5 * c + ln, a51)  # noqa: E702
+                _vstore(out, ob + 6 * c, a60); _vstore(out, ob + 6 * c + ln, a61)  # noqa: E702
+                _vstore(out, ob + 7 * c, a70); _vstore(out, ob + 7 * c + ln, a71)  # noqa: E702
 
 
 @njit(cache=True, parallel=True)
