@@ -408,7 +408,9 @@ def auto_partition(layers: Sequence, stages: int, sample, chunks: int,
     """Profile ``layers`` on ``sample`` (:func:`profile_layers`, collective over ``comm``)
     and return the partition of :func:`partition_layers` as a list of ``stages`` ``(start,
     stop)`` ranges, identical on every rank of ``comm``.  Stage transfers are costed with
-    :func:`link_cost`'s defaults (20 us + 2 GB/s).  Bad arguments raise on every rank."""
+    the latency/bandwidth model measured on ``comm``
+    (:func:`disttensor.nn.perfmodel.measure_links`, quick), or :func:`link_cost`'s defaults
+    (20 us + 2 GB/s) on one rank.  Bad arguments raise on every rank."""
     layers = list(layers)
     comm = _comm_of(sample) if comm is None else comm
     with collective(comm, "auto_partition", layers=len(layers), stages=stages, chunks=chunks,
@@ -424,7 +426,12 @@ def auto_partition(layers: Sequence, stages: int, sample, chunks: int,
             raise ValueError(f"auto_partition: schedule must be one of {SCHEDULES}, "
                              f"got {schedule!r}")
     prof = profile_layers(layers, sample, comm=comm)
+    # stage transfers: the point-to-point alpha-beta model measured on comm (identical on
+    # every rank); the fixed link_cost() default where there is no second rank to measure
+    link = link_cost()
+    if comm.size > 1:
+        from .perfmodel import measure_links
+        link = measure_links(comm, quick=True).p2p
     # identical profiles on every rank: the plan (or the infeasibility error) is the same
-    plan = partition_layers(prof, stages, chunks, memory_limit, schedule,
-                            boundary_cost=link_cost())
+    plan = partition_layers(prof, stages, chunks, memory_limit, schedule, boundary_cost=link)
     return [tuple(r) for r in plan.ranges]

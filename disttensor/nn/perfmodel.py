@@ -12,8 +12,8 @@ smallest predicted step that fits in memory is chosen:
   the same time (so ranks sharing cores measure the oversubscribed speed they will run at)
   and the maximum over ranks is used.
 * **Links** (measured): a latency/bandwidth (alpha-beta) model ``t(n) = alpha + beta n`` of
-  point-to-point exchange between neighbours (concurrent ``Sendrecv`` of rank pairs, the
-  pattern of a halo exchange) and of ``Allreduce`` over the whole communicator (what the
+  point-to-point exchange between neighbours (the library's halo exchange of faces of
+  several sizes on a 1-D grid of all ranks, all at once) and of ``Allreduce`` over the whole communicator (what the
   gradient reducer and the per-op argument agreement use), fitted by least squares on
   relative error (:meth:`AlphaBeta.fit`), maximum over ranks; and the overhead every
   distributed op pays per pass over its one-rank cost (:class:`LinkModel`).
@@ -153,41 +153,50 @@ def _median_time(fn, repeats: int) -> float:
 def measure_links(comm: MPI.Comm, quick: bool = False, repeats: int | None = None) -> LinkModel:
     """Fit the alpha-beta models of ``comm`` (collective; identical result on every rank).
 
-    Point to point: ranks ``2k`` and ``2k + 1`` exchange messages of several sizes with
-    ``Sendrecv``, all pairs at once (an odd last rank waits); all-reduce: ``Allreduce`` of
-    float32 arrays of several sizes over ``comm``.  Each rank takes the median of
-    ``repeats`` rounds, the maximum over ranks is fitted.  On one rank both are zero (no
-    neighbour, a one-rank all-reduce moves nothing)."""
+    Point to point: halo exchanges (:meth:`~disttensor.array.DistArray.exchange_halo`, the
+    library's own, with its packing and private communicator) of one face of several sizes
+    with each neighbour along a 1-D grid of all ranks, every rank at once (an inner rank
+    receives two pieces); all-reduce: ``Allreduce`` of float32 arrays of several sizes over
+    ``comm``.  The rounds of all sizes are interleaved, a barrier before each; the slowest
+    rank's time of each round, the median over ``repeats`` rounds, is fitted
+    (:meth:`AlphaBeta.fit`, per piece for the exchange).  Also measures the per-op overhead
+    (:class:`LinkModel`).  On one rank everything is zero (no neighbour, nothing to
+    agree)."""
+    from ..creation import from_global
+    from ..grid import ProcessGrid
     if comm.size == 1:
         return LinkModel(nranks=1)
-    p2p_sizes = [8, 65536, 1 << 20] if quick else [8, 4096, 65536, 1 << 20, 4 << 20]
+    p2p_sizes = [16, 65536, 1 << 20] if quick else [16, 4096, 65536, 1 << 20, 4 << 20]
     red_sizes = [8, 65536, 1 << 20] if quick else [8, 4096, 65536, 1 << 20, 8 << 20]
-    reps = repeats or (3 if quick else 7)
-    rank, size = comm.rank, comm.size
-    partner = rank ^ 1 if (rank ^ 1) < size else None
-    mine = []
+    reps = repeats or (5 if quick else 9)
+    size = comm.size
+    grid = ProcessGrid((size,), comm=comm)
+    pieces = min(size - 1, 2)
+    tasks = []
     for n in p2p_sizes:
-        sbuf = np.zeros(n, dtype=np.uint8)
-        rbuf = np.empty_like(sbuf)
-        comm.Barrier()
-        if partner is None:
-            mine.append(0.0)
-            continue
-        comm.Sendrecv(sbuf, partner, 7, rbuf, partner, 7)  # warm
-        mine.append(_median_time(lambda: comm.Sendrecv(sbuf, partner, 7, rbuf, partner, 7),
-                                 reps))
+        k = max(n // 4, 1)
+        x = from_global(np.zeros((2 * size, k), np.float32), grid=grid, split=(0, None))
+        h = x.with_halo(((1, 1), (0, 0))).halo_exchange()
+        tasks.append(h.exchange)
     for n in red_sizes:
         sbuf = np.zeros(max(n // 4, 1), dtype=np.float32)
         rbuf = np.empty_like(sbuf)
-        comm.Barrier()
-        comm.Allreduce(sbuf, rbuf)
-        mine.append(_median_time(lambda: comm.Allreduce(sbuf, rbuf), reps))
-    agreed = np.empty(len(mine))
-    comm.Allreduce(np.asarray(mine, dtype=np.float64), agreed, op=MPI.MAX)
+        tasks.append(lambda sbuf=sbuf, rbuf=rbuf: comm.Allreduce(sbuf, rbuf))
+    mine = np.zeros((reps, len(tasks)))
+    for r in range(reps + 1):
+        for j, task in enumerate(tasks):
+            comm.Barrier()
+            t0 = time.perf_counter()
+            task()
+            if r:
+                mine[r - 1, j] = time.perf_counter() - t0
+    agreed = np.empty_like(mine)
+    comm.Allreduce(mine, agreed, op=MPI.MAX)
+    med = np.median(agreed, axis=0)
     k = len(p2p_sizes)
     of, ob = _op_overhead(comm, 5 if quick else 9)
-    return LinkModel(p2p=AlphaBeta.fit(p2p_sizes, agreed[:k]),
-                     allreduce=AlphaBeta.fit(red_sizes, agreed[k:]), nranks=size,
+    return LinkModel(p2p=AlphaBeta.fit(p2p_sizes, med[:k] / pieces),
+                     allreduce=AlphaBeta.fit(red_sizes, med[k:]), nranks=size,
                      op_forward_s=of, op_backward_s=ob)
 
 
@@ -598,21 +607,22 @@ class LayerTimer:
         grid = ProcessGrid((1,) * (len(shape) - 1), comm=MPI.COMM_SELF)
         x = from_global(a, grid=grid, split=(0, None) + tuple(range(1, len(shape) - 1)),
                         device=self.device)
-        with _Isolated([layer], grid):
-            y = layer(Tensor(x))
-        template = y.data if isinstance(y.data, DistArray) else None
-        del y
+        state = {}  # the output's layout, for the ones gradient (known after one forward)
 
         def run():
             with _Isolated([layer], grid):
                 xt = Tensor(x, requires_grad=input_grad)
-                g = None if template is None else filled_like(template, 1)
+                tmpl = state.get("out")
+                g = None if tmpl is None else filled_like(tmpl, 1)
                 self.comm.Barrier()
                 t0 = time.perf_counter()
                 y = layer(xt)
                 _sync(y.data)
                 t1 = time.perf_counter()
                 if y.requires_grad:
+                    if g is None and isinstance(y.data, DistArray):
+                        state["out"] = y.data
+                        g = filled_like(y.data, 1)  # first (warm-up) round only
                     y.backward(g)
                 _sync(y.data)
                 t2 = time.perf_counter()
