@@ -168,7 +168,7 @@ def measure_links(comm: MPI.Comm, quick: bool = False, repeats: int | None = Non
         return LinkModel(nranks=1)
     p2p_sizes = [16, 65536, 1 << 20] if quick else [16, 4096, 65536, 1 << 20, 4 << 20]
     red_sizes = [8, 65536, 1 << 20] if quick else [8, 4096, 65536, 1 << 20, 8 << 20]
-    reps = repeats or (5 if quick else 9)
+    reps = repeats or (3 if quick else 9)
     size = comm.size
     grid = ProcessGrid((size,), comm=comm)
     pieces = min(size - 1, 2)
@@ -194,7 +194,7 @@ def measure_links(comm: MPI.Comm, quick: bool = False, repeats: int | None = Non
     comm.Allreduce(mine, agreed, op=MPI.MAX)
     med = np.median(agreed, axis=0)
     k = len(p2p_sizes)
-    of, ob = _op_overhead(comm, 5 if quick else 9)
+    of, ob = _op_overhead(comm, 3 if quick else 9)
     return LinkModel(p2p=AlphaBeta.fit(p2p_sizes, med[:k] / pieces),
                      allreduce=AlphaBeta.fit(red_sizes, med[k:]), nranks=size,
                      op_forward_s=of, op_backward_s=ob)

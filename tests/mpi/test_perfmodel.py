@@ -156,3 +156,51 @@ def test_links_and_timer_agree_across_ranks():
     # a block the layer cannot run (wrong channel count) is inf on every rank
     bad = timer.time_all([(layers[0], (1, 5, 4, 4, 4), True)])
     assert_all_ranks(COMM, same_everywhere(bad) and math.isinf(bad[0][0]), str(bad))
+
+
+# -- the training command without --grid ---------------------------------------------------
+@pytest.fixture(scope="module")
+def cli_data(tmp_path_factory):
+    from disttensor.io.synthetic import generate_synthetic
+    root = COMM.bcast(str(tmp_path_factory.mktemp("plan")) if COMM.rank == 0 else None)
+    generate_synthetic(root + "/train", 8, size=8, channels=2, seed=0, comm=COMM)
+    generate_synthetic(root + "/val", 2, size=8, channels=2, seed=1, comm=COMM)
+    return root
+
+
+def _cli(root, *extra):
+    return ["cosmoflow", "--data", root + "/train", "--val", root + "/val", "--widths", "2,3",
+            "--dense", "4", "--epochs", "1", "--max-steps", "2", "--no-checkpoint",
+            "--no-prefetch", "--out", root + "/out", *extra]
+
+
+def test_cli_plans_the_grid_and_prints_it(cli_data, capsys):
+    from disttensor import train
+    res = train.run(_cli(cli_data, "--batch-size", "4"))
+    out = capsys.readouterr().out
+    g = res.grid
+    assert_all_ranks(COMM, same_everywhere(g) and math.prod(g) == SIZE and 4 % g[0] == 0
+                     and res.steps == 2 and all(np.isfinite(res.losses)), f"{res}")
+    if COMM.rank == 0:
+        assert "grid plan" in out and f"chosen grid (sample, d, h, w) = {g}" in out, out
+    # --grid still overrides
+    res = train.run(_cli(cli_data, "--batch-size", "4", "--quiet", "--grid",
+                         f"1x{SIZE}x1x1"))
+    assert_all_ranks(COMM, res.grid == (1, SIZE, 1, 1), f"{res.grid}")
+
+
+def test_cli_odd_batch_plans_a_spatial_grid(cli_data):
+    from disttensor import train
+    res = train.run(_cli(cli_data, "--batch-size", "5", "--quiet"))  # no s > 1 divides 5
+    assert_all_ranks(COMM, res.grid[0] == 1 and math.prod(res.grid) == SIZE, f"{res.grid}")
+
+
+def test_cli_bad_input_raises_everywhere_while_planning(tmp_path):
+    from disttensor import train
+    from disttensor.io.synthetic import generate_synthetic
+    root = COMM.bcast(str(tmp_path) if COMM.rank == 0 else None)
+    generate_synthetic(root + "/tiny", 4, size=4, channels=2, seed=2, comm=COMM)
+    argv = ["cosmoflow", "--data", root + "/tiny", "--val", root + "/tiny", "--widths",
+            "2,3,4", "--quiet", "--out", root + "/x", "--batch-size", "2"]
+    assert_raises_all(COMM, ValueError, "too small for 3 pooling stages",
+                      lambda: train.run(argv))
