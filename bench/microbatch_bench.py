@@ -113,7 +113,7 @@ def run_case(name, pass_, n, cin, cout, s, k, limit, xp, algos_for, sync, device
     if und[1] not in fit_times:  # nothing fits undivided: the division must do without it
         found = mb.optimal_division(n, fit_times)
     else:
-        found = mb.choose_division(n, fit_times)
+        found = mb.choose_division(n, fit_times, mb.undivided_margin())
     micro = undivided if found is None else mb.Plan(tuple(found[1]), found[0],
                                                     max({**fit, **undiv_fit}[p]
                                                         for p in found[1]))

@@ -16,8 +16,8 @@ and limit the planner
 3. divides N by dynamic programming: ``T(0) = 0``, ``T(n) = min over (a, b), b <= n, of
    T(n - b) + t(a, b)`` (time adds, the workspace is the largest of the parts; ties go to fewer
    micro-batches), see :func:`optimal_division`; a measured division must beat the
-   undivided plan by 5 % to be taken (:func:`choose_division`: timing noise must not buy extra
-   calls).
+   undivided plan by ``DISTTENSOR_CONV_TUNE_MARGIN`` (default 10 %) to be taken
+   (:func:`choose_division`: timing noise must not buy extra calls).
 
 Filter gradients of the micro-batches are summed (the first writes the output, the others add
 into it: cuDNN's beta = 1).  When no algorithm fits the limit the limit is raised to the
@@ -43,7 +43,7 @@ arrays with cuDNN execution plans and im2col.  Configuration (read at each call)
 * ``DISTTENSOR_CONV_WORKSPACE_MB``: the per-layer workspace limit (default 64 MiB);
 * ``DISTTENSOR_CONV_POLICY``: ``powerOfTwo`` (default), ``all`` or ``undivided``;
 * ``DISTTENSOR_CONV_TUNE_BUDGET_S`` (default 2 s per layer-pass), ``DISTTENSOR_CONV_TUNE_REPS``
-  (default 2).
+  (default 2), ``DISTTENSOR_CONV_TUNE_MARGIN`` (default 0.10).
 
 The choice is rank-local (no MPI in local kernels): ranks may run different algorithms, whose
 results agree to float rounding.
@@ -240,7 +240,13 @@ def optimal_division(n: int, times: dict, workspace: dict | None = None,
     return best[n][0], parts
 
 
-UNDIVIDED_MARGIN = 0.05
+UNDIVIDED_MARGIN = 0.10
+
+
+def undivided_margin() -> float:
+    """``DISTTENSOR_CONV_TUNE_MARGIN`` (default 0.10): how much faster a measured division
+    must be than the undivided plan to be taken."""
+    return float(os.environ.get("DISTTENSOR_CONV_TUNE_MARGIN", str(UNDIVIDED_MARGIN)))
 
 
 def choose_division(n: int, times: dict, margin: float = UNDIVIDED_MARGIN):
@@ -558,7 +564,7 @@ def plan_problem(problem: ConvProblem, algos: dict, limit: int, policy_: str, mo
             times = {k: 1.0 for k in fit}
     if not any(b == smallest for _, b in times):  # every small candidate failed: model them
         times.update({k: 1.0 for k in fit if k[1] == smallest and k not in times})
-    found = choose_division(problem.batch, times, UNDIVIDED_MARGIN if mode == "benchmark"
+    found = choose_division(problem.batch, times, undivided_margin() if mode == "benchmark"
                             else 0.0)
     if found is None:
         raise RuntimeError(f"no division of {problem.batch} samples for {problem}")
@@ -665,14 +671,14 @@ def get_plan(problem: ConvProblem, algos: dict, device_fp: dict, runner=None, sy
     if limit is None:
         limit = _limit_overrides.get(problem, workspace_limit())
     names = tuple(sorted(algos))
-    mkey = (problem, limit, pol, mode, names, device_fp.get("device"))
+    mkey = (problem, limit, pol, mode, names, device_fp.get("device"), undivided_margin())
     plan = _plans.get(mkey)
     if plan is not None:
         return plan
     fields = None
     if mode == "benchmark":
         fields = dict(fingerprint=device_fp, problem=problem.fields(), limit=limit, policy=pol,
-                      mode=mode, algorithms=list(names))
+                      mode=mode, algorithms=list(names), margin=undivided_margin())
         stored = _disk.get(fields)
         if stored is not None:
             try:
