@@ -46,6 +46,8 @@ zero-inserted ``dy``), the packed ``A``, the ``(rows, C)``-blocked output and th
 """
 from __future__ import annotations
 
+import threading
+
 import numba
 import numpy as np
 from llvmlite import ir
@@ -308,50 +310,61 @@ def _run_8x2(xf, a, out, row_off, red_off, n_rt, n_tiles, n_chunks):
 
 
 # -- packing -----------------------------------------------------------------------------------
-_QB = 32  # positions per block of the pack/unpack transposes (both sides stay in L1)
+_QB = 16     # positions per block of the pack/unpack transposes (a 16 x C tile in L1)
+_QCHUNK = 512  # positions per parallel work item of the transposes
 
 
 @njit(cache=True, parallel=True)
 def _pack(src, dst, m_n):
     """``dst[cob, n*Q + q, c] = src[n, cob*C + c, q]`` (0 where ``cob*C + c >= m_n``);
-    ``src`` is ``(N, >= m_n, Q)`` (any strides), ``dst`` ``(n_cob, N*Q, C)``.  Blocks of
-    ``_QB`` positions x C channels, so that reads and writes both stay in L1."""
+    ``src`` is ``(N, >= m_n, Q)`` (any strides), ``dst`` ``(n_cob, N*Q, C)``.  A blocked
+    transpose: ``_QB`` positions x C channels go through an L1-resident tile, so that both
+    sides are read and written in whole cache lines whatever the strides."""
     n_n, _, q_n = src.shape
     n_cob, _, c_n = dst.shape
-    n_qb = (q_n + _QB - 1) // _QB
-    for t in prange(n_cob * n_n * n_qb):
-        cob = t // (n_n * n_qb)
-        rem = t - cob * n_n * n_qb
-        n = rem // n_qb
-        q0 = (rem - n * n_qb) * _QB
-        q1 = min(q0 + _QB, q_n)
-        c_hi = min(c_n, m_n - cob * c_n)
-        for q in range(q0, q1):
-            row = dst[cob, n * q_n + q]
+    n_qc = (q_n + _QCHUNK - 1) // _QCHUNK
+    for t in prange(n_cob * n_n * n_qc):
+        cob = t // (n_n * n_qc)
+        rem = t - cob * n_n * n_qc
+        n = rem // n_qc
+        qc0 = (rem - n * n_qc) * _QCHUNK
+        qc1 = min(qc0 + _QCHUNK, q_n)
+        c_hi = max(0, min(c_n, m_n - cob * c_n))
+        tile = np.zeros((_QB, c_n), dtype=dst.dtype)   # columns >= c_hi stay 0
+        for q0 in range(qc0, qc1, _QB):
+            q1 = min(q0 + _QB, qc1)
             for c in range(c_hi):
-                row[c] = src[n, cob * c_n + c, q]
-            for c in range(c_hi, c_n):
-                row[c] = 0
+                m = cob * c_n + c
+                for q in range(q0, q1):
+                    tile[q - q0, c] = src[n, m, q]
+            for q in range(q0, q1):
+                dst[cob, n * q_n + q, :] = tile[q - q0]
 
 
 @njit(cache=True, parallel=True)
 def _unpack(src, dst):
     """``dst[n, m, q] = src[m // C, n*Q + q, m % C]`` (the inverse of :func:`_pack`;
-    ``dst`` may have any strides), in blocks as :func:`_pack`."""
+    ``dst`` may have any strides), blocked as :func:`_pack`."""
     n_n, m_n, q_n = dst.shape
     c_n = src.shape[2]
     n_cob = (m_n + c_n - 1) // c_n
-    n_qb = (q_n + _QB - 1) // _QB
-    for t in prange(n_cob * n_n * n_qb):
-        cob = t // (n_n * n_qb)
-        rem = t - cob * n_n * n_qb
-        n = rem // n_qb
-        q0 = (rem - n * n_qb) * _QB
-        q1 = min(q0 + _QB, q_n)
-        for c in range(min(c_n, m_n - cob * c_n)):
-            m = cob * c_n + c
+    n_qc = (q_n + _QCHUNK - 1) // _QCHUNK
+    for t in prange(n_cob * n_n * n_qc):
+        cob = t // (n_n * n_qc)
+        rem = t - cob * n_n * n_qc
+        n = rem // n_qc
+        qc0 = (rem - n * n_qc) * _QCHUNK
+        qc1 = min(qc0 + _QCHUNK, q_n)
+        c_hi = min(c_n, m_n - cob * c_n)
+        tile = np.empty((_QB, c_n), dtype=src.dtype)
+        for q0 in range(qc0, qc1, _QB):
+            q1 = min(q0 + _QB, qc1)
             for q in range(q0, q1):
-                dst[n, m, q] = src[cob, n * q_n + q, c]
+                tile[q - q0] = src[cob, n * q_n + q, :]
+            for c in range(c_hi):
+                m = cob * c_n + c
+                for q in range(q0, q1):
+                    dst[n, m, q] = tile[q - q0, c]
 
 
 @njit(cache=True, parallel=True)
@@ -388,10 +401,29 @@ def _out_shape(in_spatial, kernel, stride, dilation, pad_lo, pad_hi):
     return tuple(out)
 
 
+_local = threading.local()
+
+
+def _scratch(slot: str, shape, dtype) -> np.ndarray:
+    """An uninitialised array of ``shape`` backed by this thread's reusable buffer ``slot``
+    (one per slot and dtype, grown as needed): fresh large arrays cost their page faults on
+    every call.  Valid until the next call with the same slot in this thread."""
+    bufs = getattr(_local, "bufs", None)
+    if bufs is None:
+        bufs = _local.bufs = {}
+    key = (slot, np.dtype(dtype).str)
+    n = int(np.prod(shape))
+    buf = bufs.get(key)
+    if buf is None or buf.size < n:
+        buf = bufs[key] = np.empty(max(n, 1), dtype=dtype)
+    return buf[:n].reshape(shape)
+
+
 def _embed(x, lo, size, step=(1, 1, 1)):
     """Zeros of spatial ``size`` with ``x[..., i]`` at ``lo + i*step`` per axis (positions
-    outside are dropped: negative ``lo`` crops)."""
-    out = np.zeros(x.shape[:2] + tuple(size), dtype=x.dtype)
+    outside are dropped: negative ``lo`` crops), in the ``"padded"`` scratch buffer."""
+    out = _scratch("padded", x.shape[:2] + tuple(size), x.dtype)
+    out[...] = 0
     src, dst = [slice(None)] * 2, [slice(None)] * 2
     for n, l, sz, s in zip(x.shape[2:], lo, size, step):
         i0 = 0 if l >= 0 else (-l + s - 1) // s          # first i with l + i*s >= 0
@@ -471,7 +503,7 @@ class _Direct:
         n_cob, c = a_pk.shape[0], a_pk.shape[2]
         row_off = _padded_rows(row_off, self.rows)
         n_rt = row_off.size // self.rows
-        out = np.empty((n_cob, row_off.size, c), dtype=dtype)
+        out = _scratch("out", (n_cob, row_off.size, c), dtype)
         n_tiles = n_cob * n_rt
         n_chunks = max(1, min(numba.get_num_threads(), n_tiles))
         self._run(xf, a_pk.reshape(-1), out.reshape(-1), row_off, red_off, n_rt, n_tiles,
@@ -582,7 +614,7 @@ class _Direct:
         xf = xp.reshape(-1)
         yv = y.reshape(n_n, groups, cog, p_n)
         for g in range(groups):
-            a_pk = np.empty((n_cob, kk, c), dtype=dtype)
+            a_pk = _scratch("a", (n_cob, kk, c), dtype)
             if transposed:   # w is (groups*cg, cog, *kernel) here
                 _pack_flipped(w[g * cg:(g + 1) * cg].reshape(cg, cog, -1), a_pk)
             else:
@@ -640,9 +672,9 @@ class _Direct:
             raise ValueError(f"dy has shape {dy.shape}, the convolution gives "
                              f"{(n_n, cout) + out_sp}")
         kk = int(np.prod(kernel))
-        dw = np.zeros((cout, cg) + kernel, dtype=dtype)
-        if dy.size == 0 or x.size == 0 or dw.size == 0:
-            return dw
+        if dy.size == 0 or x.size == 0 or cout * cg * kk == 0:
+            return np.zeros((cout, cg) + kernel, dtype=dtype)
+        dw = np.empty((cout, cg) + kernel, dtype=dtype)  # every entry is written below
         size = tuple(n + lo + hi for n, lo, hi in zip(x.shape[2:], pad_lo, pad_hi))
         xp = _embed(x, pad_lo, size)
         strides3 = (size[1] * size[2], size[2], 1)
@@ -656,7 +688,7 @@ class _Direct:
         dyv = dy.reshape(n_n, cout, p_n)
         dwv = dw.reshape(groups, cog, cg * kk)
         for g in range(groups):
-            a_pk = np.empty((n_cob, n_n * p_n, c), dtype=dtype)
+            a_pk = _scratch("a", (n_cob, n_n * p_n, c), dtype)
             _pack(dyv[:, g * cog:(g + 1) * cog], a_pk, cog)
             out = self._gemm(xf, a_pk, taps + g * cg * chan, red, dtype)
             _unpack(out, dwv[g:g + 1])
