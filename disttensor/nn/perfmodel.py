@@ -5,9 +5,10 @@ decomposition ``(sample, d, h, w)`` is *predicted* from measurements, and the gr
 smallest predicted step that fits in memory is chosen:
 
 * **Compute** (measured): each layer's forward and backward are timed on a block of the
-  slowest rank's local shape, run on a one-rank grid over ``COMM_SELF`` (the layer's own
-  padding stands in for the halo: the block is sized so that the local kernel produces
-  exactly the outputs that rank owns, reading what the real run reads from its halo).
+  slowest rank's local shape, run on a one-rank grid over ``COMM_SELF``: for a windowed
+  layer the block is that rank's read window (its block with the halo it reads) and the
+  padding is its local padding (at global boundaries only), so the local kernel solves
+  exactly the problem the rank solves (and tunes it the same way).
   Timings are cached per (layer geometry, shape, dtype).  Every rank times the same blocks at
   the same time (so ranks sharing cores measure the oversubscribed speed they will run at)
   and the maximum over ranks is used.
@@ -65,6 +66,7 @@ equivalent, see :func:`enumerate_grids`).
 """
 from __future__ import annotations
 
+import copy
 import math
 import statistics
 import time
@@ -80,6 +82,7 @@ from .module import Module, sequential_layers
 from .parallel import DEFAULT_BUCKET_BYTES
 
 __all__ = ["AlphaBeta", "LinkModel", "LayerGeometry", "LayerPrediction", "GridPrediction",
+           "InvalidGrid", "timing_layer",
            "GridPlan", "enumerate_grids", "analyze_layers", "allreduce_exposed",
            "estimate_memory", "measure_links", "LayerTimer", "predict_grid", "plan_grid",
            "OPTIMIZER_STATE"]
@@ -308,7 +311,8 @@ class LayerGeometry:
 
     ``kind``: ``window``, ``pointwise``, ``flatten``, ``dense`` or ``opaque``;
     ``time_shape``: the input shape to time the layer on (one rank, ``COMM_SELF``), ``()``
-    when the rank owns no output; ``in_bytes``/``out_bytes``: the slowest rank's input
+    when the rank owns no output; ``time_pads``: for windowed layers, the ``(lo, hi)``
+    padding per spatial axis of that local problem (:func:`timing_layer`); ``in_bytes``/``out_bytes``: the slowest rank's input
     (with halo) and output block bytes; ``halo_bytes``/``halo_pieces``: what its halo
     exchange receives (forward; the reverse exchange sends the same back);
     ``gather_bytes``/``gather_peers``: flatten's gather; ``allreduces``: extra small
@@ -326,6 +330,19 @@ class LayerGeometry:
     allreduces: int = 0
     param_bytes: int = 0
     saved_bytes: int = 0
+    time_pads: tuple | None = None
+
+
+def timing_layer(layer, geom: LayerGeometry):
+    """The layer to time on ``geom.time_shape``: ``layer`` itself, or for a windowed layer a
+    shallow copy (sharing the parameters) whose padding is the slowest block's local padding
+    (``geom.time_pads``: padding at global boundaries only, the halo being part of the
+    block), so the local kernel solves exactly the problem that block solves."""
+    if geom.time_pads is None:
+        return layer
+    clone = copy.copy(layer)
+    clone.padding = tuple(geom.time_pads)
+    return clone
 
 
 class InvalidGrid(ValueError):
@@ -365,7 +382,7 @@ def analyze_layers(layers: Sequence, input_shape: Sequence[int], batch: int,
         vol = b * chans * math.prod(blocks) * itemsize if flat is None else b * flat * itemsize
         win = _windows(layer, 3) if flat is None else None
         if win is not None:
-            new, tshape, hbox, pieces = [], [], [], 1
+            new, tshape, tpads, hbox, pieces = [], [], [], [], 1
             for ax, (w, o) in enumerate(zip(win, offs)):
                 n = o[-1]
                 oo = w.output_offsets(o)
@@ -376,9 +393,20 @@ def analyze_layers(layers: Sequence, input_shape: Sequence[int], batch: int,
                     raise InvalidGrid(f"layer {name}: a split of {n} cells into "
                                       f"{len(sizes)} blocks {sizes} is too fine for its halo "
                                       f"({lo}, {hi})")
-                m = max(oo[j + 1] - oo[j] for j in range(len(oo) - 1))
-                tshape.append(0 if m == 0 else max((m - 1) * w.stride + w.span - w.pad_lo
-                                                   - w.pad_hi, 1))
+                # the slowest block: most outputs, then the widest read window; its local
+                # problem is the read window with padding at global boundaries only
+                best = (0, 0, (0, 0))
+                for j in range(len(sizes)):
+                    o0, o1 = oo[j], oo[j + 1]
+                    if o1 > o0:
+                        rlo, rhi = w.read_range(o0, o1, n)
+                        best = max(best, (o1 - o0, rhi - rlo, w.local_pads(o0, o1, n)))
+                if w.periodic:  # the halo carries the wrapped cells: time the layer's own
+                    m = best[0]
+                    best = (m, max((m - 1) * w.stride + w.span - w.pad_lo - w.pad_hi, 1),
+                            (w.pad_lo, w.pad_hi))
+                tshape.append(best[1] if best[0] else 0)
+                tpads.append(tuple(best[2]))
                 box, j = max((sizes[j] + (lo if j > 0 else 0)
                               + (hi if j < len(sizes) - 1 else 0), j) for j in range(len(sizes)))
                 hbox.append(box)
@@ -393,7 +421,8 @@ def analyze_layers(layers: Sequence, input_shape: Sequence[int], batch: int,
             empty = any(v == 0 for v in tshape)
             out.append(LayerGeometry(name, "window", () if empty else (b, chans, *tshape),
                                      in_vol, outb, halo_b, pieces - 1 if halo_b else 0,
-                                     param_bytes=pbytes, saved_bytes=in_vol))
+                                     param_bytes=pbytes, saved_bytes=in_vol,
+                                     time_pads=tuple(tpads)))
             offs, chans = new, cout
         elif tname in _POINTWISE:
             shape = (b, chans, *blocks) if flat is None else (b, flat)
@@ -803,8 +832,9 @@ def plan_grid(model: Module, input_shape: Sequence[int], batch: int, nranks: int
     reps = repeats or (2 if quick else 5)
     timer = LayerTimer(comm, dtype, device, repeats=reps, warmup=1) if timer is None else timer
 
-    jobs = [(layer, gm.time_shape, i > 0) for g, gl in geoms.items()
-            for i, (layer, gm) in enumerate(zip(layers, gl))]
+    with collective(comm):
+        jobs = [(timing_layer(layer, gm), gm.time_shape, i > 0) for g, gl in geoms.items()
+                for i, (layer, gm) in enumerate(zip(layers, gl))]
     measured = timer.time_all(jobs)
     opt_s = _optimizer_time(params, optimizer, dtype, comm, reps)
     owner = {id(p): i for i, layer in enumerate(layers) for p in layer.parameters()}

@@ -11,7 +11,8 @@ import pytest
 from disttensor import nn
 from disttensor.nn.perfmodel import (AlphaBeta, InvalidGrid, LayerGeometry, LinkModel,
                                      allreduce_exposed, analyze_layers, buckets_of,
-                                     enumerate_grids, estimate_memory, predict_grid)
+                                     enumerate_grids, estimate_memory, predict_grid,
+                                     timing_layer)
 
 
 def cosmo(size=32, widths=(8, 16, 32), dense=(32, 16)):
@@ -54,7 +55,13 @@ def test_conv_halo_bytes_and_pieces():
     g = analyze_layers(layers, (4, 32, 32, 32), 4, (1, 4, 1, 1))[0]
     # an inner block along depth receives one 32x32 face on each side
     assert g.kind == "window" and g.halo_bytes == 2 * 32 * 32 * b * C * it
-    assert g.halo_pieces == 2 and g.time_shape == (4, 4, 8, 32, 32)
+    # its local problem: the read window (8 cells + the halo) padded only across the
+    # unsplit axes (global boundaries)
+    assert g.halo_pieces == 2 and g.time_shape == (4, 4, 10, 32, 32)
+    assert g.time_pads == ((0, 0), (1, 1), (1, 1))
+    clone = timing_layer(layers[0], g)
+    assert clone is not layers[0] and clone.padding == g.time_pads
+    assert clone.weight is layers[0].weight and layers[0].padding == (1, 1, 1)
     g2 = analyze_layers(layers, (4, 32, 32, 32), 4, (1, 2, 1, 1))[0]
     assert g2.halo_bytes == 32 * 32 * b * C * it and g2.halo_pieces == 1
     g3 = analyze_layers(layers, (4, 32, 32, 32), 4, (1, 2, 2, 1))[0]
@@ -63,6 +70,10 @@ def test_conv_halo_bytes_and_pieces():
     # pure sample parallelism: no halo, the whole sample, batch / s samples
     g4 = analyze_layers(layers, (4, 32, 32, 32), 4, (4, 1, 1, 1))[0]
     assert g4.halo_bytes == 0 and g4.halo_pieces == 0 and g4.time_shape == (1, 4, 32, 32, 32)
+    assert g4.time_pads == ((1, 1),) * 3
+    pool = analyze_layers(layers, (4, 32, 32, 32), 4, (1, 2, 1, 1))[2]
+    assert pool.time_pads == ((0, 0),) * 3 and timing_layer(layers[2], pool).padding == \
+        ((0, 0),) * 3 and layers[2].padding == 0
 
 
 def test_pool_halo_only_on_odd_blocks():
@@ -75,8 +86,9 @@ def test_pool_halo_only_on_odd_blocks():
     # halo (0, 1): one 32x32 face of the 8 channels from the upper neighbour
     assert pool.halo_bytes == 32 * 32 * 8 * 4 and pool.halo_pieces == 1
     assert pool.time_shape[2] == 12  # 6 outputs of a k2 s2 window read 12 cells
-    # the next conv's input is split by pool ownership: 6, 5, 5
-    assert odd[3].time_shape[2] == 6
+    # the next conv's input is split by pool ownership: 6, 5, 5; the first block is the
+    # slowest: 6 outputs reading 7 cells, padded below only
+    assert odd[3].time_shape[2] == 7 and odd[3].time_pads[0] == (1, 0)
 
 
 def test_flatten_gather_and_dense():
