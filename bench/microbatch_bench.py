@@ -102,11 +102,9 @@ def run_case(name, pass_, n, cin, cout, s, k, limit, xp, algos_for, sync, device
         smallest = min(ws for kk, ws in cands.items() if kk[1] == n)
         undiv_fit = {kk: ws for kk, ws in cands.items() if kk[1] == n and ws == smallest}
     runner = _runner(pass_, x, w, dy, geo)
-    # the undivided candidates are always timed; the divided ones while the budget lasts
-    table = mb.measure_times(prob, undiv_fit, algos, runner, sync, budget_s=1e9,
-                             reps=table_reps)
-    table.update(mb.measure_times(prob, {kk: ws for kk, ws in fit.items() if kk[1] < n},
-                                  algos, runner, sync, budget_s=budget, reps=table_reps))
+    # one table, interleaved: the undivided candidates always, the others within the budget
+    table = mb.measure_times(prob, {**fit, **undiv_fit}, algos, runner, sync, budget_s=budget,
+                             reps=table_reps, always=set(undiv_fit))
     und = min((t, kk) for kk, t in table.items() if kk in undiv_fit)
     undivided = mb.Plan((und[1],), und[0], undiv_fit[und[1]])
     fit_times = {kk: t for kk, t in table.items() if kk in fit}

@@ -467,9 +467,12 @@ def test_measure_times_budget_and_failures():
     mb._warned.clear()  # warnings are once per process
     cands = {("a", 1): 0, ("b", 1): 0, ("a", 4): 0, ("bad", 1): 0}
     with pytest.warns(RuntimeWarning, match="failed while being timed"):
-        got = mb.measure_times(prob, cands, algos, runner, budget_s=0.0, reps=3)
+        got = mb.measure_times(prob, cands, algos, runner, budget_s=0.0, reps=3, always=())
     assert set(got) == {("a", 1), ("b", 1)}
     assert calls.count(("a", 1)) == 1 + 4  # warm-up + one round of N // b calls
+    # the whole-batch (undivided) candidates are timed whatever the budget, by default
+    got = mb.measure_times(prob, cands, algos, runner, budget_s=0.0, reps=3)
+    assert set(got) == {("a", 1), ("b", 1), ("a", 4)}
     calls.clear()
     got = mb.measure_times(prob, cands, algos, runner, budget_s=1e9, reps=2)
     assert set(got) == {("a", 1), ("b", 1), ("a", 4)}

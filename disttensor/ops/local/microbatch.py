@@ -470,7 +470,8 @@ def model_times(problem: ConvProblem, algos: dict, cands: dict) -> dict:
 
 
 def measure_times(problem: ConvProblem, cands: dict, algos: dict, runner, sync=None,
-                  budget_s: float | None = None, reps: int | None = None) -> dict:
+                  budget_s: float | None = None, reps: int | None = None,
+                  always=None) -> dict:
     """Benchmark mode: time the candidates ``{(name, b): workspace}`` with
     ``runner(algorithm, b)``, which runs an algorithm on ``b`` samples; returns
     ``{(name, b): seconds per call}``.
@@ -481,8 +482,9 @@ def measure_times(problem: ConvProblem, cands: dict, algos: dict, runner, sync=N
     candidate is timed over a whole mini-batch of work: timing one short call would favour
     small micro-batches on a loaded machine (the minimum of short runs finds quiet moments
     more easily).  The repetitions go round the candidates (smallest sizes first), so a drift
-    of the machine's load hits all of them alike.  The first round over the smallest size is
-    always completed; everything else only while ``budget_s`` lasts (default
+    of the machine's load hits all of them alike.  The first round over the smallest size and
+    over ``always`` (default: the whole-batch candidates, the undivided baseline) is always
+    completed; everything else only while ``budget_s`` lasts (default
     ``DISTTENSOR_CONV_TUNE_BUDGET_S``).  ``sync`` (e.g. a stream synchronize) runs before a
     clock is read.  A candidate that raises is dropped with a warning."""
     budget = _budget_s() if budget_s is None else float(budget_s)
@@ -490,6 +492,9 @@ def measure_times(problem: ConvProblem, cands: dict, algos: dict, runner, sync=N
     t_start = time.perf_counter()
     order = sorted(cands, key=lambda k: (k[1], k[0]))
     smallest = min((b for _, b in order), default=0)
+    if always is None:
+        always = {k for k in order if k[1] == problem.batch}
+    always = set(always)
     out: dict = {}
     failed: set = set()
 
@@ -501,8 +506,10 @@ def measure_times(problem: ConvProblem, cands: dict, algos: dict, runner, sync=N
             name, b = key
             if key in failed or (rep > 0 and key not in out):
                 continue
-            if over() and (rep > 0 or b != smallest):
-                break
+            if over() and (rep > 0 or (b != smallest and key not in always)):
+                if rep > 0:
+                    break
+                continue
             try:
                 if rep == 0:
                     runner(algos[name], b)
