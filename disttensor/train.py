@@ -152,7 +152,8 @@ def _plan_grid(args, comm, sample_shape, probe, segmentation, progress) -> tuple
         plan = nn.perfmodel.plan_grid(model, sample_shape, args.batch_size, comm=comm,
                                       optimizer=args.optimizer,
                                       bucket_bytes=int(args.bucket_mb * 2 ** 20),
-                                      overlap=not args.no_overlap, quick=True)
+                                      overlap=not args.no_overlap, quick=True,
+                                      dtype="float16" if args.amp else args.dtype)
     except ValueError as e:
         dims = choose_grid(comm.size, args.batch_size, sample_shape[1:])
         progress.say(f"grid planning failed ({e}); default grid {dims}")

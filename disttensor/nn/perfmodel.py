@@ -768,7 +768,7 @@ def plan_grid(model: Module, input_shape: Sequence[int], batch: int, nranks: int
               overlap: bool = True, halo_overlap: bool | None = None,
               candidates: Sequence[Sequence[int]] | None = None, quick: bool = False,
               repeats: int | None = None, links: LinkModel | None = None,
-              timer: LayerTimer | None = None) -> GridPlan:
+              timer: LayerTimer | None = None, dtype=None) -> GridPlan:
     """Rank the grids ``(sample, d, h, w)`` of ``nranks`` ranks for training ``model`` on a
     global batch of ``batch`` samples of shape ``input_shape`` ``(C, D, H, W)`` by predicted
     step time (collective over ``comm``, default ``COMM_WORLD``; the result is identical on
@@ -781,7 +781,8 @@ def plan_grid(model: Module, input_shape: Sequence[int], batch: int, nranks: int
     their halo exchange (default: on GPU only, as the convolution does); ``candidates``: the
     grids to consider (default :func:`enumerate_grids`); ``quick``: 2 timed rounds per block
     instead of 5 and fewer message sizes (a few seconds on small models); ``repeats``: timed
-    rounds per block; ``links``/``timer``: reuse earlier measurements.
+    rounds per block; ``links``/``timer``: reuse earlier measurements; ``dtype``: of the
+    activations (default: the parameters'; ``float16`` for mixed precision).
 
     Every candidate is analysed (:func:`analyze_layers`), its distinct local blocks timed
     (:class:`LayerTimer`), and predicted (:func:`predict_grid`); see the module docstring
@@ -791,12 +792,17 @@ def plan_grid(model: Module, input_shape: Sequence[int], batch: int, nranks: int
     input_shape = tuple(int(v) for v in input_shape)
     layers = sequential_layers(model)
     params = list(model.parameters())
-    dtype = np.dtype(params[0].data.dtype) if params else np.dtype("float32")
     device = getattr(params[0], "device", "cpu") if params else "cpu"
     with collective(comm, "plan_grid", input_shape=input_shape, batch=batch, nranks=nranks,
                     memory_limit=memory_limit, optimizer=optimizer, bucket_bytes=bucket_bytes,
                     overlap=overlap, quick=quick, layers=[_layer_key(l) for l in layers],
-                    candidates=None if candidates is None else [tuple(c) for c in candidates]):
+                    candidates=None if candidates is None else [tuple(c) for c in candidates],
+                    dtype=None if dtype is None else str(dtype)):
+        try:
+            dtype = np.dtype(dtype if dtype is not None else
+                             params[0].data.dtype if params else "float32")
+        except TypeError:
+            raise ValueError(f"plan_grid: dtype {dtype!r} is not a NumPy dtype") from None
         nranks = comm.size if nranks is None else nranks
         if not isinstance(batch, (int, np.integer)) or batch < 1:
             raise ValueError(f"plan_grid: batch must be a positive integer, got {batch!r}")

@@ -107,6 +107,7 @@ def test_memory_limit_excludes_grids():
     ({"optimizer": "lbfgs"}, "optimizer must be one of"),
     ({"memory_limit": -1.0}, "memory_limit must be positive"),
     ({"candidates": [(SIZE + 1, 1, 1, 1)]}, "is not a 4-axis grid"),
+    ({"dtype": "float42"}, "float42"),
 ])
 def test_bad_input_raises_on_every_rank(kwargs, match):
     args = {"input_shape": SHAPE, "batch": BATCH, **kwargs}
