@@ -500,3 +500,79 @@ def test_gpu_algorithm_metadata_without_a_gpu():
     for b in (1, 3, 8):
         assert [c[1] for c in gpu._chunks(b, 12, 16 * 27 * 144, 4, 2 * 16 * 27 * 1728 * 4)] \
             == [min(2, b - n0) for n0 in range(0, b, 2)]
+
+
+# -- GPU (skipped without CuPy and a CUDA device) --------------------------------------------
+def _cupy_or_skip():
+    cp = pytest.importorskip("cupy")
+    try:
+        if cp.cuda.runtime.getDeviceCount() < 1:
+            raise RuntimeError
+    except Exception:  # noqa: BLE001
+        pytest.skip("needs a CUDA GPU")
+    return cp
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_gpu_algorithms_and_divisions_match_reference(case):
+    """Every GPU algorithm (each cuDNN plan rank that builds, im2col) on every pass, and mixed
+    divisions, against the float64 reference (float64 operands)."""
+    cp = _cupy_or_skip()
+    from disttensor.ops.local import gpu
+    x, w, dy, geo = _data(case)
+    y_ref, dx_ref, dw_ref = _reference(x, w, dy, geo)
+    xg, wg, dyg = cp.asarray(x), cp.asarray(w), cp.asarray(dy)
+    algos = gpu.conv_algorithms(64 * 2**20)
+    usable = []
+    for name, alg in algos.items():
+        ok = True
+        for pass_ in mb.PASSES:
+            args = mb.ConvProblem.make(pass_, x.shape, w.shape, *geo, x.dtype).args()
+            ok = ok and alg.supports(*args)
+        if ok:
+            usable.append(name)
+    assert "im2col" in usable
+    for parts in [[(n, x.shape[0])] for n in usable] + _divisions(x.shape[0], usable)[1:]:
+        plan = mb.Plan(tuple(parts), 0.0, 0)
+        np.testing.assert_allclose(cp.asnumpy(mb.run_plan(plan, algos, "forward", xg, wg, None,
+                                                          geo, xp=cp)), y_ref, rtol=1e-9,
+                                   atol=1e-9, err_msg=str(parts))
+        np.testing.assert_allclose(cp.asnumpy(mb.run_plan(plan, algos, "backward_data", dyg, wg,
+                                                          x.shape[2:], geo, xp=cp)), dx_ref,
+                                   rtol=1e-9, atol=1e-9, err_msg=str(parts))
+        np.testing.assert_allclose(cp.asnumpy(mb.run_plan(plan, algos, "backward_filter", xg,
+                                                          dyg, w.shape[2:], geo, xp=cp)), dw_ref,
+                                   rtol=1e-9, atol=1e-9, err_msg=str(parts))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["heuristic", "benchmark"])
+def test_gpu_planned_entry_points(mode, monkeypatch, tmp_path):
+    """gpu.conv_* with backend=None go through the planner (a plan is recorded) and equal the
+    reference; a tight limit is respected (or raised with a note when nothing fits)."""
+    cp = _cupy_or_skip()
+    from disttensor.ops.local import gpu
+    monkeypatch.setenv("DISTTENSOR_CONV_TUNE", mode)
+    monkeypatch.setenv("DISTTENSOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("DISTTENSOR_CONV_TUNE_BUDGET_S", "0.5")
+    monkeypatch.delenv("DISTTENSOR_CONV_BACKEND", raising=False)
+    x, w, dy, geo = _data(CASES[1], np.float32)
+    y_ref, dx_ref, dw_ref = _reference(x, w, dy, geo)
+    for limit_mb in ("64", "0.01"):
+        monkeypatch.setenv("DISTTENSOR_CONV_WORKSPACE_MB", limit_mb)
+        mb.clear_plans()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            y = gpu.conv_forward(cp.asarray(x), cp.asarray(w), *geo)
+            plan = mb.last_plan()
+            dx = gpu.conv_backward_data(cp.asarray(dy), cp.asarray(w), x.shape[2:], *geo)
+            dw = gpu.conv_backward_filter(cp.asarray(x), cp.asarray(dy), w.shape[2:], *geo)
+        assert plan is not None and sum(b for _, b in plan.micro_batches) == x.shape[0]
+        assert plan.workspace <= mb.workspace_limit() or "raised" in plan.note
+        assert gpu.last_conv_backend() in ("cudnn", "im2col")
+        for got, ref_ in ((y, y_ref), (dx, dx_ref), (dw, dw_ref)):
+            assert got.dtype == np.float32
+            scale = max(1.0, float(np.abs(ref_).max()))  # TF32 engines: 1e-2 of the scale
+            assert float(np.abs(cp.asnumpy(got) - ref_).max()) <= 1e-2 * scale
+    mb.clear_plans()
