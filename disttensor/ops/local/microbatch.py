@@ -8,11 +8,12 @@ and limit the planner
 1. lists the candidate micro-batch sizes of the *policy*: ``"powerOfTwo"`` (1, 2, 4, ... and
    N), ``"all"`` (1..N) or ``"undivided"`` (N only);
 2. gets a time ``t(a, b)`` for every algorithm ``a`` that supports size ``b`` with
-   ``workspace(a, b) <= limit``: measured on the call's own data (mode ``"benchmark"``: a warm-up
-   and ``DISTTENSOR_CONV_TUNE_REPS`` timed runs, the minimum; sizes in increasing order, all of
-   size 1 (or the policy's smallest) always, the rest while the layer's
-   ``DISTTENSOR_CONV_TUNE_BUDGET_S`` lasts) or from each algorithm's cost model (mode
-   ``"heuristic"``: deterministic, no timing);
+   ``workspace(a, b) <= limit``: measured on the call's own data (mode ``"benchmark"``,
+   :func:`measure_times`: a warm-up and ``DISTTENSOR_CONV_TUNE_REPS`` timed runs round-robin
+   over the candidates, the minimum, each run a whole mini-batch of work; the smallest size
+   and the whole batch always, the rest while the layer's ``DISTTENSOR_CONV_TUNE_BUDGET_S``
+   lasts) or from each algorithm's ``estimate_seconds`` cost model (mode ``"heuristic"``:
+   deterministic, no timing; algorithms without one are left out);
 3. divides N by dynamic programming: ``T(0) = 0``, ``T(n) = min over (a, b), b <= n, of
    T(n - b) + t(a, b)`` (time adds, the workspace is the largest of the parts; ties go to fewer
    micro-batches), see :func:`optimal_division`; a measured division must beat the
