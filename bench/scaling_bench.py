@@ -5,7 +5,9 @@ training step) on 1..N ranks, overlap on and off, in one process run.
     mpiexec -n 4 python -m mpi4py bench/scaling_bench.py --quick
 
 Run it with one thread per rank (``NUMBA_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-OMP_NUM_THREADS=1``, set here if unset) so that the figures are about ranks, not threads,
+OMP_NUM_THREADS=1``, set here if unset) so that the figures are about ranks, not threads, with
+the local kernels' algorithms chosen by their cost models (``DISTTENSOR_CONV_TUNE=heuristic``,
+set here if unset: the same choice on every run, none timed under load),
 and on a machine with an MPI that does not busy-poll (the repository's
 ``build/libmpi_idle_sleep.so`` preload): ranks that sit out a case wait in an all-reduce.
 
@@ -38,6 +40,10 @@ import sys
 
 for _v in ("NUMBA_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
     os.environ.setdefault(_v, "1")
+# the local kernels' algorithm by their cost models, not by timing candidates on first use of a
+# shape: timed choices on a loaded machine are noise, and 1 and k ranks would run algorithms
+# chosen under different noise (set DISTTENSOR_CONV_TUNE=benchmark to time them anyway)
+os.environ.setdefault("DISTTENSOR_CONV_TUNE", "heuristic")
 
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
@@ -196,7 +202,8 @@ def main() -> None:
     if COMM.rank == 0:
         print(f"# scaling_bench: {COMM.size} ranks, cases {ks}, median of {args.reps} reps "
               f"(after {args.warmup} warm-up), interleaved; threads numba="
-              f"{os.environ.get('NUMBA_NUM_THREADS')} blas={os.environ.get('OPENBLAS_NUM_THREADS')}",
+              f"{os.environ.get('NUMBA_NUM_THREADS')} blas={os.environ.get('OPENBLAS_NUM_THREADS')}; "
+              f"DISTTENSOR_CONV_TUNE={os.environ.get('DISTTENSOR_CONV_TUNE')}",
               flush=True)
     cases, case = conv_cases(args, ks)
     run("conv", cases, case, args, ks)
