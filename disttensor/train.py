@@ -9,10 +9,10 @@ sample axis, and every sample is cut into blocks over the three spatial axes (ea
 only its block from the files, see :class:`disttensor.io.SampleDataset`).  Without ``--grid``
 the grid is the one whose step the performance model predicts fastest
 (:func:`disttensor.nn.perfmodel.plan_grid`: measured layer times per local block and a
-measured latency/bandwidth model of halo exchange and all-reduce); rank 0 prints the ranking.  Parameters are
-replicated; their gradients are summed over all ranks in buckets overlapped with backward
-(:class:`disttensor.nn.DistributedDataParallel`).  With batch norm in its default global mode
-the run computes the same thing on any grid as on one rank.
+measured latency/bandwidth model of halo exchange and all-reduce); rank 0 prints the
+ranking.  Parameters are replicated; their gradients are summed over all ranks in buckets
+overlapped with backward (:class:`disttensor.nn.DistributedDataParallel`).  With batch norm
+in its default global mode the run computes the same thing on any grid as on one rank.
 
 Each epoch trains over the shuffled training samples (a progress line with the loss and
 samples/s on rank 0 when it writes to a terminal), validates (CosmoFlow: MSE and MAE; U-Net:

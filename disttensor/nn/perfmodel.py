@@ -8,16 +8,18 @@ smallest predicted step that fits in memory is chosen:
   slowest rank's local shape, run on a one-rank grid over ``COMM_SELF``: for a windowed
   layer the block is that rank's read window (its block with the halo it reads) and the
   padding is its local padding (at global boundaries only), so the local kernel solves
-  exactly the problem the rank solves (and tunes it the same way).
+  exactly the problem the rank solves (and tunes it the same way: the first planning on a
+  machine also tunes the convolution algorithms of every candidate block, cached on disk).
   Timings are cached per (layer geometry, shape, dtype).  Every rank times the same blocks at
-  the same time (so ranks sharing cores measure the oversubscribed speed they will run at)
-  and the maximum over ranks is used.
+  the same time, a barrier before each round (so ranks sharing cores measure the
+  oversubscribed speed they will run at); the slowest rank's time of each round, the median
+  over rounds, is used (:class:`LayerTimer`).
 * **Links** (measured): a latency/bandwidth (alpha-beta) model ``t(n) = alpha + beta n`` of
   point-to-point exchange between neighbours (the library's halo exchange of faces of
-  several sizes on a 1-D grid of all ranks, all at once) and of ``Allreduce`` over the whole communicator (what the
-  gradient reducer and the per-op argument agreement use), fitted by least squares on
-  relative error (:meth:`AlphaBeta.fit`), maximum over ranks; and the overhead every
-  distributed op pays per pass over its one-rank cost (:class:`LinkModel`).
+  several sizes on a 1-D grid of all ranks, all at once) and of ``Allreduce`` over the
+  whole communicator (what the gradient reducer uses), fitted by least squares on relative
+  error (:meth:`AlphaBeta.fit`), slowest rank; and the overhead every distributed op pays
+  per pass over its one-rank cost (:class:`LinkModel`, :func:`measure_links`).
 
 The prediction for one grid (:func:`predict_grid`, pure given the measurements):
 
@@ -62,7 +64,9 @@ U-Net, whose skip connections make it one layer) is timed whole on the local blo
 communication ignored, and must be the last layer.  Transfers of one rank are assumed not to
 slow each other beyond the fitted model; compute is assumed independent of which spatial axis
 is cut beyond the block shape (on cubic samples permutations of a split are taken as
-equivalent, see :func:`enumerate_grids`).
+equivalent, see :func:`enumerate_grids`).  The loss, the data and the work outside the
+layers (autograd bookkeeping, reducer hooks) are not modelled (a few percent on small
+models); timings taken while other processes load the machine carry their noise.
 """
 from __future__ import annotations
 
@@ -312,9 +316,10 @@ class LayerGeometry:
     ``kind``: ``window``, ``pointwise``, ``flatten``, ``dense`` or ``opaque``;
     ``time_shape``: the input shape to time the layer on (one rank, ``COMM_SELF``), ``()``
     when the rank owns no output; ``time_pads``: for windowed layers, the ``(lo, hi)``
-    padding per spatial axis of that local problem (:func:`timing_layer`); ``in_bytes``/``out_bytes``: the slowest rank's input
-    (with halo) and output block bytes; ``halo_bytes``/``halo_pieces``: what its halo
-    exchange receives (forward; the reverse exchange sends the same back);
+    padding per spatial axis of that local problem (:func:`timing_layer`);
+    ``in_bytes``/``out_bytes``: the slowest rank's input (with halo) and output block bytes;
+    ``halo_bytes``/``halo_pieces``: what its halo exchange receives (forward; the reverse
+    exchange sends the same back);
     ``gather_bytes``/``gather_peers``: flatten's gather; ``allreduces``: extra small
     all-reduces per pass (global batch norm); ``param_bytes``: its parameters;
     ``saved_bytes``: what it keeps for backward (approximation)."""
@@ -623,10 +628,10 @@ class LayerTimer:
         self.cache: dict = {}
 
     def _prepared(self, layer, shape, input_grad: bool):
-        """A function timing one round of ``layer`` on a block of ``shape``: a barrier (so
-        the ranks run concurrently), forward, backward; returns ``(forward_s, backward_s)``.
-        Side effects on the layer are undone (as :func:`~disttensor.nn.partition.profile_layers`
-        does)."""
+        """A function timing one round of ``layer`` on a block of ``shape``: forward,
+        backward; returns ``(forward_s, backward_s)`` (local: the caller synchronises).
+        Side effects on the layer are undone (as
+        :func:`~disttensor.nn.partition.profile_layers` does)."""
         from ..autograd.tensor import Tensor, filled_like
         from ..array import DistArray
         from ..creation import from_global
@@ -643,7 +648,6 @@ class LayerTimer:
                 xt = Tensor(x, requires_grad=input_grad)
                 tmpl = state.get("out")
                 g = None if tmpl is None else filled_like(tmpl, 1)
-                self.comm.Barrier()
                 t0 = time.perf_counter()
                 y = layer(xt)
                 _sync(y.data)
@@ -687,6 +691,9 @@ class LayerTimer:
                 stop += 1
             for r in range(self.warmup + R):
                 for j, run in enumerate(runs):
+                    # one barrier per block and round on every rank, whatever failed where:
+                    # the ranks run each block together and never lose step
+                    self.comm.Barrier()
                     if run is None:
                         mine[start + j] = math.inf
                         continue
@@ -713,6 +720,8 @@ def _optimizer_time(params, optimizer: str, dtype, comm, repeats: int) -> float:
     ranks)."""
     from . import optim
     from .module import Parameter
+    if optimizer == "none":
+        return 0.0
     copies = [Parameter(p.data.copy()) for p in params]
     for c in copies:
         c.grad = c.data * 0 + 1
