@@ -225,8 +225,8 @@ def test_predict_grid_flatten_gather():
 def test_estimate_memory():
     geoms = [geom("a", saved=100, inb=100, outb=50), geom("b", saved=40, inb=40, outb=40)]
     m = estimate_memory(geoms, param_bytes=1000, optimizer_state=2.0)
-    assert m == {"params": 3000, "optimizer": 2000, "activations": 140, "workspace": 300,
-                 "total": 5440}
+    assert m == {"params": 3000, "optimizer": 2000, "activations": 140, "workspace": 150,
+                 "total": 5290}
     # spatial splits shrink the activations of a real model, parameters stay
     layers = layers_of(cosmo())
     pbytes = sum(p.data.nbytes for p in cosmo().parameters())
