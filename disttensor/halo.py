@@ -72,6 +72,10 @@ def _zero_fill(v):
         if v.nbytes >= 32768:
             addr, n, memset = v.ctypes.data, v.nbytes, ctypes.memset
             return lambda value, _keep=v: memset(addr, 0, n)
+        flat = v.reshape(-1)   # an unsigned view: fill(0) then needs no conversion
+        for ut in (np.uint64, np.uint32, np.uint16, np.uint8):
+            if v.dtype.itemsize % np.dtype(ut).itemsize == 0:
+                return flat.view(ut).fill
         return v.fill
     return lambda value: fill_zero(v)
 
@@ -176,8 +180,15 @@ class HaloExchange:
         self._forward.finish()
 
     def exchange(self) -> None:
-        self.begin()
-        self.end()
+        """:meth:`begin` + :meth:`end` in one go: the zero fills and local copies first (they
+        touch cells no message does), then the messages, without split-phase bookkeeping."""
+        if self._mode is not None:
+            raise RuntimeError("halo exchange already in progress; call end() first")
+        for fill in self._zero:
+            fill(0)
+        for d, s in self._local:
+            copy_into(d, s)
+        (self._forward or self._engine(reverse=False)).run()
 
     # -- adjoint ----------------------------------------------------------------------------------
     def reverse_begin(self) -> "HaloExchange":
