@@ -6,7 +6,8 @@ planned with :func:`disttensor.nn.perfmodel.plan_grid` over every grid of the jo
 (forward, MSE, backward with the bucketed overlapped all-reduce of
 ``DistributedDataParallel``, Adam) is measured on each grid: the median of ``--reps``
 interleaved steps, the slowest rank's time.  Printed per grid: predicted, measured, their
-ratio; then the predicted and the measured rank orders.
+ratio; then the predicted and the measured rank orders; and the predicted saved activations
++ workspace per rank against the peak NumPy allocates during a step (tracemalloc).
 
 ``ranking_correct`` is 1 when no pair of grids is ordered the other way round by the
 measurement than by the prediction, beyond ``--tie`` (relative: measured times closer than
@@ -21,6 +22,7 @@ import argparse
 import os
 import sys
 import time
+import tracemalloc
 
 import numpy as np
 from mpi4py import MPI
@@ -57,6 +59,18 @@ def stepper(dims, args):
         loss.backward()
         opt.step()
     return step, net
+
+
+def peak_step_bytes(step, comm) -> int:
+    """Peak bytes NumPy allocates during one more training step (tracemalloc; parameters,
+    gradients, optimizer state and buckets exist already), the largest over ranks: the
+    saved activations and workspace the model predicts."""
+    tracemalloc.start()
+    tracemalloc.reset_peak()
+    step()
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return comm.allreduce(peak, op=MPI.MAX)
 
 
 def ranking_correct(pred: list, meas: list, tie: float) -> bool:
@@ -106,13 +120,19 @@ def main(argv=None):
         steps[pr.grid], net = stepper(pr.grid, args)
         nets.append(net)
     meas = compare(steps, reps, warmup=1)
+    mem = {g: peak_step_bytes(step, comm) for g, step in steps.items()}
     for net in nets:
         net.reducer.release()
-    say(f"{'grid':12s} {'predicted ms':>13s} {'measured ms':>12s} {'pred/meas':>10s}")
+    say(f"{'grid':12s} {'predicted ms':>13s} {'measured ms':>12s} {'pred/meas':>10s}   "
+        f"activations+workspace MiB predicted / measured peak")
     for pr in ranked:
         m = meas[pr.grid]
         case = "x".join(map(str, pr.grid))
-        say(f"{case:12s} {pr.step_s * 1e3:13.2f} {m * 1e3:12.2f} {pr.step_s / m:10.3f}")
+        pmem = pr.memory["activations"] + pr.memory["workspace"]
+        say(f"{case:12s} {pr.step_s * 1e3:13.2f} {m * 1e3:12.2f} {pr.step_s / m:10.3f}   "
+            f"{pmem / 2 ** 20:8.2f} / {mem[pr.grid] / 2 ** 20:8.2f}")
+        record("perfmodel", case, "memory_predicted_over_measured", pmem / mem[pr.grid], "x",
+               ranks=n, rank=comm.rank)
         record("perfmodel", case, "predicted_s", pr.step_s, "s", better="lower", ranks=n,
                rank=comm.rank)
         record("perfmodel", case, "measured_s", m, "s", better="lower", ranks=n,

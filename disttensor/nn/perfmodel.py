@@ -176,7 +176,7 @@ def measure_links(comm: MPI.Comm, quick: bool = False, repeats: int | None = Non
         return LinkModel(nranks=1)
     p2p_sizes = [16, 65536, 1 << 20] if quick else [16, 4096, 65536, 1 << 20, 4 << 20]
     red_sizes = [8, 65536, 1 << 20] if quick else [8, 4096, 65536, 1 << 20, 8 << 20]
-    reps = repeats or (3 if quick else 9)
+    reps = repeats or (5 if quick else 9)
     size = comm.size
     grid = ProcessGrid((size,), comm=comm)
     pieces = min(size - 1, 2)
@@ -202,7 +202,7 @@ def measure_links(comm: MPI.Comm, quick: bool = False, repeats: int | None = Non
     comm.Allreduce(mine, agreed, op=MPI.MAX)
     med = np.median(agreed, axis=0)
     k = len(p2p_sizes)
-    of, ob = _op_overhead(comm, 3 if quick else 9)
+    of, ob = _op_overhead(comm, 11 if quick else 21)
     return LinkModel(p2p=AlphaBeta.fit(p2p_sizes, med[:k] / pieces),
                      allreduce=AlphaBeta.fit(red_sizes, med[k:]), nranks=size,
                      op_forward_s=of, op_backward_s=ob)
@@ -790,7 +790,7 @@ def plan_grid(model: Module, input_shape: Sequence[int], batch: int, nranks: int
     ``optimizer``: ``sgd``, ``adam``, ``adamw`` (its state and step time); ``bucket_bytes``
     and ``overlap``: the gradient reducer's; ``halo_overlap``: whether windowed ops overlap
     their halo exchange (default: on GPU only, as the convolution does); ``candidates``: the
-    grids to consider (default :func:`enumerate_grids`); ``quick``: 2 timed rounds per block
+    grids to consider (default :func:`enumerate_grids`); ``quick``: 3 timed rounds per block
     instead of 5 and fewer message sizes (a few seconds on small models); ``repeats``: timed
     rounds per block; ``links``/``timer``: reuse earlier measurements; ``dtype``: of the
     activations (default: the parameters'; ``float16`` for mixed precision).
@@ -846,7 +846,7 @@ def plan_grid(model: Module, input_shape: Sequence[int], batch: int, nranks: int
                 excluded.append((g, str(e)))
     # everything above is pure given agreed arguments: every rank has the same geometries
     links = measure_links(comm, quick=quick) if links is None else links
-    reps = repeats or (2 if quick else 5)
+    reps = repeats or (3 if quick else 5)
     timer = LayerTimer(comm, dtype, device, repeats=reps, warmup=1) if timer is None else timer
 
     with collective(comm):
