@@ -85,7 +85,8 @@ class HaloExchange:
 
     ``x`` must have a halo (see :meth:`DistArray.with_halo`); ``boundary`` is ``'zero'`` or
     ``'periodic'``, or one of these per axis.  A non-periodic halo wider than the global
-    extent of its axis is an error (raised on every rank).
+    extent of its axis is an error (raised on every rank).  ``persistent=False`` for an
+    object used once: plain ``Isend``/``Irecv`` instead of persistent requests.
 
     Construction agrees the arguments (``x``'s metadata and the boundary) across the ranks,
     one all-reduce, unless it runs inside a collective entry point that agreed already (a
@@ -96,8 +97,9 @@ class HaloExchange:
     :meth:`exchange` costs one ``MPI_Startall``/``MPI_Waitall`` pair plus the fills, copies
     and packs; every rank must make the same sequence of exchange calls on its object."""
 
-    def __init__(self, x, boundary="zero"):
+    def __init__(self, x, boundary="zero", persistent: bool = True):
         from .array import agreed
+        self.persistent = persistent   # False: one-shot use, plain Isend/Irecv
         self.x = x
         dist = x.distribution
         self.comm: MPI.Comm = x.grid.cart
@@ -136,14 +138,15 @@ class HaloExchange:
             if self._forward is None:
                 self._forward = PieceExchange(
                     self.pcomm, [(t.peer, t.tag, buf[t.box.slices()]) for t in p.sends],
-                    [(t.peer, t.tag, buf[t.box.slices()]) for t in p.recvs])
+                    [(t.peer, t.tag, buf[t.box.slices()]) for t in p.recvs],
+                    persistent=self.persistent)
             return self._forward
         if self._reverse is None:
             self._reverse = PieceExchange(
                 self.pcomm,
                 [(t.peer, t.tag + _REVERSE_TAG, buf[t.box.slices()]) for t in p.recvs],
                 [(t.peer, t.tag + _REVERSE_TAG, buf[t.box.slices()]) for t in p.sends],
-                accumulate=True)
+                accumulate=True, persistent=self.persistent)
         return self._reverse
 
     def free(self) -> None:

@@ -24,6 +24,7 @@ from functools import lru_cache
 from .. import agreement as _agreement
 from ..array import DistArray, canon, nested
 from ..distribution import Distribution
+from ..halo import HaloExchange
 from .window import AxisWindow
 
 __all__ = ["WindowPlan", "window_plan", "Region", "overlap_regions", "check_layout",
@@ -248,7 +249,7 @@ def halo_input(x: DistArray, plan: WindowPlan) -> DistArray:
         return x
     with nested():
         xh = x if x.halo == plan.halo else x.with_halo(plan.halo)
-        xh.halo_exchange(halo_boundary(plan)).exchange()
+        HaloExchange(xh, halo_boundary(plan), persistent=False).exchange()
     return xh
 
 
@@ -258,7 +259,7 @@ def begin_halo_input(x: DistArray, plan: WindowPlan):
     :func:`halo_input`)."""
     with nested():
         xh = x if x.halo == plan.halo else x.with_halo(plan.halo)
-        return xh, xh.halo_exchange(halo_boundary(plan)).begin()
+        return xh, HaloExchange(xh, halo_boundary(plan), persistent=False).begin()
 
 
 def halo_boundary(plan: WindowPlan):
@@ -293,7 +294,7 @@ def halo_gradient(local_grad, x_dist: Distribution, grid, plan: WindowPlan) -> D
         return DistArray(buf, x_dist, grid)
     g = DistArray(buf, x_dist, grid, plan.halo)
     with nested():  # the caller agreed on everything the plan derives from
-        g.halo_exchange(halo_boundary(plan)).reverse()
+        HaloExchange(g, halo_boundary(plan), persistent=False).reverse()
     return DistArray(xp.ascontiguousarray(g.local), x_dist, grid)
 
 

@@ -34,6 +34,7 @@ import numpy as np
 from ..array import DistArray, agreed, canon, collective_entry, nested
 from ..comm import allreduce, collective
 from ..distribution import Distribution
+from ..halo import HaloExchange
 from .local import kernels_for
 from .window import normalize_padding, normalize_tuple
 from ._spatial import (WindowPlan, array_key, begin_halo_input, check_extents,
@@ -201,7 +202,7 @@ def _windowed_backward_data(saved: "ConvSaved", dy_local, grid, local=None) -> D
         err = e
     g = DistArray(buf, saved.x_dist, grid, plan.halo)
     with nested():  # the entry point agreed on everything the plan derives from
-        ex = g.halo_exchange(halo_boundary(plan)).reverse_begin()
+        ex = HaloExchange(g, halo_boundary(plan), persistent=False).reverse_begin()
     try:
         if err is None and interior is not None:
             buf[interior.read] += run(dy_local[interior.out], interior.read, interior.pad_lo,
