@@ -112,17 +112,24 @@ class ScratchPool:
             self._held = 0
 
 
+_WARM_RECV = os.environ.get("DISTTENSOR_REDIST_WARM_RECV", "1") not in ("0", "")
+
 scratch_pool = ScratchPool(int(float(os.environ.get("DISTTENSOR_SCRATCH_MB", "512")) * 2 ** 20))
 
 
-def _exchange_cpu(comm: MPI.Comm, sends, recvs, local, accumulate: bool) -> None:
+def _exchange_cpu(comm: MPI.Comm, sends, recvs, local, accumulate: bool,
+                  direct: bool = True) -> None:
     """Point-to-point exchange of NumPy pieces: ``sends``/``recvs`` are ``(peer, view)``,
     ``local`` ``(dst view, src view)`` copied (or added, with ``accumulate``) while the
-    messages fly; received pieces are copied (added) into their views."""
+    messages fly; received pieces are copied (added) into their views.  ``direct``: a
+    contiguous received piece lands straight in its view; else it goes through pooled
+    scratch too (for a freshly allocated output: MPI writing into never-touched pages takes a
+    page fault per page inside the transfer, measured slower than a warm receive plus a
+    copy that faults them in)."""
     pool = scratch_pool
     reqs, unpack, scratch = [], [], []
     for peer, v in recvs:
-        if v.flags.c_contiguous and not accumulate:
+        if direct and v.flags.c_contiguous and not accumulate:
             buf = v
         else:
             buf = pool.take(v.nbytes, v.dtype, v.shape)
@@ -170,7 +177,8 @@ def redistribute_blocks(comm: MPI.Comm, src_local, src: Distribution, dst: Distr
     xp = array_module(src_local)
     _check_block(src_local, src.rank_box(rank).shape, "the local source block")
     my_dst_shape = dst.rank_box(rank).shape
-    if out is None:
+    fresh = out is None
+    if fresh:
         out = xp.empty(my_dst_shape, dtype=src_local.dtype)
     else:
         _check_block(out, my_dst_shape, "out")
@@ -178,7 +186,8 @@ def redistribute_blocks(comm: MPI.Comm, src_local, src: Distribution, dst: Distr
         pcomm = private_comm(comm, "redistribute") if comm.size > 1 else comm
         _exchange_cpu(pcomm, [(p, src_local[i]) for p, i in sends],
                       [(p, out[i]) for p, i in recvs],
-                      [(out[d], src_local[s]) for s, d in local], accumulate=False)
+                      [(out[d], src_local[s]) for s, d in local], accumulate=False,
+                      direct=not (fresh and _WARM_RECV))
         return out
     ex = None
     if comm.size > 1:  # private_comm is collective on first use: every rank gets it
