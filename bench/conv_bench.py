@@ -99,9 +99,8 @@ def local_bench(args) -> None:
         else:
             seen[key] = len(uniq)
             uniq.append((name,) + key)
-    if args.quick:
-        keep = ("4->32 @", "32->64 @", "64->128 @", "128->256 @", "256->512 @", "dec0a",
-                "dec1a", "dec2a", "head")
+    if args.quick:   # CosmoFlow's layers (all but 32->64 shared with U-Net), U-Net's widest
+        keep = ("cosmoflow", "dec2a", "head")   # decoder layer at 8^3 and its 1x1 head
         uniq = [u for u in uniq if any(t in u[0] for t in keep)]
     algos = _algorithms(args.batch)
     print(f"# local conv3d 'same' float32, batch {args.batch}, threads: numba "
@@ -224,14 +223,17 @@ def main() -> None:
     ap.add_argument("--unet-size", type=int, default=32)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--reps", type=int, default=None, help="default 5 (3 with --quick)")
-    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--warmup", type=int, default=None,
+                    help="default 1 (0 with --quick: the agreement check runs each once)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores)")
     ap.add_argument("--quick", action="store_true",
                     help="--local: fewer layers (CosmoFlow's + U-Net's widest decoder and "
-                         "head layers) and 3 reps")
+                         "head layers), 3 reps, no warm-up round")
     args = ap.parse_args()
     if args.reps is None:
         args.reps = 3 if args.quick else 5
+    if args.warmup is None:
+        args.warmup = 0 if args.quick else 1
     if not (args.local or args.distributed):
         args.local = True
     if args.local:

@@ -12,6 +12,14 @@ import pytest
 from disttensor.ops.local import cpu_conv_direct as D
 
 ALGOS = sorted(D.ALGORITHMS)
+DIRECT = [a for a in ALGOS if a.startswith("direct")]
+
+
+def _supported(algo, ws, lo, hi):
+    """Which cases an algorithm must take: gemm1x1 only 1x1x1 kernels without padding."""
+    if algo == "gemm1x1":
+        return tuple(ws[2:]) == (1, 1, 1) and not any(lo) and not any(hi)
+    return True
 
 
 # -- a float64 reference: one einsum per kernel offset ---------------------------------------
@@ -110,6 +118,8 @@ CASES = [
     ((2, 2, 5, 6, 5), (2, 2, 3, 3, 3), (1, 1, 1), (1, 1, 1), (-1, 0, 1), (1, -1, 0), 1),
     ((0, 4, 5, 5, 5), (8, 4, 3, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1), (1, 1, 1), 1),
     ((1, 1, 4, 4, 4), (1, 1, 4, 4, 4), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0), 1),
+    ((2, 6, 5, 7, 6), (8, 3, 1, 1, 1), (2, 1, 3), (1, 2, 1), (0, 0, 0), (0, 0, 0), 2),
+    ((2, 64, 4, 5, 6), (3, 64, 1, 1, 1), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0), 1),
 ]
 
 
@@ -134,6 +144,12 @@ def test_passes_match_reference(algo, case, dtype):
     r = np.random.default_rng(hash((xs, ws)) % 2**32)
     x = r.standard_normal(xs).astype(dtype)
     w = r.standard_normal(ws).astype(dtype)
+    if not _supported(algo, ws, lo, hi):
+        for pass_ in ("forward", "backward_data", "backward_filter"):
+            assert not a.supports(pass_, xs, ws, s, d, lo, hi, g, dtype)
+        with pytest.raises(ValueError):
+            a.forward(x, w, s, d, lo, hi, g)
+        return
     for pass_ in ("forward", "backward_data", "backward_filter"):
         assert a.supports(pass_, xs, ws, s, d, lo, hi, g, dtype)
         assert a.workspace_bytes(pass_, xs, ws, s, d, lo, hi, g, dtype) > 0
@@ -153,6 +169,9 @@ def test_adjoint_identities(algo):
     r = np.random.default_rng(11)
     s, d, lo, hi, g = (2, 1, 1), (1, 2, 1), (1, 2, 0), (0, 1, 2), 2
     x, w = r.standard_normal((2, 4, 7, 6, 5)), r.standard_normal((6, 2, 3, 2, 3))
+    if algo == "gemm1x1":
+        lo = hi = (0, 0, 0)
+        w = r.standard_normal((6, 2, 1, 1, 1))
     y = a.forward(x, w, s, d, lo, hi, g)
     dy = r.standard_normal(y.shape)
     lhs = np.vdot(y, dy)
@@ -169,13 +188,33 @@ def test_mixed_dtypes_promote_and_float32_result(algo):
     x = r.standard_normal((1, 2, 4, 4, 4)).astype(np.float32)
     w = r.standard_normal((3, 2, 3, 3, 3))
     one, zero = (1, 1, 1), (0, 0, 0)
-    assert a.forward(x, w, one, one, one, one).dtype == np.float64
+    if algo == "gemm1x1":
+        w = w[:, :, :1, :1, :1]
+    assert a.forward(x, w, one, one, zero, zero).dtype == np.float64
     assert a.forward(x, w.astype(np.float32), one, one, zero, zero).dtype == np.float32
     with pytest.raises(TypeError):
         a.forward(x.astype(np.int32), w.astype(np.int32), one, one, zero, zero)
 
 
-@pytest.mark.parametrize("algo", ALGOS)
+def test_gemm1x1_supports_only_unpadded_1x1():
+    a = D.ALGORITHMS["gemm1x1"]
+    one, zero = (1, 1, 1), (0, 0, 0)
+    xs = (1, 4, 5, 5, 5)
+    assert a.supports("forward", xs, (6, 2, 1, 1, 1), (2, 1, 1), one, zero, zero, 2,
+                      np.float64)
+    assert not a.supports("forward", xs, (6, 2, 1, 1, 1), one, one, one, zero, 2, np.float64)
+    assert not a.supports("backward_data", xs, (6, 4, 3, 3, 3), one, one, zero, zero, 1,
+                          np.float32)
+    assert not a.supports("forward", xs, (6, 2, 1, 1, 1), one, one, zero, zero, 2, np.int32)
+    with pytest.raises(ValueError):
+        a.backward_filter(np.zeros(xs), np.zeros((1, 6, 5, 5, 5)), (1, 1, 1), one, one, one,
+                          zero, 2)
+    ws = a.workspace_bytes("forward", (2, 64, 8, 8, 8), (3, 64, 1, 1, 1), one, one, zero,
+                           zero, 1, np.float32)
+    assert ws >= 2 * 64 * 512 * 4
+
+
+@pytest.mark.parametrize("algo", DIRECT)
 def test_supports_false_and_errors(algo):
     a = D.ALGORITHMS[algo]
     one, zero = (1, 1, 1), (0, 0, 0)
@@ -201,7 +240,7 @@ def test_supports_false_and_errors(algo):
                           one, 2)
 
 
-@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("algo", DIRECT)
 def test_workspace_grows_with_the_micro_batch(algo):
     a = D.ALGORITHMS[algo]
     one = (1, 1, 1)
