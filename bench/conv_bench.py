@@ -69,16 +69,19 @@ def unet_layers(size):
     return out
 
 
-def _algorithms(batch):
-    """name -> (forward, backward_data, backward_filter) of each of our algorithms."""
+def _algorithms(x_shape, w_shape, pad):
+    """name -> (forward, backward_data, backward_filter) of each of our algorithms that
+    supports the layer (stride 1, 'same' padding ``pad``, float32)."""
     algos = {"im2col": (cpu_conv.conv_forward, cpu_conv.conv_backward_data,
                         cpu_conv.conv_backward_filter)}
-    if batch > 1:
+    if x_shape[0] > 1:
         algos["im2col_batched"] = (cpu_conv.conv_forward_batched,
                                    cpu_conv.conv_backward_data_batched,
                                    cpu_conv.conv_backward_filter_batched)
     for name, a in cpu_conv_direct.ALGORITHMS.items():
-        algos[name] = (a.forward, a.backward_data, a.backward_filter)
+        if all(a.supports(ps, x_shape, w_shape, ONE, ONE, pad, pad, 1, np.float32)
+               for ps in ("forward", "backward_data", "backward_filter")):
+            algos[name] = (a.forward, a.backward_data, a.backward_filter)
     return algos
 
 
@@ -102,7 +105,6 @@ def local_bench(args) -> None:
     if args.quick:   # CosmoFlow's layers (all but 32->64 shared with U-Net), U-Net's widest
         keep = ("cosmoflow", "dec2a", "head")   # decoder layer at 8^3 and its 1x1 head
         uniq = [u for u in uniq if any(t in u[0] for t in keep)]
-    algos = _algorithms(args.batch)
     print(f"# local conv3d 'same' float32, batch {args.batch}, threads: numba "
           f"{os.environ.get('NUMBA_NUM_THREADS', 'default')}, torch "
           f"{'not installed' if torch is None else torch.__version__}; OPENBLAS_CORETYPE="
@@ -115,6 +117,7 @@ def local_bench(args) -> None:
         w = (rng.standard_normal((cout, cin, k, k, k)) / np.sqrt(cin * k ** 3)).astype(
             np.float32)
         dy = rng.standard_normal((args.batch, cout, n, n, n)).astype(np.float32)
+        algos = _algorithms(x.shape, w.shape, pad)
         fns = {}
         y0 = dx0 = dw0 = None
         for an, (f, bd, bf) in algos.items():
