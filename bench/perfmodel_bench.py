@@ -106,7 +106,7 @@ def main(argv=None):
     cands = enumerate_grids(n, args.batch, (args.size,) * 3, symmetric=False)
     t0 = time.perf_counter()
     plan = plan_grid(build(args), (4,) + (args.size,) * 3, args.batch, comm=comm,
-                     candidates=cands, quick=args.quick)
+                     candidates=cands, quick=args.quick, tune_kernels=True)
     t_plan = time.perf_counter() - t0
     say(f"planning took {t_plan:.1f} s")
     say(plan.report())

@@ -61,8 +61,9 @@ send (the halo would reach past the direct neighbour).
 Assumptions and limits: a model is modelled layer by layer through
 :func:`~disttensor.nn.module.sequential_layers`; a layer that is not a convolution, pooling,
 pointwise (activation, batch norm, dropout, identity), flatten or linear layer (e.g. the whole
-U-Net, whose skip connections make it one layer) is timed whole on the local block and its
-communication ignored, and must be the last layer.  Transfers of one rank are assumed not to
+U-Net, whose skip connections make it one layer) is timed whole on the local block (rounded
+up to a multiple of ``2**levels`` for a model with ``levels``) and its communication
+ignored, and must be the last layer.  Transfers of one rank are assumed not to
 slow each other beyond the fitted model; compute is assumed independent of which spatial axis
 is cut beyond the block shape (on cubic samples permutations of a split are taken as
 equivalent, see :func:`enumerate_grids`).  The loss, the data and the work outside the
@@ -73,6 +74,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -343,7 +345,18 @@ def timing_layer(layer, geom: LayerGeometry):
     """The layer to time on ``geom.time_shape``: ``layer`` itself, or for a windowed layer a
     shallow copy (sharing the parameters) whose padding is the slowest block's local padding
     (``geom.time_pads``: padding at global boundaries only, the halo being part of the
-    block), so the local kernel solves exactly the problem that block solves."""
+    block), so the local kernel solves exactly the problem that block solves; for an
+    opaque layer (a whole model) a copy whose ``input_size``/``input_shape`` check, if any,
+    accepts the local block."""
+    if geom.kind == "opaque" and geom.time_shape:
+        # a whole model checking its sample shape (U-Net's input_size, CosmoFlow's
+        # input_shape): let the copy accept the local block
+        clone = copy.copy(layer)
+        for attr, val in (("input_size", tuple(geom.time_shape[2:])),
+                          ("input_shape", tuple(geom.time_shape[1:]))):
+            if getattr(clone, attr, None) is not None:
+                object.__setattr__(clone, attr, val)
+        return clone
     if geom.time_pads is None:
         return layer
     clone = copy.copy(layer)
@@ -461,7 +474,10 @@ def analyze_layers(layers: Sequence, input_shape: Sequence[int], batch: int,
                 raise ValueError(f"analyze_layers: cannot model layer {name} before the last "
                                  "position (only convolution, pooling, pointwise, flatten and "
                                  "linear layers are modelled; an unknown layer must be last)")
-            shape = (b, chans, *blocks) if flat is None else (b, flat)
+            # a model that needs extents divisible by 2**levels (U-Net) is timed on the block
+            # rounded up to that (the distributed ops themselves take any split)
+            q = 2 ** int(getattr(layer, "levels", 0) or 0)
+            shape = (b, chans, *(-(-n // q) * q for n in blocks)) if flat is None else (b, flat)
             leaves = max(sum(1 for m in layer.modules() if not m._modules), 1)
             out.append(LayerGeometry(name, "opaque", shape, vol, vol, param_bytes=pbytes,
                                      saved_bytes=vol * leaves))
@@ -670,7 +686,8 @@ class LayerTimer:
         whether backward computes the gradient of the layer's input (not for the first
         layer, whose input is the data).  The rounds of the distinct blocks are interleaved
         (in chunks of at most ``chunk_bytes`` of inputs), so drifting load hits them alike."""
-        keys = [(_layer_key(layer), tuple(shape), bool(ig), self.dtype.str)
+        tune = os.environ.get("DISTTENSOR_CONV_TUNE", "")  # the kernels' algorithm choice
+        keys = [(_layer_key(layer), tuple(shape), bool(ig), self.dtype.str, tune)
                 for layer, shape, ig in jobs]
         todo, seen = [], set()
         for k, (layer, shape, ig) in zip(keys, jobs):
@@ -779,7 +796,8 @@ def plan_grid(model: Module, input_shape: Sequence[int], batch: int, nranks: int
               overlap: bool = True, halo_overlap: bool | None = None,
               candidates: Sequence[Sequence[int]] | None = None, quick: bool = False,
               repeats: int | None = None, links: LinkModel | None = None,
-              timer: LayerTimer | None = None, dtype=None) -> GridPlan:
+              timer: LayerTimer | None = None, dtype=None,
+              tune_kernels: bool | None = None) -> GridPlan:
     """Rank the grids ``(sample, d, h, w)`` of ``nranks`` ranks for training ``model`` on a
     global batch of ``batch`` samples of shape ``input_shape`` ``(C, D, H, W)`` by predicted
     step time (collective over ``comm``, default ``COMM_WORLD``; the result is identical on
@@ -793,7 +811,12 @@ def plan_grid(model: Module, input_shape: Sequence[int], batch: int, nranks: int
     grids to consider (default :func:`enumerate_grids`); ``quick``: 3 timed rounds per block
     instead of 5 and fewer message sizes (a few seconds on small models); ``repeats``: timed
     rounds per block; ``links``/``timer``: reuse earlier measurements; ``dtype``: of the
-    activations (default: the parameters'; ``float16`` for mixed precision).
+    activations (default: the parameters'; ``float16`` for mixed precision);
+    ``tune_kernels``: let the convolution kernels tune their algorithms on every candidate
+    block as the run will (default: not in ``quick`` mode, where the algorithms come from
+    their cost models, ``DISTTENSOR_CONV_TUNE=heuristic``, unless that variable is set:
+    tuning every candidate's blocks costs seconds per layer on the first planning on a
+    machine; the tuned choices are cached on disk).
 
     Every candidate is analysed (:func:`analyze_layers`), its distinct local blocks timed
     (:class:`LayerTimer`), and predicted (:func:`predict_grid`); see the module docstring
@@ -806,7 +829,8 @@ def plan_grid(model: Module, input_shape: Sequence[int], batch: int, nranks: int
     device = getattr(params[0], "device", "cpu") if params else "cpu"
     with collective(comm, "plan_grid", input_shape=input_shape, batch=batch, nranks=nranks,
                     memory_limit=memory_limit, optimizer=optimizer, bucket_bytes=bucket_bytes,
-                    overlap=overlap, quick=quick, layers=[_layer_key(l) for l in layers],
+                    overlap=overlap, quick=quick, tune_kernels=tune_kernels,
+                    layers=[_layer_key(l) for l in layers],
                     candidates=None if candidates is None else [tuple(c) for c in candidates],
                     dtype=None if dtype is None else str(dtype)):
         try:
@@ -852,7 +876,16 @@ def plan_grid(model: Module, input_shape: Sequence[int], batch: int, nranks: int
     with collective(comm):
         jobs = [(timing_layer(layer, gm), gm.time_shape, i > 0) for g, gl in geoms.items()
                 for i, (layer, gm) in enumerate(zip(layers, gl))]
-    measured = timer.time_all(jobs)
+    tune = (not quick) if tune_kernels is None else bool(tune_kernels)
+    env = "DISTTENSOR_CONV_TUNE"
+    saved_env = os.environ.get(env)
+    if not tune and saved_env is None:
+        os.environ[env] = "heuristic"
+    try:
+        measured = timer.time_all(jobs)
+    finally:
+        if not tune and saved_env is None:
+            os.environ.pop(env, None)
     opt_s = _optimizer_time(params, optimizer, dtype, comm, reps)
     owner = {id(p): i for i, layer in enumerate(layers) for p in layer.parameters()}
     param_layers = [(owner.get(id(p), 0), int(p.data.size) * max(4, p.data.dtype.itemsize))

@@ -159,6 +159,22 @@ def test_links_and_timer_agree_across_ranks():
     assert_all_ranks(COMM, same_everywhere(bad) and math.isinf(bad[0][0]), str(bad))
 
 
+def test_whole_model_layer_is_timed_on_local_blocks():
+    # the U-Net is one layer (skip connections): timed whole on each grid's local block,
+    # its own sample-shape check relaxed for the copy that is timed
+    import os
+    unet = nn.models.unet3d(in_channels=1, classes=2, encoder=((2, 2),), bottom=(2, 2),
+                            input_size=8, rng=np.random.default_rng(0))
+    before = os.environ.get("DISTTENSOR_CONV_TUNE")
+    plan = plan_grid(unet, (1, 8, 8, 8), 2 * SIZE, comm=COMM, quick=True)
+    grids = {p.grid for p in plan.ranked}
+    want = {(1, SIZE, 1, 1), (SIZE, 1, 1, 1)}
+    assert_all_ranks(COMM, want <= grids and not plan.excluded and same_everywhere(
+        summary(plan)) and unet.input_size == (8, 8, 8), f"{plan.report()}")
+    # quick planning chose the kernels' algorithms by their cost models, then restored
+    assert_all_ranks(COMM, os.environ.get("DISTTENSOR_CONV_TUNE") == before, "env changed")
+
+
 # -- the training command without --grid ---------------------------------------------------
 @pytest.fixture(scope="module")
 def cli_data(tmp_path_factory):

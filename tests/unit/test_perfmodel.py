@@ -121,6 +121,9 @@ def test_unknown_layer_must_be_last():
                             input_size=8, rng=np.random.default_rng(0))
     geo = analyze_layers(layers_of(unet), (1, 8, 8, 8), 2, (1, 2, 1, 1))
     assert [g.kind for g in geo] == ["opaque"] and geo[0].time_shape == (2, 1, 4, 8, 8)
+    # 8 over 3 ranks: blocks of 3, 3, 2; a one-level U-Net needs even extents: timed on 4
+    geo3 = analyze_layers(layers_of(unet), (1, 8, 8, 8), 2, (1, 3, 1, 1))
+    assert geo3[0].time_shape == (2, 1, 4, 8, 8)
     seq = nn.Sequential(unet, nn.ReLU())
     with pytest.raises(ValueError, match="cannot model"):
         analyze_layers(layers_of(seq), (1, 8, 8, 8), 2, (1, 2, 1, 1))
