@@ -710,6 +710,100 @@ class _Direct:
         return dw
 
 
+@njit(cache=True, parallel=True)
+def _pack_cols(xf, pos_off, red_off, dst):
+    """``dst[pb, j, c] = xf[pos_off[pb*C + c] + red_off[j]]``: the column matrix with the
+    positions on the lanes (``pos_off`` has ``n_pb * C`` entries)."""
+    n_pb, j_n, c_n = dst.shape
+    n_jc = (j_n + 63) // 64
+    for t in prange(n_pb * n_jc):
+        pb = t // n_jc
+        j0 = (t - pb * n_jc) * 64
+        for j in range(j0, min(j0 + 64, j_n)):
+            o = red_off[j]
+            row = dst[pb, j]
+            for c in range(c_n):
+                row[c] = xf[pos_off[pb * c_n + c] + o]
+
+
+class _WeightBroadcast(_Direct):
+    """The gathered GEMM with the roles swapped: the lanes hold ``C`` output positions, the
+    rows are output channels and the weights are broadcast straight from ``w`` (no weight
+    packing at all; backward data reads the flipped, channel-swapped kernel through its
+    offset table), while the input is packed as a position-major column matrix
+    (``J x positions``).  Pays where the weights outweigh the columns: layers on few positions
+    (4^3, and 8^3 with batch) and many channels.  Backward filter is the direct variant's.
+    Supports what the direct variants support."""
+
+    def __repr__(self):
+        return f"<cpu_conv_direct {self.name}: {self.rows} channels x {self.vecs} vectors>"
+
+    def _conv(self, xp, w, y, stride, dilation, groups, transposed=False):
+        dtype = xp.dtype
+        n_n, cin = xp.shape[:2]
+        cout = y.shape[1]
+        kernel = w.shape[2:]
+        kk = int(np.prod(kernel))
+        cg, cog = cin // groups, cout // groups
+        sp = xp.shape[2:]
+        strides3 = (sp[1] * sp[2], sp[2], 1)
+        chan = sp[0] * sp[1] * sp[2]
+        out_sp = y.shape[2:]
+        p_n = int(np.prod(out_sp))
+        c = self._c(dtype)
+        q_n = n_n * p_n
+        n_pb = -(-q_n // c)
+        pos = _positions(n_n, cin * chan, out_sp, stride, strides3)
+        pos = np.concatenate([pos, np.full(n_pb * c - q_n, pos[-1], dtype=np.int64)])
+        taps = _taps(cg, chan, kernel, dilation, strides3)
+        wf = w.reshape(-1)
+        xf = xp.reshape(-1)
+        yv = y.reshape(n_n, groups, cog, p_n)
+        kidx = np.arange(kk, dtype=np.int64)
+        for g in range(groups):
+            if transposed:   # w is (groups*cg, cog, *kernel): y channel co reads w[:, co, ::-1]
+                rows = g * cg * cog * kk + np.arange(cog, dtype=np.int64) * kk
+                red = (np.arange(cg, dtype=np.int64)[:, None] * (cog * kk)
+                       + (kk - 1 - kidx)).reshape(-1)
+            else:
+                rows = (g * cog + np.arange(cog, dtype=np.int64)) * (cg * kk)
+                red = np.arange(cg * kk, dtype=np.int64)
+            a_pk = _scratch("a", (n_pb, cg * kk, c), dtype)
+            _pack_cols(xf, pos, taps + g * cg * chan, a_pk)
+            out = self._gemm(wf, a_pk, rows, red, dtype)     # (n_pb, cog padded, c)
+            res = out[:, :cog].transpose(1, 0, 2).reshape(cog, n_pb * c)[:, :q_n]
+            yv[:, g] = res.reshape(cog, n_n, p_n).transpose(1, 0, 2)
+
+    def workspace_bytes(self, pass_, x_shape, w_shape, stride, dilation, pad_lo, pad_hi,
+                        groups, dtype) -> int:
+        """Padded operand, the ``(J, positions)`` columns of one group, the blocked output
+        and the offset tables (backward filter: the direct variant's)."""
+        if pass_ == "backward_filter":
+            return super().workspace_bytes(pass_, x_shape, w_shape, stride, dilation, pad_lo,
+                                           pad_hi, groups, dtype)
+        item = np.dtype(dtype).itemsize
+        c = self._c(dtype)
+        n_n, cin = int(x_shape[0]), int(x_shape[1])
+        cout = int(w_shape[0])
+        kernel = tuple(int(k) for k in w_shape[2:])
+        kk = int(np.prod(kernel))
+        in_sp = tuple(int(v) for v in x_shape[2:])
+        out_sp = _out_shape(in_sp, kernel, stride, dilation, pad_lo, pad_hi)
+        cg, cog = cin // groups, cout // groups
+        if pass_ == "forward":
+            padded = n_n * cin * int(np.prod([n + lo + hi for n, lo, hi in
+                                               zip(in_sp, pad_lo, pad_hi)]))
+            q_n, red, rows = n_n * int(np.prod(out_sp)), cg * kk, cog
+        else:
+            padded = n_n * cout * int(np.prod([n + d * (k - 1) for n, k, d in
+                                                zip(in_sp, kernel, dilation)]))
+            q_n, red, rows = n_n * int(np.prod(in_sp)), cog * kk, cg
+        q_pad = -(-q_n // c) * c
+        rows_pad = -(-rows // self.rows) * self.rows
+        return int((padded + red * q_pad + 2 * rows_pad * q_pad) * item
+                   + 8 * (q_pad + red + rows_pad))
+
+
 class _Gemm1x1:
     """1x1x1 kernels without padding: the convolution is a plain matrix product per sample
     and group, ``y[n] = w (Cout/g, Cin/g) @ x[n, :, ::s, ::s, ::s] (Cin/g, P)`` (NumPy's
@@ -827,6 +921,8 @@ class _Gemm1x1:
 ALGORITHMS: dict = {
     "direct4x4": _Direct("direct4x4", 4, 4, _run_4x4),
     "direct8x2": _Direct("direct8x2", 8, 2, _run_8x2),
+    "wbcast4x4": _WeightBroadcast("wbcast4x4", 4, 4, _run_4x4),
+    "wbcast8x2": _WeightBroadcast("wbcast8x2", 8, 2, _run_8x2),
     "gemm1x1": _Gemm1x1(),
 }
 
