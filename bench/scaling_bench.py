@@ -197,7 +197,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.reps, args.warmup = min(args.reps, 5), 1
-        args.train_size = min(args.train_size, 16)
+        args.train_size = min(args.train_size, 32)
     ks = rank_counts(args.ranks, COMM.size)
     if COMM.rank == 0:
         print(f"# scaling_bench: {COMM.size} ranks, cases {ks}, median of {args.reps} reps "
