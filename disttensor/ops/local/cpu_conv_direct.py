@@ -732,8 +732,8 @@ class _WeightBroadcast(_Direct):
     packing at all; backward data reads the flipped, channel-swapped kernel through its
     offset table), while the input is packed as a position-major column matrix
     (``J x positions``).  Pays where the weights outweigh the columns: layers on few positions
-    (4^3, and 8^3 with batch) and many channels.  Backward filter is the direct variant's.
-    Supports what the direct variants support."""
+    (4^3, and 8^3 with batch) and many channels.  Backward filter likewise puts the weight
+    taps on the lanes and broadcasts ``dy``.  Supports what the direct variants support."""
 
     def __repr__(self):
         return f"<cpu_conv_direct {self.name}: {self.rows} channels x {self.vecs} vectors>"
@@ -774,13 +774,54 @@ class _WeightBroadcast(_Direct):
             res = out[:, :cog].transpose(1, 0, 2).reshape(cog, n_pb * c)[:, :q_n]
             yv[:, g] = res.reshape(cog, n_n, p_n).transpose(1, 0, 2)
 
+    def backward_filter(self, x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups=1):
+        """:meth:`_Direct.backward_filter` with the weight taps ``(ci, k)`` on the lanes:
+        ``dw[co, j] = sum_(n,p) dy[n, co, p] * cols[j, (n,p)]``, ``dy`` broadcast unpacked and
+        the columns packed tap-major, so the result comes out in ``dw``'s own layout."""
+        dtype = _float_dtype(x, dy)
+        x = np.ascontiguousarray(x, dtype=dtype)
+        dy = np.ascontiguousarray(dy, dtype=dtype)
+        kernel = tuple(int(k) for k in kernel)
+        stride, dilation = tuple(map(int, stride)), tuple(map(int, dilation))
+        pad_lo, pad_hi = tuple(map(int, pad_lo)), tuple(map(int, pad_hi))
+        n_n, cin = x.shape[:2]
+        cout = dy.shape[1]
+        _check(x.shape, (cout, cin // max(groups, 1)) + kernel, groups)
+        cg, cog = cin // groups, cout // groups
+        out_sp = _out_shape(x.shape[2:], kernel, stride, dilation, pad_lo, pad_hi)
+        if tuple(dy.shape[2:]) != out_sp or dy.shape[0] != n_n:
+            raise ValueError(f"dy has shape {dy.shape}, the convolution gives "
+                             f"{(n_n, cout) + out_sp}")
+        kk = int(np.prod(kernel))
+        if dy.size == 0 or x.size == 0 or cout * cg * kk == 0:
+            return np.zeros((cout, cg) + kernel, dtype=dtype)
+        size = tuple(n + lo + hi for n, lo, hi in zip(x.shape[2:], pad_lo, pad_hi))
+        xp = _embed(x, pad_lo, size)
+        strides3 = (size[1] * size[2], size[2], 1)
+        chan = size[0] * size[1] * size[2]
+        p_n = int(np.prod(out_sp))
+        c = self._c(dtype)
+        j_n = cg * kk
+        n_jb = -(-j_n // c)
+        pos = _positions(n_n, cin * chan, out_sp, stride, strides3)
+        taps = _taps(cg, chan, kernel, dilation, strides3)
+        taps = np.concatenate([taps, np.full(n_jb * c - j_n, taps[-1], dtype=np.int64)])
+        red = (np.arange(n_n, dtype=np.int64)[:, None] * (cout * p_n)
+               + np.arange(p_n, dtype=np.int64)).reshape(-1)
+        xf, dyf = xp.reshape(-1), dy.reshape(-1)
+        dw = np.empty((groups, cog, j_n), dtype=dtype)
+        for g in range(groups):
+            a_pk = _scratch("a", (n_jb, n_n * p_n, c), dtype)
+            _pack_cols(xf, taps + g * cg * chan, pos, a_pk)
+            rows = (g * cog + np.arange(cog, dtype=np.int64)) * p_n
+            out = self._gemm(dyf, a_pk, rows, red, dtype)     # (n_jb, cog padded, c)
+            dw[g] = out[:, :cog].transpose(1, 0, 2).reshape(cog, n_jb * c)[:, :j_n]
+        return dw.reshape((cout, cg) + kernel)
+
     def workspace_bytes(self, pass_, x_shape, w_shape, stride, dilation, pad_lo, pad_hi,
                         groups, dtype) -> int:
         """Padded operand, the ``(J, positions)`` columns of one group, the blocked output
-        and the offset tables (backward filter: the direct variant's)."""
-        if pass_ == "backward_filter":
-            return super().workspace_bytes(pass_, x_shape, w_shape, stride, dilation, pad_lo,
-                                           pad_hi, groups, dtype)
+        and the offset tables."""
         item = np.dtype(dtype).itemsize
         c = self._c(dtype)
         n_n, cin = int(x_shape[0]), int(x_shape[1])
@@ -794,6 +835,10 @@ class _WeightBroadcast(_Direct):
             padded = n_n * cin * int(np.prod([n + lo + hi for n, lo, hi in
                                                zip(in_sp, pad_lo, pad_hi)]))
             q_n, red, rows = n_n * int(np.prod(out_sp)), cg * kk, cog
+        elif pass_ == "backward_filter":   # lanes over the taps, reduction over positions
+            padded = n_n * cin * int(np.prod([n + lo + hi for n, lo, hi in
+                                               zip(in_sp, pad_lo, pad_hi)]))
+            q_n, red, rows = cg * kk, n_n * int(np.prod(out_sp)), cog
         else:
             padded = n_n * cout * int(np.prod([n + d * (k - 1) for n, k, d in
                                                 zip(in_sp, kernel, dilation)]))
