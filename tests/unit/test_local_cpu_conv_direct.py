@@ -268,3 +268,27 @@ def test_default_dispatch_functions():
            ref_backward_data(dy, w, x.shape[2:], one, one, one, one, 1), np.float64)
     _close(D.direct_backward_filter(x, dy, w.shape[2:], one, one, one, one),
            ref_backward_filter(x, dy, w.shape[2:], one, one, one, one, 1), np.float64)
+
+
+def test_pick_heuristic_and_dispatch_on_its_choices():
+    one, zero = (1, 1, 1), (0, 0, 0)
+    f32 = np.float32
+    assert D.pick("forward", (1, 64, 8, 8, 8), (3, 64, 1, 1, 1), one, one, zero, zero, 1,
+                  f32) == "gemm1x1"
+    assert D.pick("forward", (1, 256, 4, 4, 4), (512, 256, 3, 3, 3), one, one, one, one, 1,
+                  f32) == "wbcast4x4"
+    assert D.pick("forward", (1, 32, 32, 32, 32), (64, 32, 3, 3, 3), one, one, one, one, 1,
+                  f32) == "direct4x4"
+    assert D.pick("backward_data", (1, 32, 32, 32, 32), (64, 32, 3, 3, 3), one, one, one, one,
+                  1, f32) == "direct8x2"
+    assert D.pick("backward_filter", (1, 64, 8, 8, 8), (3, 64, 1, 1, 1), one, one, zero,
+                  zero, 1, f32) != "gemm1x1"
+    r = np.random.default_rng(4)
+    x, w = r.standard_normal((1, 40, 3, 3, 3)), r.standard_normal((48, 40, 3, 3, 3))
+    y = D.direct_forward(x, w, one, one, one, one)      # picks wbcast (weights > columns)
+    _close(y, ref_forward(x, w, one, one, one, one, 1), np.float64)
+    dy = r.standard_normal(y.shape)
+    _close(D.direct_backward_data(dy, w, x.shape[2:], one, one, one, one),
+           ref_backward_data(dy, w, x.shape[2:], one, one, one, one, 1), np.float64)
+    _close(D.direct_backward_filter(x, dy, w.shape[2:], one, one, one, one),
+           ref_backward_filter(x, dy, w.shape[2:], one, one, one, one, 1), np.float64)

@@ -70,7 +70,8 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
-__all__ = ["ALGORITHMS", "direct_forward", "direct_backward_data", "direct_backward_filter"]
+__all__ = ["ALGORITHMS", "pick", "direct_forward", "direct_backward_data",
+           "direct_backward_filter"]
 
 
 # -- a 512-bit vector type for Numba -----------------------------------------------------------
@@ -972,23 +973,53 @@ ALGORITHMS: dict = {
 }
 
 
+def pick(pass_, x_shape, w_shape, stride, dilation, pad_lo, pad_hi, groups, dtype) -> str:
+    """A shape heuristic for the algorithm of one pass (what the measurements on the 2-core
+    Zen 5 machine suggest; a planner that times the candidates knows better): ``gemm1x1``
+    for unpadded 1x1x1 forward / backward data; ``wbcast*`` where the weights outnumber the
+    column matrix (few positions, many channels); else ``direct4x4`` where the pass has more
+    than 32 output channels per group, ``direct8x2`` otherwise."""
+    g1 = ALGORITHMS["gemm1x1"]
+    if pass_ != "backward_filter" and g1.supports(pass_, x_shape, w_shape, stride, dilation,
+                                                  pad_lo, pad_hi, groups, dtype):
+        return "gemm1x1"
+    kernel = tuple(int(k) for k in w_shape[2:])
+    kk = int(np.prod(kernel))
+    n_n, cin = int(x_shape[0]), int(x_shape[1])
+    cout = int(w_shape[0])
+    cg, cog = cin // groups, cout // groups
+    out_sp = _out_shape(tuple(int(v) for v in x_shape[2:]), kernel, stride, dilation, pad_lo,
+                        pad_hi)
+    p_n = n_n * int(np.prod(out_sp if pass_ != "backward_data" else x_shape[2:]))
+    red = (cog if pass_ == "backward_data" else cg) * kk
+    if cout * cg * kk > red * p_n:
+        return "wbcast4x4" if p_n >= 64 else "wbcast8x2"
+    lanes_ch = cg if pass_ == "backward_data" else cog
+    return "direct4x4" if lanes_ch > 32 else "direct8x2"
+
+
 def direct_forward(x, w, stride, dilation, pad_lo, pad_hi, groups=1, algorithm=None):
-    """:meth:`_Direct.forward` of ``algorithm`` (None: ``direct4x4`` where Cout/groups > 32,
-    else ``direct8x2``)."""
-    algo = ALGORITHMS[algorithm or ("direct4x4" if w.shape[0] // groups > 32 else "direct8x2")]
-    return algo.forward(x, w, stride, dilation, pad_lo, pad_hi, groups)
+    """``ALGORITHMS[algorithm].forward`` (None: :func:`pick`'s choice)."""
+    algo = algorithm or pick("forward", x.shape, w.shape, stride, dilation, pad_lo, pad_hi,
+                             groups, np.result_type(x, w))
+    return ALGORITHMS[algo].forward(x, w, stride, dilation, pad_lo, pad_hi, groups)
 
 
 def direct_backward_data(dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, groups=1,
                          algorithm=None):
-    """:meth:`_Direct.backward_data` (None: ``direct4x4`` where Cin/groups > 32)."""
-    algo = ALGORITHMS[algorithm or ("direct4x4" if w.shape[1] > 32 else "direct8x2")]
-    return algo.backward_data(dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, groups)
+    """``ALGORITHMS[algorithm].backward_data`` (None: :func:`pick`'s choice)."""
+    x_shape = (dy.shape[0], w.shape[1] * groups) + tuple(in_spatial)
+    algo = algorithm or pick("backward_data", x_shape, w.shape, stride, dilation, pad_lo,
+                             pad_hi, groups, np.result_type(dy, w))
+    return ALGORITHMS[algo].backward_data(dy, w, in_spatial, stride, dilation, pad_lo, pad_hi,
+                                          groups)
 
 
 def direct_backward_filter(x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups=1,
                            algorithm=None):
-    """:meth:`_Direct.backward_filter` (None: ``direct4x4`` where Cout/groups > 32)."""
-    algo = ALGORITHMS[algorithm or ("direct4x4" if dy.shape[1] // groups > 32
-                                    else "direct8x2")]
-    return algo.backward_filter(x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups)
+    """``ALGORITHMS[algorithm].backward_filter`` (None: :func:`pick`'s choice)."""
+    w_shape = (dy.shape[1], x.shape[1] // groups) + tuple(kernel)
+    algo = algorithm or pick("backward_filter", x.shape, w_shape, stride, dilation, pad_lo,
+                             pad_hi, groups, np.result_type(x, dy))
+    return ALGORITHMS[algo].backward_filter(x, dy, kernel, stride, dilation, pad_lo, pad_hi,
+                                            groups)
