@@ -34,7 +34,7 @@ The prediction for one grid (:func:`predict_grid`, pure given the measurements):
   ``(P_sp - 1) * alpha_p2p + (P_sp - 1) / P_sp * bytes * beta_p2p``; backward slices locally.
 * every distributed op agrees its arguments in one small all-reduce per pass, which also
   synchronises the ranks: a measured per-op overhead forward and backward (an activation of
-  a tiny block on ``comm`` minus the same on one rank), and ``alpha_allreduce`` twice more
+  a small block on ``comm`` minus the same on one rank), and ``alpha_allreduce`` twice more
   for global batch norm.
 * gradient all-reduce: the parameters packed into buckets of ``bucket_bytes`` in reverse
   registration order (as :class:`~disttensor.nn.parallel.GradientReducer`); a bucket is ready
@@ -143,7 +143,7 @@ class LinkModel:
     ``allreduce`` over all ranks (``nranks`` of them), and the overhead a distributed op
     pays per forward / backward pass over what it costs on one rank (``op_forward_s``,
     ``op_backward_s``: agreeing its arguments in a small all-reduce, the synchronisation that
-    implies, bookkeeping; measured on an activation of a tiny block)."""
+    implies, bookkeeping; measured on an activation of a small block)."""
     p2p: AlphaBeta = AlphaBeta()
     allreduce: AlphaBeta = AlphaBeta()
     nranks: int = 1
@@ -210,11 +210,13 @@ def measure_links(comm: MPI.Comm, quick: bool = False, repeats: int | None = Non
                      op_forward_s=of, op_backward_s=ob)
 
 
-def _op_overhead(comm: MPI.Comm, rounds: int) -> tuple[float, float]:
+def _op_overhead(comm: MPI.Comm, rounds: int, width: int = 1 << 18) -> tuple[float, float]:
     """Per-pass overhead of a distributed op on ``comm`` (collective): a LeakyReLU forward
-    and backward on a tiny block split over all ranks, minus the same on ``COMM_SELF``,
-    interleaved rounds (a barrier before each), the slowest rank's time per round, median
-    over rounds, clamped at 0."""
+    and backward on a block of 2 x ``width`` float32 per rank (about a millisecond of work,
+    so the ranks synchronise after computing, as between layers: with more ranks than
+    cores that costs more than a synchronisation of idle ranks), split over all ranks,
+    minus the same on ``COMM_SELF``; interleaved rounds (a barrier before each), the
+    slowest rank's time per round, median over rounds, clamped at 0."""
     from ..autograd.tensor import Tensor, filled_like
     from ..creation import from_global
     from ..grid import ProcessGrid
@@ -223,7 +225,7 @@ def _op_overhead(comm: MPI.Comm, rounds: int) -> tuple[float, float]:
     xs = []
     for c, n in ((comm, comm.size), (MPI.COMM_SELF, 1)):
         grid = ProcessGrid((n,), comm=c)
-        xs.append((c, from_global(np.ones((2 * n, 8), np.float32), grid=grid, split=(0, None))))
+        xs.append((c, from_global(np.ones((2 * n, width), np.float32), grid=grid, split=(0, None))))
     times = np.zeros((rounds, 2, 2))
     for r in range(rounds + 1):
         for j, (c, x) in enumerate(xs):
