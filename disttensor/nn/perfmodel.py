@@ -225,7 +225,8 @@ def _op_overhead(comm: MPI.Comm, rounds: int, width: int = 1 << 18) -> tuple[flo
     xs = []
     for c, n in ((comm, comm.size), (MPI.COMM_SELF, 1)):
         grid = ProcessGrid((n,), comm=c)
-        xs.append((c, from_global(np.ones((2 * n, width), np.float32), grid=grid, split=(0, None))))
+        a = np.ones((2 * n, width), np.float32)
+        xs.append((c, from_global(a, grid=grid, split=(0, None))))
     times = np.zeros((rounds, 2, 2))
     for r in range(rounds + 1):
         for j, (c, x) in enumerate(xs):
@@ -802,11 +803,12 @@ def plan_grid(model: Module, input_shape: Sequence[int], batch: int, nranks: int
               tune_kernels: bool | None = None) -> GridPlan:
     """Rank the grids ``(sample, d, h, w)`` of ``nranks`` ranks for training ``model`` on a
     global batch of ``batch`` samples of shape ``input_shape`` ``(C, D, H, W)`` by predicted
-    step time (collective over ``comm``, default ``COMM_WORLD``; the result is identical on
-    every rank).
+    step time (collective over ``comm``, an ``MPI.Comm`` or a ``ProcessGrid``, default
+    ``COMM_WORLD``; the result is identical on every rank).
 
     ``nranks``: ranks of the grid (default ``comm.size``; the links are measured on ``comm``
-    whatever it is). ``memory_limit``: bytes per rank; grids predicted over it are excluded.
+    whatever it is). ``memory_limit``: bytes per rank; grids predicted over it
+    (:func:`estimate_memory`) are excluded before any timing.
     ``optimizer``: ``sgd``, ``adam``, ``adamw`` (its state and step time); ``bucket_bytes``
     and ``overlap``: the gradient reducer's; ``halo_overlap``: whether windowed ops overlap
     their halo exchange (default: on GPU only, as the convolution does); ``candidates``: the
@@ -825,13 +827,16 @@ def plan_grid(model: Module, input_shape: Sequence[int], batch: int, nranks: int
     for the model and its assumptions.  Raises ``ValueError`` on every rank for bad
     arguments, a model that cannot be modelled, or when no grid is valid and fits."""
     comm = MPI.COMM_WORLD if comm is None else comm
+    if not isinstance(comm, MPI.Comm) and hasattr(comm, "comm"):  # a ProcessGrid
+        comm = comm.comm
     input_shape = tuple(int(v) for v in input_shape)
     layers = sequential_layers(model)
     params = list(model.parameters())
     device = getattr(params[0], "device", "cpu") if params else "cpu"
     with collective(comm, "plan_grid", input_shape=input_shape, batch=batch, nranks=nranks,
                     memory_limit=memory_limit, optimizer=optimizer, bucket_bytes=bucket_bytes,
-                    overlap=overlap, quick=quick, tune_kernels=tune_kernels,
+                    overlap=overlap, halo_overlap=halo_overlap, quick=quick,
+                    repeats=repeats, tune_kernels=tune_kernels,
                     layers=[_layer_key(l) for l in layers],
                     candidates=None if candidates is None else [tuple(c) for c in candidates],
                     dtype=None if dtype is None else str(dtype)):
@@ -864,13 +869,25 @@ def plan_grid(model: Module, input_shape: Sequence[int], batch: int, nranks: int
         if not grids:
             raise ValueError(f"plan_grid: no grid of {nranks} ranks has a sample axis dividing "
                              f"the batch {batch}")
+        owner = {id(p): i for i, layer in enumerate(layers) for p in layer.parameters()}
+        param_layers = [(owner.get(id(p), 0), int(p.data.size) * max(4, p.data.dtype.itemsize))
+                        for p in params if p.requires_grad]
+        pbytes = sum(n for _, n in param_layers)
         geoms, excluded = {}, []
         for g in grids:
             try:
-                geoms[g] = analyze_layers(layers, input_shape, batch, g, dtype.itemsize)
+                gl = analyze_layers(layers, input_shape, batch, g, dtype.itemsize)
             except InvalidGrid as e:
                 excluded.append((g, str(e)))
+                continue
+            mem = estimate_memory(gl, pbytes, OPTIMIZER_STATE[optimizer])["total"]
+            if memory_limit is not None and mem > memory_limit:
+                excluded.append((g, f"predicted {mem / 2 ** 20:.1f} MiB per rank over the "
+                                    f"limit {memory_limit / 2 ** 20:.1f} MiB"))
+                continue
+            geoms[g] = gl
     # everything above is pure given agreed arguments: every rank has the same geometries
+    # (grids over the memory limit are excluded before any timing)
     links = measure_links(comm, quick=quick) if links is None else links
     reps = repeats or (3 if quick else 5)
     timer = LayerTimer(comm, dtype, device, repeats=reps, warmup=1) if timer is None else timer
@@ -889,9 +906,6 @@ def plan_grid(model: Module, input_shape: Sequence[int], batch: int, nranks: int
         if not tune and saved_env is None:
             os.environ.pop(env, None)
     opt_s = _optimizer_time(params, optimizer, dtype, comm, reps)
-    owner = {id(p): i for i, layer in enumerate(layers) for p in layer.parameters()}
-    param_layers = [(owner.get(id(p), 0), int(p.data.size) * max(4, p.data.dtype.itemsize))
-                    for p in params if p.requires_grad]
     ranked, k = [], 0
     for g, gl in geoms.items():
         ts = measured[k:k + len(gl)]
@@ -903,10 +917,6 @@ def plan_grid(model: Module, input_shape: Sequence[int], batch: int, nranks: int
         pred = predict_grid(g, gl, ts, links, param_layers, opt_s, bucket_bytes, overlap,
                             device == "cuda" if halo_overlap is None else halo_overlap,
                             OPTIMIZER_STATE[optimizer])
-        if memory_limit is not None and pred.memory["total"] > memory_limit:
-            excluded.append((g, f"predicted {pred.memory['total'] / 2 ** 20:.1f} MiB per rank "
-                                f"over the limit {memory_limit / 2 ** 20:.1f} MiB"))
-            continue
         ranked.append(pred)
     ranked.sort(key=lambda p: (p.step_s, p.grid))
     with collective(comm):

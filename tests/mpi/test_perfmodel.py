@@ -71,6 +71,13 @@ def test_chosen_grid_runs_a_step():
                      "the planned grid did not train")
 
 
+def test_process_grid_as_communicator():
+    import disttensor as dt
+    plan = plan_grid(model(), SHAPE, BATCH, comm=dt.ProcessGrid((SIZE,)), quick=True)
+    assert_all_ranks(COMM, plan.links.nranks == SIZE and same_everywhere(summary(plan)),
+                     str(plan.links))
+
+
 def test_candidates_and_invalid_grids_are_reported():
     # a model with three pooling stages on 8^3: splitting depth over 4 or more ranks is too
     # fine for the last convolution's halo
@@ -97,8 +104,20 @@ def test_memory_limit_excludes_grids():
                          - len(want) and all("over the limit" in why for _, why in
                                              plan.excluded), f"{kept} vs {want}")
     assert_raises_all(COMM, ValueError, "no valid grid fits",
-                      lambda: plan_grid(model(), SHAPE, BATCH, memory_limit=mems[0] / 2, comm=COMM,
-                                        quick=True))
+                      lambda: plan_grid(model(), SHAPE, BATCH, memory_limit=mems[0] / 2,
+                                        comm=COMM, quick=True))
+    # excluded before any timing: a timer reused afterwards has timed none of their blocks
+    if len(mems) > 1:
+        timer = LayerTimer(COMM, np.float32, repeats=1)
+        plan_grid(model(), SHAPE, BATCH, memory_limit=(mems[0] + mems[1]) / 2, comm=COMM,
+                  quick=True, timer=timer, links=free.links)
+        kept = plan_grid(model(), SHAPE, BATCH, comm=COMM, quick=True, links=free.links,
+                         candidates=[p.grid for p in plan.ranked], timer=timer)
+        n_cached = len(timer.cache)
+        plan_grid(model(), SHAPE, BATCH, comm=COMM, quick=True, links=free.links,
+                  timer=timer)
+        assert_all_ranks(COMM, kept.ranked and len(timer.cache) > n_cached,
+                         "the excluded grids' blocks were timed")
 
 
 @pytest.mark.parametrize("kwargs, match", [
