@@ -12,8 +12,10 @@ ratio; then the predicted and the measured rank orders; and the predicted saved 
 
 ``ranking_correct`` is 1 when no pair of grids is ordered the other way round by the
 measurement than by the prediction, beyond ``--tie`` (relative: measured times closer than
-that are ties, the noise of this machine).  Targets: predicted/measured within 25%, correct
-ranking.  One rank has a single grid (ranking trivially correct).
+that are ties, the noise of this machine).  Also recorded: ``chosen_over_best``, the
+measured step of the grid predicted fastest over the fastest measured (1: the planner chose
+the best grid), and Kendall's tau of the two orders.  Targets: predicted/measured within
+25%, correct ranking.  One rank has a single grid (ranking trivially correct).
 
     mpiexec -n 4 python -m mpi4py bench/perfmodel_bench.py [--quick] [--size 32]
 """
@@ -83,6 +85,16 @@ def ranking_correct(pred: list, meas: list, tie: float) -> bool:
             if pred[i] < pred[j] and meas[i] > meas[j] * (1 + tie):
                 return False
     return True
+
+
+def kendall_tau(pred: list, meas: list) -> float:
+    """Kendall's rank correlation of two lists (1: same order; 1 for fewer than 2)."""
+    n = len(pred)
+    pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
+    if not pairs:
+        return 1.0
+    s = sum((pred[i] - pred[j]) * (meas[i] - meas[j]) > 0 for i, j in pairs)
+    return (2 * s - len(pairs)) / len(pairs)
 
 
 def main(argv=None):
@@ -155,8 +167,15 @@ def main(argv=None):
     say(f"predicted order: {fmt(pred_order)}")
     say(f"measured order:  {fmt(meas_order)}")
     worst = max(abs(pr.step_s / meas[pr.grid] - 1) for pr in ranked)
-    say(f"ranking correct (ties within {args.tie:.0%}): {int(ok)}; largest |pred/meas - 1| "
-        f"{worst:.3f}")
+    regret = meas[pred_order[0]] / meas[meas_order[0]]
+    tau = kendall_tau([pr.step_s for pr in ranked], [meas[pr.grid] for pr in ranked])
+    say(f"ranking correct (ties within {args.tie:.0%}): {int(ok)}; Kendall tau {tau:.2f}; "
+        f"the predicted best grid measured {regret:.3f}x the measured best; largest "
+        f"|pred/meas - 1| {worst:.3f}")
+    record("perfmodel", f"cosmoflow {args.size}^3 batch {args.batch}", "chosen_over_best",
+           regret, "x", target=1.05, better="lower", ranks=n, rank=comm.rank)
+    record("perfmodel", f"cosmoflow {args.size}^3 batch {args.batch}", "kendall_tau", tau,
+           "", ranks=n, rank=comm.rank)
     record("perfmodel", f"cosmoflow {args.size}^3 batch {args.batch}", "ranking_correct",
            float(ok), "bool", target=1.0, better="higher", ranks=n, rank=comm.rank)
     record("perfmodel", f"cosmoflow {args.size}^3 batch {args.batch}", "planning_s", t_plan,
