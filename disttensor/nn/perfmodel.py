@@ -829,11 +829,11 @@ def plan_grid(model: Module, input_shape: Sequence[int], batch: int, nranks: int
     comm = MPI.COMM_WORLD if comm is None else comm
     if not isinstance(comm, MPI.Comm) and hasattr(comm, "comm"):  # a ProcessGrid
         comm = comm.comm
-    input_shape = tuple(int(v) for v in input_shape)
+    raw_shape = input_shape
     layers = sequential_layers(model)
     params = list(model.parameters())
     device = getattr(params[0], "device", "cpu") if params else "cpu"
-    with collective(comm, "plan_grid", input_shape=input_shape, batch=batch, nranks=nranks,
+    with collective(comm, "plan_grid", input_shape=repr(raw_shape), batch=batch, nranks=nranks,
                     memory_limit=memory_limit, optimizer=optimizer, bucket_bytes=bucket_bytes,
                     overlap=overlap, halo_overlap=halo_overlap, quick=quick,
                     repeats=repeats, tune_kernels=tune_kernels,
@@ -846,6 +846,11 @@ def plan_grid(model: Module, input_shape: Sequence[int], batch: int, nranks: int
         except TypeError:
             raise ValueError(f"plan_grid: dtype {dtype!r} is not a NumPy dtype") from None
         nranks = comm.size if nranks is None else nranks
+        try:
+            input_shape = tuple(int(v) for v in raw_shape)
+        except (TypeError, ValueError):
+            raise ValueError(f"plan_grid: input_shape must be (C, D, H, W), got "
+                             f"{raw_shape!r}") from None
         if not isinstance(batch, (int, np.integer)) or batch < 1:
             raise ValueError(f"plan_grid: batch must be a positive integer, got {batch!r}")
         if not isinstance(nranks, (int, np.integer)) or nranks < 1:

@@ -123,6 +123,7 @@ def test_memory_limit_excludes_grids():
 @pytest.mark.parametrize("kwargs, match", [
     ({"batch": 0}, "batch must be a positive"),
     ({"input_shape": (2, 8, 8)}, "input_shape must be"),
+    ({"input_shape": (2, "x", 8, 8)}, "input_shape must be"),
     ({"optimizer": "lbfgs"}, "optimizer must be one of"),
     ({"memory_limit": -1.0}, "memory_limit must be positive"),
     ({"candidates": [(SIZE + 1, 1, 1, 1)]}, "is not a 4-axis grid"),
