@@ -292,3 +292,15 @@ def test_pick_heuristic_and_dispatch_on_its_choices():
            ref_backward_data(dy, w, x.shape[2:], one, one, one, one, 1), np.float64)
     _close(D.direct_backward_filter(x, dy, w.shape[2:], one, one, one, one),
            ref_backward_filter(x, dy, w.shape[2:], one, one, one, one, 1), np.float64)
+
+
+def test_scratch_is_reused_and_released():
+    one = (1, 1, 1)
+    r = np.random.default_rng(6)
+    x, w = r.standard_normal((1, 3, 6, 6, 6)), r.standard_normal((5, 3, 3, 3, 3))
+    a = D.ALGORITHMS["direct8x2"]
+    y1 = a.forward(x, w, one, one, one, one)
+    y2 = a.forward(2 * x, w, one, one, one, one)   # results never alias the scratch
+    np.testing.assert_allclose(y2, 2 * y1, rtol=1e-12, atol=1e-12)
+    D.release_scratch()
+    np.testing.assert_allclose(a.forward(x, w, one, one, one, one), y1, rtol=0, atol=0)
