@@ -204,7 +204,7 @@ def measure_links(comm: MPI.Comm, quick: bool = False, repeats: int | None = Non
     comm.Allreduce(mine, agreed, op=MPI.MAX)
     med = np.median(agreed, axis=0)
     k = len(p2p_sizes)
-    of, ob = _op_overhead(comm, 11 if quick else 21)
+    of, ob = _op_overhead(comm, 21 if quick else 41)
     return LinkModel(p2p=AlphaBeta.fit(p2p_sizes, med[:k] / pieces),
                      allreduce=AlphaBeta.fit(red_sizes, med[k:]), nranks=size,
                      op_forward_s=of, op_backward_s=ob)
@@ -216,7 +216,8 @@ def _op_overhead(comm: MPI.Comm, rounds: int, width: int = 1 << 18) -> tuple[flo
     so the ranks synchronise after computing, as between layers: with more ranks than
     cores that costs more than a synchronisation of idle ranks), split over all ranks,
     minus the same on ``COMM_SELF``; interleaved rounds (a barrier before each), the
-    slowest rank's time per round, median over rounds, clamped at 0."""
+    slowest rank's time per round, the median over rounds of the per-round difference,
+    clamped at 0."""
     from ..autograd.tensor import Tensor, filled_like
     from ..creation import from_global
     from ..grid import ProcessGrid
@@ -241,8 +242,8 @@ def _op_overhead(comm: MPI.Comm, rounds: int, width: int = 1 << 18) -> tuple[flo
                 times[r - 1, j] = (t1 - t0, t2 - t1)
     agreed = np.empty_like(times)
     comm.Allreduce(times, agreed, op=MPI.MAX)
-    med = np.median(agreed, axis=0)
-    return max(float(med[0, 0] - med[1, 0]), 0.0), max(float(med[0, 1] - med[1, 1]), 0.0)
+    diff = np.median(agreed[:, 0] - agreed[:, 1], axis=0)  # paired by round: drift cancels
+    return max(float(diff[0]), 0.0), max(float(diff[1]), 0.0)
 
 
 # -- candidate grids -----------------------------------------------------------------------------
