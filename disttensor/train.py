@@ -138,24 +138,28 @@ def choose_grid(nranks: int, batch: int, spatial: tuple[int, int, int]) -> tuple
     return (s, d, h, 1)
 
 
-def _plan_grid(args, comm, sample_shape, probe, segmentation, progress) -> tuple[int, ...]:
-    """No ``--grid``: rank the grids by the step time the performance model predicts
-    (:func:`disttensor.nn.perfmodel.plan_grid`, quick mode, collective) and take the fastest;
-    the ranked table goes to rank 0's output.  A model the planner cannot handle falls back
-    to :func:`choose_grid` (on every rank alike: planning errors are collective)."""
+def _plan_grid(args, comm, sample_shape, probe, segmentation, progress, nranks: int,
+               batch: int) -> tuple[int, ...]:
+    """No ``--grid``: rank the grids of ``nranks`` ranks by the step time the performance
+    model predicts for a batch of ``batch`` samples (:func:`disttensor.nn.perfmodel.plan_grid`,
+    quick mode, collective over ``comm``) and take the fastest; the ranked table goes to
+    rank 0's output.  With pipeline stages, the per-stage grid is planned for the whole model
+    on one micro-batch (a proxy: every stage runs on the same grid).  A model the planner
+    cannot handle falls back to :func:`choose_grid` (on every rank alike: planning errors are
+    collective)."""
     if segmentation:
         args.classes = _num_classes(probe, comm)
     with collective(comm):
         model = build_model(args, sample_shape, np.random.default_rng(args.seed))
     t0 = time.perf_counter()
     try:
-        plan = nn.perfmodel.plan_grid(model, sample_shape, args.batch_size, comm=comm,
+        plan = nn.perfmodel.plan_grid(model, sample_shape, batch, nranks, comm=comm,
                                       optimizer=args.optimizer,
                                       bucket_bytes=int(args.bucket_mb * 2 ** 20),
                                       overlap=not args.no_overlap, quick=True,
                                       dtype="float16" if args.amp else args.dtype)
     except ValueError as e:
-        dims = choose_grid(comm.size, args.batch_size, sample_shape[1:])
+        dims = choose_grid(nranks, args.batch_size, sample_shape[1:])
         progress.say(f"grid planning failed ({e}); default grid {dims}")
         return dims
     progress.say(plan.report(top=5) + f"\nchosen grid (sample, d, h, w) = {plan.best.grid} "
@@ -473,7 +477,11 @@ def run(argv=None, comm=None, on_step=None) -> TrainResult:
         if args.grid:
             dims = _parse_grid(args.grid)
         elif args.stages == 1:
-            dims = _plan_grid(args, comm, sample_shape, probe, segmentation, progress)
+            dims = _plan_grid(args, comm, sample_shape, probe, segmentation, progress,
+                              comm.size, args.batch_size)
+        elif args.batch_size % _micro_batches(args) == 0:
+            dims = _plan_grid(args, comm, sample_shape, probe, segmentation, progress,
+                              per_stage, args.batch_size // _micro_batches(args))
         else:
             dims = choose_grid(per_stage, args.batch_size, sample_shape[1:])
     finally:

@@ -241,3 +241,13 @@ def test_cli_bad_input_raises_everywhere_while_planning(tmp_path):
             "2,3,4", "--quiet", "--out", root + "/x", "--batch-size", "2"]
     assert_raises_all(COMM, ValueError, "too small for 3 pooling stages",
                       lambda: train.run(argv))
+
+
+@pytest.mark.skipif(SIZE % 2, reason="two pipeline stages need an even rank count")
+def test_cli_plans_the_stage_grid_of_a_pipeline(cli_data):
+    from disttensor import train
+    res = train.run(_cli(cli_data, "--batch-size", "4", "--quiet", "--stages", "2"))
+    g = res.grid
+    # a micro-batch of 2 samples: the sample axis of a stage divides it
+    assert_all_ranks(COMM, math.prod(g) == SIZE // 2 and 2 % g[0] == 0 and res.steps == 2
+                     and all(np.isfinite(res.losses)), f"{res}")
