@@ -634,9 +634,10 @@ class LayerTimer:
     """Times layers on local blocks over ``COMM_SELF``, collectively over ``comm``, with a
     cache per (layer geometry, shape, dtype).
 
-    :meth:`time_all` takes a list of ``(layer, shape)`` jobs that must be the same on every
-    rank of ``comm``; every rank runs them in that order (a barrier before each, so ranks
-    measure concurrently) and one ``Allreduce(MAX)`` makes the result identical everywhere.
+    :meth:`time_all` takes a list of ``(layer, shape, input_grad)`` jobs that must be the
+    same on every rank of ``comm``; every rank runs them in that order (a barrier before each
+    block and round, so ranks measure concurrently) and one ``Allreduce(MAX)`` makes the
+    result identical everywhere.
     A block that fails to run gives ``inf`` on every rank.  The rounds of a block are
     synchronised (a barrier before each) and the slowest rank's time of each round is
     taken before the median over rounds: the step waits for the slowest rank of every
