@@ -192,8 +192,27 @@ def _at(typingctx, arr, idx):
     return arr.dtype(arr, idx), codegen
 
 
+@njit(cache=True)
+def _unpack_tiles(out, dst, n_rt, rows, c, t0, t1, n_real):
+    """``dst[n, m, q] = out[m // C, n*Q + q, m % C]`` for the rows of tiles ``[t0, t1)``
+    (rows ``>= n_real`` and channels ``>= dst.shape[1]`` are padding and skipped)."""
+    m_n, q_n = dst.shape[1], dst.shape[2]
+    rp = rows * n_rt
+    for t in range(t0, t1):
+        cob = t // n_rt
+        r0 = (t - cob * n_rt) * rows
+        ob = (cob * rp + r0) * c
+        c_hi = min(c, m_n - cob * c)
+        for rr in range(min(rows, n_real - r0)):
+            r = r0 + rr
+            n = r // q_n
+            q = r - n * q_n
+            for cc in range(c_hi):
+                dst[n, cob * c + cc, q] = out[ob + rr * c + cc]
+
+
 @njit(cache=True, fastmath=True)
-def _tiles_4x4(xf, a, out, row_off, red_off, n_rt, t0, t1):
+def _tiles_4x4(xf, a, out, row_off, red_off, n_rt, t0, t1, dst, n_real):
     """Tiles ``[t0, t1)`` (tile ``t``: channel block ``t // n_rt``, rows ``4*(t % n_rt)`` +
     0..3) of ``out[cob, r, :] = sum_j xf[row_off[r] + red_off[j]] * a[cob, j, :]`` (flat
     arrays; ``out`` is ``(n_cob, 4*n_rt, 4*lanes)``, ``a`` is ``(n_cob, J, 4*lanes)``)."""
@@ -256,10 +275,12 @@ def _tiles_4x4(xf, a, out, row_off, red_off, n_rt, t0, t1):
                 _vstore(out, ob + 3 * c, a30); _vstore(out, ob + 3 * c + ln, a31)  # noqa: E702
                 _vstore(out, ob + 3 * c + 2 * ln, a32)
                 _vstore(out, ob + 3 * c + 3 * ln, a33)
+        if dst.size:   # the finished super-block, still in cache, into dst[n, m, q]
+            _unpack_tiles(out, dst, n_rt, 4, c, s0, min(s0 + _TB, t1), n_real)
 
 
 @njit(cache=True, fastmath=True)
-def _tiles_8x2(xf, a, out, row_off, red_off, n_rt, t0, t1):
+def _tiles_8x2(xf, a, out, row_off, red_off, n_rt, t0, t1, dst, n_real):
     """:func:`_tiles_4x4` with tiles of 8 rows x 2 vectors (``C = 2*lanes``)."""
     ln = _lanes(xf)
     c = 2 * ln
@@ -310,20 +331,22 @@ def _tiles_8x2(xf, a, out, row_off, red_off, n_rt, t0, t1):
                 _vstore(out, ob + 5 * c, a50); _vstore(out, ob + 5 * c + ln, a51)  # noqa: E702
                 _vstore(out, ob + 6 * c, a60); _vstore(out, ob + 6 * c + ln, a61)  # noqa: E702
                 _vstore(out, ob + 7 * c, a70); _vstore(out, ob + 7 * c + ln, a71)  # noqa: E702
+        if dst.size:   # the finished super-block, still in cache, into dst[n, m, q]
+            _unpack_tiles(out, dst, n_rt, 8, c, s0, min(s0 + _TB, t1), n_real)
 
 
 @njit(cache=True, parallel=True)
-def _run_4x4(xf, a, out, row_off, red_off, n_rt, n_tiles, n_chunks):
+def _run_4x4(xf, a, out, row_off, red_off, n_rt, n_tiles, n_chunks, dst, n_real):
     for i in prange(n_chunks):
         _tiles_4x4(xf, a, out, row_off, red_off, n_rt, i * n_tiles // n_chunks,
-                   (i + 1) * n_tiles // n_chunks)
+                   (i + 1) * n_tiles // n_chunks, dst, n_real)
 
 
 @njit(cache=True, parallel=True)
-def _run_8x2(xf, a, out, row_off, red_off, n_rt, n_tiles, n_chunks):
+def _run_8x2(xf, a, out, row_off, red_off, n_rt, n_tiles, n_chunks, dst, n_real):
     for i in prange(n_chunks):
         _tiles_8x2(xf, a, out, row_off, red_off, n_rt, i * n_tiles // n_chunks,
-                   (i + 1) * n_tiles // n_chunks)
+                   (i + 1) * n_tiles // n_chunks, dst, n_real)
 
 
 # -- packing -----------------------------------------------------------------------------------
@@ -521,16 +544,23 @@ class _Direct:
         return f"<cpu_conv_direct {self.name}: {self.rows} rows x {self.vecs} vectors>"
 
     # ---- the gathered GEMM
-    def _gemm(self, xf, a_pk, row_off, red_off, dtype):
-        """``(n_cob, rows_padded, C)`` result of the gathered GEMM (module docstring)."""
+    def _gemm(self, xf, a_pk, row_off, red_off, dtype, dst=None):
+        """``(n_cob, rows_padded, C)`` result of the gathered GEMM (module docstring).  With
+        ``dst`` (``(N, M, Q)``, any strides) each finished super-block of tiles is also
+        written to ``dst[n, m, q] = out[m // C, n*Q + q, m % C]`` while it is in cache."""
         n_cob, c = a_pk.shape[0], a_pk.shape[2]
         row_off = _padded_rows(row_off, self.rows)
         n_rt = row_off.size // self.rows
         out = _scratch("out", (n_cob, row_off.size, c), dtype)
         n_tiles = n_cob * n_rt
         n_chunks = max(1, min(numba.get_num_threads(), n_tiles))
+        n_real = row_off.size
+        if dst is None:
+            dst = np.empty((0, 0, 1), dtype=dtype)
+        else:
+            n_real = dst.shape[0] * dst.shape[2]
         self._run(xf, a_pk.reshape(-1), out.reshape(-1), row_off, red_off, n_rt, n_tiles,
-                  n_chunks)
+                  n_chunks, dst, n_real)
         return out
 
     def _c(self, dtype):
@@ -642,8 +672,9 @@ class _Direct:
                 _pack_flipped(w[g * cg:(g + 1) * cg].reshape(cg, cog, -1), a_pk)
             else:
                 _pack(w[g * cog:(g + 1) * cog].reshape(1, cog, kk), a_pk, cog)
-            out = self._gemm(xf, a_pk, rows, taps + g * cg * chan, dtype)
-            _unpack(out, yv[:, g])
+            # a separate blocked transpose: written from inside the kernel, the output's
+            # channel rows (often a power-of-two stride apart) thrash L1's sets
+            _unpack(self._gemm(xf, a_pk, rows, taps + g * cg * chan, dtype), yv[:, g])
 
     def backward_data(self, dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, groups=1):
         """Gradient of ``sum(forward(x, w) * dy)`` with respect to ``x`` (N, Cin,
@@ -713,8 +744,7 @@ class _Direct:
         for g in range(groups):
             a_pk = _scratch("a", (n_cob, n_n * p_n, c), dtype)
             _pack(dyv[:, g * cog:(g + 1) * cog], a_pk, cog)
-            out = self._gemm(xf, a_pk, taps + g * cg * chan, red, dtype)
-            _unpack(out, dwv[g:g + 1])
+            self._gemm(xf, a_pk, taps + g * cg * chan, red, dtype, dst=dwv[g:g + 1])
         return dw
 
 
