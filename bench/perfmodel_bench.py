@@ -103,11 +103,11 @@ def main(argv=None):
     p.add_argument("--widths", default="8,16,32")
     p.add_argument("--dense", default="32,16")
     p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--reps", type=int, default=9)
     p.add_argument("--tie", type=float, default=0.05,
                    help="measured times closer than this (relative) count as ties")
     p.add_argument("--quick", action="store_true", help="quick planning, at most 4 grids "
-                   "measured, 3 repetitions (<= 90 s per rank count)")
+                   "measured, 5 repetitions (<= 90 s per rank count)")
     args = p.parse_args(argv)
     args.widths = tuple(int(w) for w in args.widths.split(","))
     args.dense = tuple(int(w) for w in args.dense.split(","))
@@ -127,7 +127,8 @@ def main(argv=None):
         steps[g]()
     t0 = time.perf_counter()
     plan = plan_grid(build(args), (4,) + (args.size,) * 3, args.batch, comm=comm,
-                     candidates=cands, quick=args.quick, tune_kernels=True)
+                     candidates=cands, quick=args.quick, tune_kernels=True,
+                     repeats=None if args.quick else 7)
     t_plan = time.perf_counter() - t0
     say(f"planning took {t_plan:.1f} s")
     say(plan.report())
@@ -135,7 +136,7 @@ def main(argv=None):
     if args.quick and len(ranked) > 4:  # best, worst and two between
         idx = sorted({round(k * (len(ranked) - 1) / 3) for k in range(4)})
         ranked = [ranked[k] for k in idx]
-    reps = 3 if args.quick else args.reps
+    reps = 5 if args.quick else args.reps
     steps = {pr.grid: steps[pr.grid] for pr in ranked}
     meas = compare(steps, reps, warmup=1)
     mem = {g: peak_step_bytes(step, comm) for g, step in steps.items()}
