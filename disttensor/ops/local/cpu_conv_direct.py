@@ -170,7 +170,7 @@ def _vadd(typingctx, a, b):
 
 # -- the micro-kernels -------------------------------------------------------------------------
 _JB = 128  # reduction steps per block (A block: _JB * C * itemsize bytes, 32 KiB at C=64 f32)
-_TB = 64   # tiles per super-block (its accumulators, 64 tiles * 16 vectors = 64 KiB, stay in L2)
+_TB = 128  # tiles per super-block (its accumulators, 128 tiles * 16 vectors = 128 KiB, stay in L2)
 
 
 @intrinsic
