@@ -350,7 +350,7 @@ def _run_8x2(xf, a, out, row_off, red_off, n_rt, n_tiles, n_chunks, dst, n_real)
 
 
 # -- packing -----------------------------------------------------------------------------------
-_QB = 16     # positions per block of the pack/unpack transposes (a 16 x C tile in L1)
+_QB = 64     # positions per block of the pack/unpack transposes (a 64 x C tile in L1)
 _QCHUNK = 512  # positions per parallel work item of the transposes
 
 
