@@ -215,7 +215,11 @@ def _unpack_tiles(out, dst, n_rt, rows, c, t0, t1, n_real):
 def _tiles_4x4(xf, a, out, row_off, red_off, n_rt, t0, t1, dst, n_real):
     """Tiles ``[t0, t1)`` (tile ``t``: channel block ``t // n_rt``, rows ``4*(t % n_rt)`` +
     0..3) of ``out[cob, r, :] = sum_j xf[row_off[r] + red_off[j]] * a[cob, j, :]`` (flat
-    arrays; ``out`` is ``(n_cob, 4*n_rt, 4*lanes)``, ``a`` is ``(n_cob, J, 4*lanes)``)."""
+    arrays; ``out`` is ``(n_cob, 4*n_rt, 4*lanes)``, ``a`` is ``(n_cob, J, 4*lanes)``).
+    Loop order: super-blocks of ``_TB`` tiles, reduction blocks of ``_JB`` steps, tiles; the
+    accumulators of a tile live in registers for a reduction block.  Where ``dst`` is not
+    empty, each finished super-block is also written to ``dst[n, m, q]`` (row ``r = n*Q +
+    q < n_real``, channel ``m = cob*C + c``) by :func:`_unpack_tiles`."""
     ln = _lanes(xf)
     c = 4 * ln
     jn = red_off.size
@@ -232,15 +236,20 @@ def _tiles_4x4(xf, a, out, row_off, red_off, n_rt, t0, t1, dst, n_real):
                 b3 = row_off[r0 + 3]
                 ob = (cob * rp + r0) * c
                 if j0 == 0:
-                    a00 = _vzero(xf); a01 = _vzero(xf); a02 = _vzero(xf); a03 = _vzero(xf)  # noqa: E702
-                    a10 = _vzero(xf); a11 = _vzero(xf); a12 = _vzero(xf); a13 = _vzero(xf)  # noqa: E702
-                    a20 = _vzero(xf); a21 = _vzero(xf); a22 = _vzero(xf); a23 = _vzero(xf)  # noqa: E702
-                    a30 = _vzero(xf); a31 = _vzero(xf); a32 = _vzero(xf); a33 = _vzero(xf)  # noqa: E702
+                    a00 = _vzero(xf); a01 = _vzero(xf); a02 = _vzero(xf)  # noqa: E702
+                    a03 = _vzero(xf)
+                    a10 = _vzero(xf); a11 = _vzero(xf); a12 = _vzero(xf)  # noqa: E702
+                    a13 = _vzero(xf)
+                    a20 = _vzero(xf); a21 = _vzero(xf); a22 = _vzero(xf)  # noqa: E702
+                    a23 = _vzero(xf)
+                    a30 = _vzero(xf); a31 = _vzero(xf); a32 = _vzero(xf)  # noqa: E702
+                    a33 = _vzero(xf)
                 else:
                     a00 = _vload(out, ob); a01 = _vload(out, ob + ln)  # noqa: E702
                     a02 = _vload(out, ob + 2 * ln); a03 = _vload(out, ob + 3 * ln)  # noqa: E702
                     a10 = _vload(out, ob + c); a11 = _vload(out, ob + c + ln)  # noqa: E702
-                    a12 = _vload(out, ob + c + 2 * ln); a13 = _vload(out, ob + c + 3 * ln)  # noqa: E702
+                    a12 = _vload(out, ob + c + 2 * ln)
+                    a13 = _vload(out, ob + c + 3 * ln)
                     a20 = _vload(out, ob + 2 * c); a21 = _vload(out, ob + 2 * c + ln)  # noqa: E702
                     a22 = _vload(out, ob + 2 * c + 2 * ln)
                     a23 = _vload(out, ob + 2 * c + 3 * ln)
@@ -268,7 +277,8 @@ def _tiles_4x4(xf, a, out, row_off, red_off, n_rt, t0, t1, dst, n_real):
                 _vstore(out, ob, a00); _vstore(out, ob + ln, a01)  # noqa: E702
                 _vstore(out, ob + 2 * ln, a02); _vstore(out, ob + 3 * ln, a03)  # noqa: E702
                 _vstore(out, ob + c, a10); _vstore(out, ob + c + ln, a11)  # noqa: E702
-                _vstore(out, ob + c + 2 * ln, a12); _vstore(out, ob + c + 3 * ln, a13)  # noqa: E702
+                _vstore(out, ob + c + 2 * ln, a12)
+                _vstore(out, ob + c + 3 * ln, a13)
                 _vstore(out, ob + 2 * c, a20); _vstore(out, ob + 2 * c + ln, a21)  # noqa: E702
                 _vstore(out, ob + 2 * c + 2 * ln, a22)
                 _vstore(out, ob + 2 * c + 3 * ln, a23)
@@ -297,10 +307,14 @@ def _tiles_8x2(xf, a, out, row_off, red_off, n_rt, t0, t1, dst, n_real):
                 b6 = row_off[r0 + 6]; b7 = row_off[r0 + 7]  # noqa: E702
                 ob = (cob * rp + r0) * c
                 if j0 == 0:
-                    a00 = _vzero(xf); a01 = _vzero(xf); a10 = _vzero(xf); a11 = _vzero(xf)  # noqa: E702
-                    a20 = _vzero(xf); a21 = _vzero(xf); a30 = _vzero(xf); a31 = _vzero(xf)  # noqa: E702
-                    a40 = _vzero(xf); a41 = _vzero(xf); a50 = _vzero(xf); a51 = _vzero(xf)  # noqa: E702
-                    a60 = _vzero(xf); a61 = _vzero(xf); a70 = _vzero(xf); a71 = _vzero(xf)  # noqa: E702
+                    a00 = _vzero(xf); a01 = _vzero(xf); a10 = _vzero(xf)  # noqa: E702
+                    a11 = _vzero(xf)
+                    a20 = _vzero(xf); a21 = _vzero(xf); a30 = _vzero(xf)  # noqa: E702
+                    a31 = _vzero(xf)
+                    a40 = _vzero(xf); a41 = _vzero(xf); a50 = _vzero(xf)  # noqa: E702
+                    a51 = _vzero(xf)
+                    a60 = _vzero(xf); a61 = _vzero(xf); a70 = _vzero(xf)  # noqa: E702
+                    a71 = _vzero(xf)
                 else:
                     a00 = _vload(out, ob); a01 = _vload(out, ob + ln)  # noqa: E702
                     a10 = _vload(out, ob + c); a11 = _vload(out, ob + c + ln)  # noqa: E702
@@ -315,14 +329,22 @@ def _tiles_8x2(xf, a, out, row_off, red_off, n_rt, t0, t1, dst, n_real):
                     o = _at(red_off, j)
                     w0 = _vload(a, ao); w1 = _vload(a, ao + ln)  # noqa: E702
                     ao += c
-                    x = _vbcast(xf, b0 + o); a00 = _vfma(x, w0, a00); a01 = _vfma(x, w1, a01)  # noqa: E702
-                    x = _vbcast(xf, b1 + o); a10 = _vfma(x, w0, a10); a11 = _vfma(x, w1, a11)  # noqa: E702
-                    x = _vbcast(xf, b2 + o); a20 = _vfma(x, w0, a20); a21 = _vfma(x, w1, a21)  # noqa: E702
-                    x = _vbcast(xf, b3 + o); a30 = _vfma(x, w0, a30); a31 = _vfma(x, w1, a31)  # noqa: E702
-                    x = _vbcast(xf, b4 + o); a40 = _vfma(x, w0, a40); a41 = _vfma(x, w1, a41)  # noqa: E702
-                    x = _vbcast(xf, b5 + o); a50 = _vfma(x, w0, a50); a51 = _vfma(x, w1, a51)  # noqa: E702
-                    x = _vbcast(xf, b6 + o); a60 = _vfma(x, w0, a60); a61 = _vfma(x, w1, a61)  # noqa: E702
-                    x = _vbcast(xf, b7 + o); a70 = _vfma(x, w0, a70); a71 = _vfma(x, w1, a71)  # noqa: E702
+                    x = _vbcast(xf, b0 + o); a00 = _vfma(x, w0, a00)  # noqa: E702
+                    a01 = _vfma(x, w1, a01)
+                    x = _vbcast(xf, b1 + o); a10 = _vfma(x, w0, a10)  # noqa: E702
+                    a11 = _vfma(x, w1, a11)
+                    x = _vbcast(xf, b2 + o); a20 = _vfma(x, w0, a20)  # noqa: E702
+                    a21 = _vfma(x, w1, a21)
+                    x = _vbcast(xf, b3 + o); a30 = _vfma(x, w0, a30)  # noqa: E702
+                    a31 = _vfma(x, w1, a31)
+                    x = _vbcast(xf, b4 + o); a40 = _vfma(x, w0, a40)  # noqa: E702
+                    a41 = _vfma(x, w1, a41)
+                    x = _vbcast(xf, b5 + o); a50 = _vfma(x, w0, a50)  # noqa: E702
+                    a51 = _vfma(x, w1, a51)
+                    x = _vbcast(xf, b6 + o); a60 = _vfma(x, w0, a60)  # noqa: E702
+                    a61 = _vfma(x, w1, a61)
+                    x = _vbcast(xf, b7 + o); a70 = _vfma(x, w0, a70)  # noqa: E702
+                    a71 = _vfma(x, w1, a71)
                 _vstore(out, ob, a00); _vstore(out, ob + ln, a01)  # noqa: E702
                 _vstore(out, ob + c, a10); _vstore(out, ob + c + ln, a11)  # noqa: E702
                 _vstore(out, ob + 2 * c, a20); _vstore(out, ob + 2 * c + ln, a21)  # noqa: E702
