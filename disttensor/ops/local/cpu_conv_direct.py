@@ -53,7 +53,10 @@ Workspace (:meth:`_Direct.workspace_bytes`): the padded input (or zero-inserted 
 packed ``A``, the ``(rows, C)``-blocked output and the offset tables; the first three live in
 per-thread scratch buffers that are kept and reused between calls (fresh large arrays would
 pay their page faults on every call; :func:`release_scratch` drops them).  A 6-row x 4-vector
-tile (24 accumulators) was tried and measured no faster than these 16-accumulator ones.
+tile (24 accumulators) was tried and measured no faster than these 16-accumulator ones; a
+W-vectorised direct convolution with no packing at all (lanes = consecutive outputs of a row,
+loaded unaligned from the padded input, weights broadcast in place) reached only ~140 GFLOP/s
+per core against ~200 here (its loads straddle cache lines), and was dropped.
 
 On the 2-core AMD Zen 5 development machine (AVX-512) the micro-kernel runs at ~160-215
 GFLOP/s per core in the large layers, about oneDNN's direct convolution; NumPy's OpenBLAS is
