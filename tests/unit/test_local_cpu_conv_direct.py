@@ -278,7 +278,7 @@ def test_pick_heuristic_and_dispatch_on_its_choices():
     assert D.pick("forward", (1, 256, 4, 4, 4), (512, 256, 3, 3, 3), one, one, one, one, 1,
                   f32) == "wbcast4x4"
     assert D.pick("forward", (1, 32, 32, 32, 32), (64, 32, 3, 3, 3), one, one, one, one, 1,
-                  f32) == "direct4x4"
+                  f32) == "direct8x2"
     assert D.pick("backward_data", (1, 32, 32, 32, 32), (64, 32, 3, 3, 3), one, one, one, one,
                   1, f32) == "direct8x2"
     assert D.pick("backward_filter", (1, 64, 8, 8, 8), (3, 64, 1, 1, 1), one, one, zero,
