@@ -7,7 +7,8 @@ Rules for MPI tests (all ranks run the same test at the same time):
 
 * Hypothesis: the ``disttensor-mpi`` profile loaded here is derandomized (the seed comes from
   the test itself) and has no example database, so every rank draws the same examples in the
-  same order.  Never draw anything rank-dependent.  ``DISTTENSOR_HYPOTHESIS_EXAMPLES`` overrides
+  same order (the local constants Hypothesis would mix into its draws are switched off: they
+  depend on which modules each rank happened to import).  Never draw anything rank-dependent.  ``DISTTENSOR_HYPOTHESIS_EXAMPLES`` overrides
   ``max_examples`` (default 25).  Hypothesis bounds shrinking by wall time (minutes), the one
   way ranks could still drift apart; keep failing examples cheap.
 * Assertions inside a test must be collective: use :func:`assert_all_ranks` and
@@ -55,6 +56,25 @@ settings.register_profile(
     print_blob=False,
 )
 settings.load_profile("disttensor-mpi")
+
+
+def _same_constants_on_every_rank() -> None:
+    """Hypothesis (6.1xx) mixes into its draws literal constants it collects from the local
+    modules in ``sys.modules`` at draw time.  Modules imported lazily differ between ranks (a
+    rank with an empty block never loads the kernel module a busy rank loads), so derandomized
+    runs drew different examples on different ranks (e.g. another ``seed`` for the same case)
+    and replicated data stopped being replicated.  Collect no local constants: the built-in
+    constant pool alone is the same everywhere."""
+    try:
+        from hypothesis.internal.conjecture import providers
+    except ImportError:  # pragma: no cover - a Hypothesis without the mechanism
+        return
+    if hasattr(providers, "_get_local_constants") and hasattr(providers, "Constants"):
+        none = providers.Constants()
+        providers._get_local_constants = lambda: none
+
+
+_same_constants_on_every_rank()
 
 
 # -- collective assertions -------------------------------------------------------------------
