@@ -576,3 +576,23 @@ def test_gpu_planned_entry_points(mode, monkeypatch, tmp_path):
             scale = max(1.0, float(np.abs(ref_).max()))  # TF32 engines: 1e-2 of the scale
             assert float(np.abs(cp.asnumpy(got) - ref_).max()) <= 1e-2 * scale
     mb.clear_plans()
+
+
+def test_heuristic_mode_models_the_direct_kernels():
+    """The cost model (heuristic mode, no timing) sees the register-blocked kernels: they win
+    the wide 3x3x3 layers, im2col keeps the backward data of a one-channel input layer (its
+    lanes would hold one channel of 16), and 1x1x1 heads go to the BLAS product."""
+    pytest.importorskip("disttensor.ops.local.cpu_conv_direct")
+    algos = mb.cpu_algorithms(64 << 20)
+
+    def best(pass_, xs, ws, pad):
+        pr = mb.ConvProblem.make(pass_, xs, ws, (1, 1, 1), (1, 1, 1), (pad,) * 3, (pad,) * 3,
+                                 1, np.float32)
+        t = mb.model_times(pr, algos, mb.candidates(pr, algos, [xs[0]]))
+        return min(t, key=t.get)[0]
+
+    for pass_ in mb.PASSES:
+        assert best(pass_, (2, 32, 32, 32, 32), (64, 32, 3, 3, 3), 1).startswith(
+            ("direct", "wbcast"))
+    assert best("backward_data", (2, 1, 32, 32, 32), (32, 1, 3, 3, 3), 1).startswith("im2col")
+    assert best("forward", (2, 64, 16, 16, 16), (3, 64, 1, 1, 1), 0) == "gemm1x1"

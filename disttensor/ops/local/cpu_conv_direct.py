@@ -557,6 +557,64 @@ def _check(x_shape, w_shape, groups):
 
 
 # -- the variants ------------------------------------------------------------------------------
+# -- the cost model the micro-batch planner's heuristic mode uses ------------------------------
+# Units are those of :mod:`.microbatch`'s model (its ``_GEMM_FLOPS`` for a BLAS GEMM, its
+# ``_MEM_BW`` for packing): only ratios between algorithms matter.  Measured on the 2-core Zen 5
+# machine, the register-blocked kernels run at ~2x NumPy's (AVX2-pinned) BLAS GEMM when every
+# lane is used; a lane or micro-tile row that holds no data costs the same as one that does.
+_DIRECT_OVER_GEMM = 2.0
+
+
+def _rup(v: int, m: int) -> int:
+    return -(-v // m) * m
+
+
+def _lanes_rows_reduction(pass_, x_shape, w_shape, stride, dilation, pad_lo, pad_hi, groups,
+                          weights_on_rows: bool):
+    """``(lane_items, row_items, reduction, zero_inserted)`` of one group's gathered GEMM:
+    what the ``C`` lanes, the micro-tile rows and the reduction run over (``weights_on_rows``:
+    the weight-broadcast roles), and the work factor of a zero-inserted ``dy`` (backward data
+    with stride > 1)."""
+    n_n, cin = int(x_shape[0]), int(x_shape[1])
+    cout = int(w_shape[0])
+    kernel = tuple(int(k) for k in w_shape[2:])
+    kk = int(np.prod(kernel))
+    in_sp = tuple(int(v) for v in x_shape[2:])
+    p_n = n_n * int(np.prod(_out_shape(in_sp, kernel, stride, dilation, pad_lo, pad_hi)))
+    i_n = n_n * int(np.prod(in_sp))
+    cg, cog = cin // groups, cout // groups
+    zero_ins = 1
+    if pass_ == "forward":
+        chans, pos, red = cog, p_n, cg * kk
+    elif pass_ == "backward_data":
+        chans, pos, red = cg, i_n, cog * kk
+        zero_ins = int(np.prod([max(1, int(s)) for s in stride]))
+    else:
+        # backward filter: the direct kernel has output channels on the lanes and taps on the
+        # rows; the weight-broadcast one taps on the lanes, channels on the rows
+        return ((cg * kk, cog) if weights_on_rows else (cog, cg * kk)) + (p_n, 1)
+    return ((pos, chans) if weights_on_rows else (chans, pos)) + (red, zero_ins)
+
+
+def _estimate(algo, problem) -> float:
+    """Modelled seconds of ``problem`` (a :class:`.microbatch.ConvProblem`) by ``algo``."""
+    from .microbatch import _CALL_S, _GEMM_FLOPS, _MEM_BW
+    item = np.dtype(problem.dtype).itemsize
+    c = algo._c(problem.dtype)
+    lanes, rows, red, zero_ins = _lanes_rows_reduction(
+        problem.pass_, problem.x_shape, problem.w_shape, problem.stride, problem.dilation,
+        problem.pad_lo, problem.pad_hi, problem.groups, isinstance(algo, _WeightBroadcast))
+    padded_macs = _rup(max(lanes, 1), c) * _rup(max(rows, 1), algo.rows) * red * zero_ins
+    compute = 2.0 * padded_macs * problem.groups / (_DIRECT_OVER_GEMM * _GEMM_FLOPS)
+    moved = (int(np.prod(problem.x_shape)) + int(np.prod(problem.w_shape))) * item
+    seconds = _CALL_S + compute + 2.0 * moved / _MEM_BW
+    # the model cannot tell the register-blocked variants apart where all lanes are full;
+    # :func:`pick`'s measured shape rules break such ties
+    if pick(*problem.args()) != algo.name:
+        seconds *= 1.03
+    return seconds
+
+
 class _Direct:
     """One register-blocking variant (see the module docstring).  ``rows`` x ``vecs`` is the
     micro-tile; every stride, dilation, zero padding (asymmetric; negative crops) and groups
@@ -590,6 +648,12 @@ class _Direct:
 
     def _c(self, dtype):
         return self.vecs * 64 // np.dtype(dtype).itemsize
+
+    def estimate_seconds(self, problem) -> float:
+        """Modelled seconds of a :class:`.microbatch.ConvProblem` (the planner's heuristic
+        mode): padded lanes x padded rows x reduction at the register-blocked rate, plus
+        moving the operands twice (padding and packing)."""
+        return _estimate(self, problem)
 
     # ---- the planner's interface
     def supports(self, pass_, x_shape, w_shape, stride, dilation, pad_lo, pad_hi, groups,
@@ -944,6 +1008,16 @@ class _Gemm1x1:
         p_n = int(np.prod(out_sp))
         cout = int(w_shape[0])
         return int((n_n * (cin + cout // groups) * p_n + cout * cin) * item) + 1
+
+    def estimate_seconds(self, problem) -> float:
+        """Modelled seconds (the planner's heuristic mode): one BLAS GEMM per sample and
+        group, as :mod:`.microbatch` models GEMMs."""
+        from .microbatch import _gemm_seconds
+        n_n, cin = problem.x_shape[:2]
+        cout, g = problem.w_shape[0], problem.groups
+        out_sp = _out_shape(problem.x_shape[2:], (1, 1, 1), problem.stride, problem.dilation,
+                            problem.pad_lo, problem.pad_hi)
+        return n_n * g * _gemm_seconds(cout // g, cin // g, int(np.prod(out_sp)))
 
     @staticmethod
     def _sub(stride, out_sp):
