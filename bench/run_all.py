@@ -161,9 +161,11 @@ def _plots(rows: list, out: str) -> list:
     # strong scaling: efficiency against ranks, one line per case
     eff = [r for r in rows if r["metric"] == "efficiency"]
     if eff:
-        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+        fig, ax = plt.subplots(figsize=(7.0, 6.2))
         for case in sorted({(r["bench"], r["case"]) for r in eff}):
-            pts = sorted((r["ranks"], r["value"]) for r in eff if (r["bench"], r["case"]) == case)
+            # the 1-rank run is every case's baseline: efficiency 1 by definition
+            pts = [(1, 1.0)] + sorted((r["ranks"], r["value"]) for r in eff
+                                      if (r["bench"], r["case"]) == case)
             ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{case[0]}: {case[1]}")
         ax.axhline(0.9, color="grey", ls="--", lw=1, label="target 0.9 (2 ranks)")
         ax.axvline(os.cpu_count() + 0.5, color="red", ls=":", lw=1,
@@ -172,7 +174,8 @@ def _plots(rows: list, out: str) -> list:
         ax.set_ylabel("parallel efficiency (1-rank time / (ranks x time))")
         ax.set_ylim(0, 1.15)
         ax.set_title("strong scaling (same-run 1-rank baseline)")
-        ax.legend(fontsize=7)
+        ax.set_xticks(sorted({1} | {r["ranks"] for r in eff}))
+        ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.14))
         save(fig, "scaling.png")
 
     def bars(sel, name, title, ylabel, ref=1.0):
