@@ -58,6 +58,8 @@ def _workspace(nelems: int, dtype) -> np.ndarray:
 def conv_out_shape(in_spatial, kernel, stride, dilation, pad_lo, pad_hi) -> tuple[int, ...]:
     out = []
     for n, k, s, d, lo, hi in zip(in_spatial, kernel, stride, dilation, pad_lo, pad_hi):
+        if s < 1 or d < 1 or k < 1:
+            raise ValueError(f"stride {s}, dilation {d} and kernel extent {k} must be >= 1")
         span = d * (k - 1) + 1
         if n + lo + hi < span:
             raise ValueError(f"input extent {n} padded by ({lo}, {hi}) is shorter than the "
@@ -157,7 +159,7 @@ def _col2im(cols, dx, d0, d1, oh_n, ow_n, kd_n, kh_n, kw_n, sd, sh, sw, dd, dh, 
                     p += ow_n
 
 
-def _float_dtype(*arrays) -> np.dtype:
+def float_dtype(*arrays) -> np.dtype:
     """The common dtype of the operands, which the CPU kernels take as float32 or float64."""
     dtype = np.result_type(*(a.dtype for a in arrays))
     if dtype not in (np.float32, np.float64):
@@ -167,16 +169,66 @@ def _float_dtype(*arrays) -> np.dtype:
     return dtype
 
 
-def _check(x, w, groups):
-    if x.ndim != 5 or w.ndim != 5:
+def check_shapes(x_shape, w_shape, groups) -> None:
+    """Raise ``ValueError`` unless ``x_shape`` is ``(N, C, D, H, W)``, ``w_shape`` a 5-d
+    ``(Cout, C // groups, kD, kH, kW)`` and ``groups`` divides both channel counts."""
+    if len(x_shape) != 5 or len(w_shape) != 5:
         raise ValueError(f"local conv kernels take (N, C, D, H, W) inputs and 5-d weights, got "
-                         f"{x.shape} and {w.shape}")
-    if groups < 1 or x.shape[1] % groups or w.shape[0] % groups:
-        raise ValueError(f"groups={groups} must divide the input channels {x.shape[1]} and the "
-                         f"output channels {w.shape[0]}")
-    if w.shape[1] * groups != x.shape[1]:
-        raise ValueError(f"weight {w.shape} expects {w.shape[1] * groups} input channels with "
-                         f"groups={groups}, input has {x.shape[1]}")
+                         f"{tuple(x_shape)} and {tuple(w_shape)}")
+    if groups < 1 or x_shape[1] % groups or w_shape[0] % groups:
+        raise ValueError(f"groups={groups} must divide the input channels {x_shape[1]} and the "
+                         f"output channels {w_shape[0]}")
+    if w_shape[1] * groups != x_shape[1]:
+        raise ValueError(f"weight {tuple(w_shape)} expects {w_shape[1] * groups} input channels "
+                         f"with groups={groups}, input has {x_shape[1]}")
+
+
+def _ints(*tuples) -> tuple:
+    return tuple(tuple(int(v) for v in t) for t in tuples)
+
+
+def forward_operands(x, w, stride, dilation, pad_lo, pad_hi, groups):
+    """The checked operands of a forward call, shared by every CPU algorithm:
+    ``(x, w, dtype, (stride, dilation, pad_lo, pad_hi), out_spatial)`` with ``x`` and ``w``
+    C-contiguous in their common float dtype and the geometry as int tuples."""
+    check_shapes(x.shape, w.shape, groups)
+    dtype = float_dtype(x, w)
+    x = np.ascontiguousarray(x, dtype=dtype)
+    w = np.ascontiguousarray(w, dtype=dtype)
+    geo = _ints(stride, dilation, pad_lo, pad_hi)
+    return x, w, dtype, geo, conv_out_shape(x.shape[2:], w.shape[2:], *geo)
+
+
+def data_operands(dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, groups):
+    """The checked operands of a backward-data call: ``(dy, w, dtype, in_spatial, geo)``
+    (``dy`` must have the convolution's output extent)."""
+    dtype = float_dtype(dy, w)
+    dy = np.ascontiguousarray(dy, dtype=dtype)
+    w = np.ascontiguousarray(w, dtype=dtype)
+    in_spatial, = _ints(in_spatial)
+    geo = _ints(stride, dilation, pad_lo, pad_hi)
+    check_shapes((dy.shape[0], w.shape[1] * groups) + in_spatial, w.shape, groups)
+    out_sp = conv_out_shape(in_spatial, w.shape[2:], *geo)
+    if tuple(dy.shape[2:]) != out_sp:
+        raise ValueError(f"dy has spatial shape {dy.shape[2:]}, the convolution gives {out_sp}")
+    return dy, w, dtype, in_spatial, geo
+
+
+def filter_operands(x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups):
+    """The checked operands of a backward-filter call: ``(x, dy, dtype, kernel, geo,
+    out_spatial)`` (``dy`` must be ``(N, Cout) + out_spatial``)."""
+    dtype = float_dtype(x, dy)
+    x = np.ascontiguousarray(x, dtype=dtype)
+    dy = np.ascontiguousarray(dy, dtype=dtype)
+    kernel, = _ints(kernel)
+    geo = _ints(stride, dilation, pad_lo, pad_hi)
+    n_n, cin = x.shape[:2]
+    cout = dy.shape[1]
+    check_shapes(x.shape, (cout, cin // max(groups, 1)) + kernel, groups)
+    out_sp = conv_out_shape(x.shape[2:], kernel, *geo)
+    if tuple(dy.shape[2:]) != out_sp or dy.shape[0] != n_n:
+        raise ValueError(f"dy has shape {dy.shape}, the convolution gives {(n_n, cout) + out_sp}")
+    return x, dy, dtype, kernel, geo, out_sp
 
 
 def _tile_planes(out_spatial, k_rows: int, dtype, workspace_bytes=None) -> int:
@@ -212,14 +264,11 @@ def conv_forward(x, w, stride, dilation, pad_lo, pad_hi, groups=1, *, workspace_
 
     ``workspace_bytes``: bound on the column tile (None: ``DISTTENSOR_CONV_WORKSPACE_MB``);
     a tile holds at least one output depth plane, whatever the bound."""
-    _check(x, w, groups)
-    dtype = _float_dtype(x, w)
-    x = np.ascontiguousarray(x, dtype=dtype)
-    w = np.ascontiguousarray(w, dtype=dtype)
+    x, w, dtype, (stride, dilation, pad_lo, pad_hi), out_sp = forward_operands(
+        x, w, stride, dilation, pad_lo, pad_hi, groups)
     n_n, cin = x.shape[:2]
     cout = w.shape[0]
     kernel = w.shape[2:]
-    out_sp = conv_out_shape(x.shape[2:], kernel, stride, dilation, pad_lo, pad_hi)
     y = np.empty((n_n, cout) + out_sp, dtype=dtype)
     if y.size == 0:
         return y
@@ -242,18 +291,13 @@ def conv_backward_data(dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, grou
                        workspace_bytes=None):
     """Gradient of ``sum(conv_forward(x, w) * dy)`` with respect to ``x`` (N, Cin, *in_spatial).
     ``workspace_bytes`` as in :func:`conv_forward`."""
-    dtype = _float_dtype(dy, w)
-    dy = np.ascontiguousarray(dy, dtype=dtype)
-    w = np.ascontiguousarray(w, dtype=dtype)
-    in_spatial = tuple(int(v) for v in in_spatial)
+    dy, w, dtype, in_spatial, (stride, dilation, pad_lo, pad_hi) = data_operands(
+        dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, groups)
     n_n, cout = dy.shape[:2]
     cg, cog = w.shape[1], cout // groups
     cin = cg * groups
-    _check(np.empty((0, cin) + in_spatial, dtype), w, groups)
     kernel = w.shape[2:]
-    out_sp = conv_out_shape(in_spatial, kernel, stride, dilation, pad_lo, pad_hi)
-    if tuple(dy.shape[2:]) != out_sp:
-        raise ValueError(f"dy has spatial shape {dy.shape[2:]}, the convolution gives {out_sp}")
+    out_sp = tuple(dy.shape[2:])
     dx = np.zeros((n_n, cin) + in_spatial, dtype=dtype)
     if dy.size == 0 or dx.size == 0:
         return dx
@@ -275,17 +319,11 @@ def conv_backward_filter(x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups
                          workspace_bytes=None):
     """Gradient of ``sum(conv_forward(x, w) * dy)`` with respect to ``w``
     (Cout, Cin // groups, *kernel).  ``workspace_bytes`` as in :func:`conv_forward`."""
-    dtype = _float_dtype(x, dy)
-    x = np.ascontiguousarray(x, dtype=dtype)
-    dy = np.ascontiguousarray(dy, dtype=dtype)
-    kernel = tuple(int(k) for k in kernel)
+    x, dy, dtype, kernel, (stride, dilation, pad_lo, pad_hi), out_sp = filter_operands(
+        x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups)
     n_n, cin = x.shape[:2]
     cout = dy.shape[1]
-    _check(x, np.empty((cout, cin // max(groups, 1)) + kernel, dtype), groups)
     cg, cog = cin // groups, cout // groups
-    out_sp = conv_out_shape(x.shape[2:], kernel, stride, dilation, pad_lo, pad_hi)
-    if tuple(dy.shape[2:]) != out_sp or dy.shape[0] != n_n:
-        raise ValueError(f"dy has shape {dy.shape}, the convolution gives {(n_n, cout) + out_sp}")
     k_rows = cg * int(np.prod(kernel))
     dw = np.zeros((groups, cog, k_rows), dtype=dtype)
     if dy.size and x.size:
@@ -345,14 +383,11 @@ def _batched_buffers(n_n, k_rows, cog, p_n, dtype):
 
 def conv_forward_batched(x, w, stride, dilation, pad_lo, pad_hi, groups=1):
     """:func:`conv_forward` with the columns of all samples in one GEMM per group."""
-    _check(x, w, groups)
-    dtype = _float_dtype(x, w)
-    x = np.ascontiguousarray(x, dtype=dtype)
-    w = np.ascontiguousarray(w, dtype=dtype)
+    x, w, dtype, (stride, dilation, pad_lo, pad_hi), out_sp = forward_operands(
+        x, w, stride, dilation, pad_lo, pad_hi, groups)
     n_n, cin = x.shape[:2]
     cout = w.shape[0]
     kernel = w.shape[2:]
-    out_sp = conv_out_shape(x.shape[2:], kernel, stride, dilation, pad_lo, pad_hi)
     y = np.empty((n_n, cout) + out_sp, dtype=dtype)
     if y.size == 0:
         return y
@@ -374,18 +409,13 @@ def conv_forward_batched(x, w, stride, dilation, pad_lo, pad_hi, groups=1):
 
 def conv_backward_data_batched(dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, groups=1):
     """:func:`conv_backward_data` with one ``w^T @ dy`` GEMM per group over all samples."""
-    dtype = _float_dtype(dy, w)
-    dy = np.ascontiguousarray(dy, dtype=dtype)
-    w = np.ascontiguousarray(w, dtype=dtype)
-    in_spatial = tuple(int(v) for v in in_spatial)
+    dy, w, dtype, in_spatial, (stride, dilation, pad_lo, pad_hi) = data_operands(
+        dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, groups)
     n_n, cout = dy.shape[:2]
     cg, cog = w.shape[1], cout // groups
     cin = cg * groups
-    _check(np.empty((0, cin) + in_spatial, dtype), w, groups)
     kernel = w.shape[2:]
-    out_sp = conv_out_shape(in_spatial, kernel, stride, dilation, pad_lo, pad_hi)
-    if tuple(dy.shape[2:]) != out_sp:
-        raise ValueError(f"dy has spatial shape {dy.shape[2:]}, the convolution gives {out_sp}")
+    out_sp = tuple(dy.shape[2:])
     dx = np.zeros((n_n, cin) + in_spatial, dtype=dtype)
     if dy.size == 0 or dx.size == 0:
         return dx
@@ -406,17 +436,11 @@ def conv_backward_data_batched(dy, w, in_spatial, stride, dilation, pad_lo, pad_
 
 def conv_backward_filter_batched(x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups=1):
     """:func:`conv_backward_filter` with one ``dy @ cols^T`` GEMM per group over all samples."""
-    dtype = _float_dtype(x, dy)
-    x = np.ascontiguousarray(x, dtype=dtype)
-    dy = np.ascontiguousarray(dy, dtype=dtype)
-    kernel = tuple(int(k) for k in kernel)
+    x, dy, dtype, kernel, (stride, dilation, pad_lo, pad_hi), out_sp = filter_operands(
+        x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups)
     n_n, cin = x.shape[:2]
     cout = dy.shape[1]
-    _check(x, np.empty((cout, cin // max(groups, 1)) + kernel, dtype), groups)
     cg, cog = cin // groups, cout // groups
-    out_sp = conv_out_shape(x.shape[2:], kernel, stride, dilation, pad_lo, pad_hi)
-    if tuple(dy.shape[2:]) != out_sp or dy.shape[0] != n_n:
-        raise ValueError(f"dy has shape {dy.shape}, the convolution gives {(n_n, cout) + out_sp}")
     k_rows = cg * int(np.prod(kernel))
     dw = np.zeros((groups, cog, k_rows), dtype=dtype)
     if dy.size and x.size:

@@ -74,6 +74,9 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
+from .cpu_conv import (check_shapes, conv_out_shape, data_operands, filter_operands,
+                       forward_operands)
+
 __all__ = ["ALGORITHMS", "pick", "release_scratch", "direct_forward", "direct_backward_data",
            "direct_backward_filter"]
 
@@ -453,19 +456,6 @@ def _pack_flipped(w, dst):
 
 
 # -- geometry ----------------------------------------------------------------------------------
-def _out_shape(in_spatial, kernel, stride, dilation, pad_lo, pad_hi):
-    out = []
-    for n, k, s, d, lo, hi in zip(in_spatial, kernel, stride, dilation, pad_lo, pad_hi):
-        if s < 1 or d < 1 or k < 1:
-            raise ValueError(f"stride {s}, dilation {d} and kernel extent {k} must be >= 1")
-        span = d * (k - 1) + 1
-        if n + lo + hi < span:
-            raise ValueError(f"input extent {n} padded by ({lo}, {hi}) is shorter than the "
-                             f"kernel span {span}")
-        out.append((n + lo + hi - span) // s + 1)
-    return tuple(out)
-
-
 _local = threading.local()
 
 
@@ -536,26 +526,6 @@ def _padded_rows(off, rows_per_tile):
     return off
 
 
-def _float_dtype(*arrays):
-    dtype = np.result_type(*(a.dtype for a in arrays))
-    if dtype not in (np.float32, np.float64):
-        raise TypeError(f"CPU convolution kernels take float32 or float64 arrays, got "
-                        f"{', '.join(str(a.dtype) for a in arrays)}")
-    return dtype
-
-
-def _check(x_shape, w_shape, groups):
-    if len(x_shape) != 5 or len(w_shape) != 5:
-        raise ValueError(f"local conv kernels take (N, C, D, H, W) inputs and 5-d weights, got "
-                         f"{tuple(x_shape)} and {tuple(w_shape)}")
-    if groups < 1 or x_shape[1] % groups or w_shape[0] % groups:
-        raise ValueError(f"groups={groups} must divide the input channels {x_shape[1]} and "
-                         f"the output channels {w_shape[0]}")
-    if w_shape[1] * groups != x_shape[1]:
-        raise ValueError(f"weight {tuple(w_shape)} expects {w_shape[1] * groups} input channels "
-                         f"with groups={groups}, input has {x_shape[1]}")
-
-
 # -- the variants ------------------------------------------------------------------------------
 # -- the cost model the micro-batch planner's heuristic mode uses ------------------------------
 # Units are those of :mod:`.microbatch`'s model (its ``_GEMM_FLOPS`` for a BLAS GEMM, its
@@ -580,7 +550,7 @@ def _lanes_rows_reduction(pass_, x_shape, w_shape, stride, dilation, pad_lo, pad
     kernel = tuple(int(k) for k in w_shape[2:])
     kk = int(np.prod(kernel))
     in_sp = tuple(int(v) for v in x_shape[2:])
-    p_n = n_n * int(np.prod(_out_shape(in_sp, kernel, stride, dilation, pad_lo, pad_hi)))
+    p_n = n_n * int(np.prod(conv_out_shape(in_sp, kernel, stride, dilation, pad_lo, pad_hi)))
     i_n = n_n * int(np.prod(in_sp))
     cg, cog = cin // groups, cout // groups
     zero_ins = 1
@@ -665,8 +635,8 @@ class _Direct:
         if np.dtype(dtype) not in (np.float32, np.float64):
             return False
         try:
-            _check(x_shape, w_shape, groups)
-            _out_shape(tuple(x_shape[2:]), tuple(w_shape[2:]), stride, dilation, pad_lo,
+            check_shapes(x_shape, w_shape, groups)
+            conv_out_shape(tuple(x_shape[2:]), tuple(w_shape[2:]), stride, dilation, pad_lo,
                        pad_hi)
         except ValueError:
             return False
@@ -683,7 +653,7 @@ class _Direct:
         kernel = tuple(int(k) for k in w_shape[2:])
         kk = int(np.prod(kernel))
         in_sp = tuple(int(v) for v in x_shape[2:])
-        out_sp = _out_shape(in_sp, kernel, stride, dilation, pad_lo, pad_hi)
+        out_sp = conv_out_shape(in_sp, kernel, stride, dilation, pad_lo, pad_hi)
         p_n = int(np.prod(out_sp))
         i_n = int(np.prod(in_sp))
         cg, cog = cin // groups, cout // groups
@@ -713,16 +683,10 @@ class _Direct:
     def forward(self, x, w, stride, dilation, pad_lo, pad_hi, groups=1):
         """``y[n, co] = sum_{ci in group(co), k} w[co, ci, k] * xpad[n, ci, o*stride +
         k*dilation]`` (the contract of :func:`.cpu_conv.conv_forward`)."""
-        _check(x.shape, w.shape, groups)
-        dtype = _float_dtype(x, w)
-        x = np.ascontiguousarray(x, dtype=dtype)
-        w = np.ascontiguousarray(w, dtype=dtype)
-        stride, dilation = tuple(map(int, stride)), tuple(map(int, dilation))
-        pad_lo, pad_hi = tuple(map(int, pad_lo)), tuple(map(int, pad_hi))
-        n_n, cin = x.shape[:2]
+        x, w, dtype, (stride, dilation, pad_lo, pad_hi), out_sp = forward_operands(
+            x, w, stride, dilation, pad_lo, pad_hi, groups)
+        n_n = x.shape[0]
         cout = w.shape[0]
-        kernel = w.shape[2:]
-        out_sp = _out_shape(x.shape[2:], kernel, stride, dilation, pad_lo, pad_hi)
         y = np.empty((n_n, cout) + out_sp, dtype=dtype)
         if y.size == 0:
             return y
@@ -768,21 +732,11 @@ class _Direct:
     def backward_data(self, dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, groups=1):
         """Gradient of ``sum(forward(x, w) * dy)`` with respect to ``x`` (N, Cin,
         *in_spatial); the contract of :func:`.cpu_conv.conv_backward_data`."""
-        dtype = _float_dtype(dy, w)
-        dy = np.ascontiguousarray(dy, dtype=dtype)
-        w = np.ascontiguousarray(w, dtype=dtype)
-        in_spatial = tuple(int(v) for v in in_spatial)
-        stride, dilation = tuple(map(int, stride)), tuple(map(int, dilation))
-        pad_lo, pad_hi = tuple(map(int, pad_lo)), tuple(map(int, pad_hi))
-        n_n, cout = dy.shape[:2]
-        cg, cog = w.shape[1], cout // groups
-        cin = cg * groups
-        _check((n_n, cin) + in_spatial, w.shape, groups)
+        dy, w, dtype, in_spatial, (stride, dilation, pad_lo, pad_hi) = data_operands(
+            dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, groups)
+        n_n = dy.shape[0]
+        cin = w.shape[1] * groups
         kernel = w.shape[2:]
-        out_sp = _out_shape(in_spatial, kernel, stride, dilation, pad_lo, pad_hi)
-        if tuple(dy.shape[2:]) != out_sp:
-            raise ValueError(f"dy has spatial shape {dy.shape[2:]}, the convolution gives "
-                             f"{out_sp}")
         dx = np.empty((n_n, cin) + in_spatial, dtype=dtype)
         if dx.size == 0:
             return dx
@@ -800,20 +754,11 @@ class _Direct:
     def backward_filter(self, x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups=1):
         """Gradient of ``sum(forward(x, w) * dy)`` with respect to ``w`` (Cout, Cin //
         groups, *kernel); the contract of :func:`.cpu_conv.conv_backward_filter`."""
-        dtype = _float_dtype(x, dy)
-        x = np.ascontiguousarray(x, dtype=dtype)
-        dy = np.ascontiguousarray(dy, dtype=dtype)
-        kernel = tuple(int(k) for k in kernel)
-        stride, dilation = tuple(map(int, stride)), tuple(map(int, dilation))
-        pad_lo, pad_hi = tuple(map(int, pad_lo)), tuple(map(int, pad_hi))
+        x, dy, dtype, kernel, (stride, dilation, pad_lo, pad_hi), out_sp = filter_operands(
+            x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups)
         n_n, cin = x.shape[:2]
         cout = dy.shape[1]
-        _check(x.shape, (cout, cin // max(groups, 1)) + kernel, groups)
         cg, cog = cin // groups, cout // groups
-        out_sp = _out_shape(x.shape[2:], kernel, stride, dilation, pad_lo, pad_hi)
-        if tuple(dy.shape[2:]) != out_sp or dy.shape[0] != n_n:
-            raise ValueError(f"dy has shape {dy.shape}, the convolution gives "
-                             f"{(n_n, cout) + out_sp}")
         kk = int(np.prod(kernel))
         if dy.size == 0 or x.size == 0 or cout * cg * kk == 0:
             return np.zeros((cout, cg) + kernel, dtype=dtype)
@@ -905,20 +850,11 @@ class _WeightBroadcast(_Direct):
         """:meth:`_Direct.backward_filter` with the weight taps ``(ci, k)`` on the lanes:
         ``dw[co, j] = sum_(n,p) dy[n, co, p] * cols[j, (n,p)]``, ``dy`` broadcast unpacked and
         the columns packed tap-major, so the result comes out in ``dw``'s own layout."""
-        dtype = _float_dtype(x, dy)
-        x = np.ascontiguousarray(x, dtype=dtype)
-        dy = np.ascontiguousarray(dy, dtype=dtype)
-        kernel = tuple(int(k) for k in kernel)
-        stride, dilation = tuple(map(int, stride)), tuple(map(int, dilation))
-        pad_lo, pad_hi = tuple(map(int, pad_lo)), tuple(map(int, pad_hi))
+        x, dy, dtype, kernel, (stride, dilation, pad_lo, pad_hi), out_sp = filter_operands(
+            x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups)
         n_n, cin = x.shape[:2]
         cout = dy.shape[1]
-        _check(x.shape, (cout, cin // max(groups, 1)) + kernel, groups)
         cg, cog = cin // groups, cout // groups
-        out_sp = _out_shape(x.shape[2:], kernel, stride, dilation, pad_lo, pad_hi)
-        if tuple(dy.shape[2:]) != out_sp or dy.shape[0] != n_n:
-            raise ValueError(f"dy has shape {dy.shape}, the convolution gives "
-                             f"{(n_n, cout) + out_sp}")
         kk = int(np.prod(kernel))
         if dy.size == 0 or x.size == 0 or cout * cg * kk == 0:
             return np.zeros((cout, cg) + kernel, dtype=dtype)
@@ -956,7 +892,7 @@ class _WeightBroadcast(_Direct):
         kernel = tuple(int(k) for k in w_shape[2:])
         kk = int(np.prod(kernel))
         in_sp = tuple(int(v) for v in x_shape[2:])
-        out_sp = _out_shape(in_sp, kernel, stride, dilation, pad_lo, pad_hi)
+        out_sp = conv_out_shape(in_sp, kernel, stride, dilation, pad_lo, pad_hi)
         cg, cog = cin // groups, cout // groups
         if pass_ == "forward":
             padded = n_n * cin * int(np.prod([n + lo + hi for n, lo, hi in
@@ -1003,7 +939,7 @@ class _Gemm1x1:
         gradient before the scatter) plus one group's product."""
         item = np.dtype(dtype).itemsize
         n_n, cin = int(x_shape[0]), int(x_shape[1])
-        out_sp = _out_shape(tuple(int(v) for v in x_shape[2:]), (1, 1, 1), stride, dilation,
+        out_sp = conv_out_shape(tuple(int(v) for v in x_shape[2:]), (1, 1, 1), stride, dilation,
                             pad_lo, pad_hi)
         p_n = int(np.prod(out_sp))
         cout = int(w_shape[0])
@@ -1015,7 +951,7 @@ class _Gemm1x1:
         from .microbatch import _gemm_seconds
         n_n, cin = problem.x_shape[:2]
         cout, g = problem.w_shape[0], problem.groups
-        out_sp = _out_shape(problem.x_shape[2:], (1, 1, 1), problem.stride, problem.dilation,
+        out_sp = conv_out_shape(problem.x_shape[2:], (1, 1, 1), problem.stride, problem.dilation,
                             problem.pad_lo, problem.pad_hi)
         return n_n * g * _gemm_seconds(cout // g, cin // g, int(np.prod(out_sp)))
 
@@ -1026,12 +962,11 @@ class _Gemm1x1:
 
     def forward(self, x, w, stride, dilation, pad_lo, pad_hi, groups=1):
         """:meth:`_Direct.forward` for 1x1x1 kernels without padding."""
-        _check(x.shape, w.shape, groups)
-        dtype = _float_dtype(x, w)
+        x, w, dtype, (stride, _, pad_lo, pad_hi), out_sp = forward_operands(
+            x, w, stride, dilation, pad_lo, pad_hi, groups)
         self._require(w.shape[2:], pad_lo, pad_hi)
         n_n, cin = x.shape[:2]
         cout = w.shape[0]
-        out_sp = _out_shape(x.shape[2:], (1, 1, 1), stride, dilation, pad_lo, pad_hi)
         p_n = int(np.prod(out_sp))
         xs = np.ascontiguousarray(x[self._sub(stride, out_sp)], dtype=dtype)
         y = np.empty((n_n, cout) + out_sp, dtype=dtype)
@@ -1045,17 +980,13 @@ class _Gemm1x1:
 
     def backward_data(self, dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, groups=1):
         """:meth:`_Direct.backward_data` for 1x1x1 kernels without padding."""
-        dtype = _float_dtype(dy, w)
+        dy, w, dtype, in_spatial, (stride, _, pad_lo, pad_hi) = data_operands(
+            dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, groups)
         self._require(w.shape[2:], pad_lo, pad_hi)
-        in_spatial = tuple(int(v) for v in in_spatial)
         n_n, cout = dy.shape[:2]
         cg, cog = w.shape[1], cout // groups
         cin = cg * groups
-        _check((n_n, cin) + in_spatial, w.shape, groups)
-        out_sp = _out_shape(in_spatial, (1, 1, 1), stride, dilation, pad_lo, pad_hi)
-        if tuple(dy.shape[2:]) != out_sp:
-            raise ValueError(f"dy has spatial shape {dy.shape[2:]}, the convolution gives "
-                             f"{out_sp}")
+        out_sp = tuple(dy.shape[2:])
         p_n = int(np.prod(out_sp))
         wm = np.ascontiguousarray(w, dtype=dtype).reshape(groups, cog, cg)
         dyv = np.ascontiguousarray(dy, dtype=dtype).reshape(n_n, groups, cog, p_n)
@@ -1071,17 +1002,12 @@ class _Gemm1x1:
 
     def backward_filter(self, x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups=1):
         """:meth:`_Direct.backward_filter` for 1x1x1 kernels without padding."""
-        dtype = _float_dtype(x, dy)
-        kernel = tuple(int(k) for k in kernel)
+        x, dy, dtype, kernel, (stride, _, pad_lo, pad_hi), out_sp = filter_operands(
+            x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups)
         self._require(kernel, pad_lo, pad_hi)
         n_n, cin = x.shape[:2]
         cout = dy.shape[1]
-        _check(x.shape, (cout, cin // max(groups, 1)) + kernel, groups)
         cg, cog = cin // groups, cout // groups
-        out_sp = _out_shape(x.shape[2:], kernel, stride, dilation, pad_lo, pad_hi)
-        if tuple(dy.shape[2:]) != out_sp or dy.shape[0] != n_n:
-            raise ValueError(f"dy has shape {dy.shape}, the convolution gives "
-                             f"{(n_n, cout) + out_sp}")
         p_n = int(np.prod(out_sp))
         xs = np.ascontiguousarray(x[self._sub(stride, out_sp)], dtype=dtype)
         xv = xs.reshape(n_n, groups, cg, p_n)
@@ -1125,7 +1051,8 @@ def pick(pass_, x_shape, w_shape, stride, dilation, pad_lo, pad_hi, groups, dtyp
     n_n, cin = int(x_shape[0]), int(x_shape[1])
     cout = int(w_shape[0])
     cg, cog = cin // groups, cout // groups
-    out_sp = _out_shape(tuple(int(v) for v in x_shape[2:]), kernel, stride, dilation, pad_lo,
+    out_sp = conv_out_shape(tuple(int(v) for v in x_shape[2:]), kernel, stride, dilation,
+                            pad_lo,
                         pad_hi)
     p_n = n_n * int(np.prod(out_sp if pass_ != "backward_data" else x_shape[2:]))
     red = (cog if pass_ == "backward_data" else cg) * kk
