@@ -39,3 +39,15 @@ def compare(fns: dict, reps: int, warmup: int, timer=timed) -> dict:
         for k in keys[i % len(keys):] + keys[:i % len(keys)]:
             times[k].append(timer(fns[k]))
     return {k: statistics.median(v) for k, v in times.items()}
+
+
+def gpu_module():
+    """CuPy where it imports and sees a CUDA device, else None (the GPU benchmarks then exit
+    0 with a message)."""
+    try:
+        import cupy
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            return cupy
+    except Exception:  # noqa: BLE001 - no CuPy, no driver, no device
+        pass
+    return None

@@ -36,6 +36,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _results import record  # noqa: E402
+from _timing import gpu_module  # noqa: E402
 
 LAYERS = [  # (N, Cin, Cout, spatial): CosmoFlow's conv layers on a 128^3 sample, batch 4
     (4, 4, 32, 128),
@@ -45,16 +46,6 @@ LAYERS = [  # (N, Cin, Cout, spatial): CosmoFlow's conv layers on a 128^3 sample
     (4, 256, 512, 8),
 ]
 K, PAD, STRIDE, DIL = 3, 1, 1, 1
-
-
-def _gpu():
-    try:
-        import cupy
-        if cupy.cuda.runtime.getDeviceCount() > 0:
-            return cupy
-    except Exception:  # noqa: BLE001
-        pass
-    return None
 
 
 def _be(name):
@@ -96,7 +87,7 @@ def main(argv=None):
     args.reps = args.reps or (5 if args.quick else 10)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
 
-    cp = _gpu()
+    cp = gpu_module()
     if cp is None:
         print("conv_gpu_bench: no CUDA GPU (or no CuPy) here; nothing to measure")
         return 0

@@ -43,19 +43,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _results import record  # noqa: E402
+from _timing import gpu_module  # noqa: E402
 
 TARGET = 0.7
 GROUPS = ("pool", "bn", "act", "softmax", "halo")
-
-
-def _gpu():
-    try:
-        import cupy
-        if cupy.cuda.runtime.getDeviceCount() > 0:
-            return cupy
-    except Exception:  # noqa: BLE001 - no CuPy, no driver, no device
-        pass
-    return None
 
 
 def peak_bandwidth(cp) -> tuple[float, str]:
@@ -238,7 +229,7 @@ def main(argv=None) -> int:
     dtypes = (args.dtypes or ("float32" if args.quick else "float32,float16")).split(",")
     groups = set(args.only.split(","))
 
-    cp = _gpu()
+    cp = gpu_module()
     if cp is None:
         print("gpu_kernels_bench: no CUDA GPU (or no CuPy) here; nothing to measure")
         return 0

@@ -35,19 +35,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _results import record  # noqa: E402
-from _timing import compare  # noqa: E402
+from _timing import compare, gpu_module  # noqa: E402
 
 SLOPE, SCALE = 0.3, 1.2
-
-
-def _gpu():
-    try:
-        import cupy
-        if cupy.cuda.runtime.getDeviceCount() > 0:
-            return cupy
-    except Exception:  # noqa: BLE001 - no CuPy, no driver, no device
-        pass
-    return None
 
 
 def ours_step(args, device):
@@ -147,7 +137,7 @@ def main(argv=None) -> int:
         sync = lambda: None  # noqa: E731
         rec = lambda *a, **k: None  # noqa: E731
     else:
-        cp = _gpu()
+        cp = gpu_module()
         if cp is None:
             print("gpu_step_bench: no CUDA GPU (or no CuPy) here; nothing to measure")
             return 0
