@@ -748,10 +748,8 @@ def rotating_slices(n: int):
 
 
 # -- CPU entry points (kernels_for(numpy array)) ---------------------------------------------
-def _cpu_dtype(*arrays):
-    return np.result_type(*(a.dtype for a in arrays))
-
-
+# Each checks its operands with the same cpu_conv helpers every CPU kernel uses (so malformed
+# input raises the contract's errors) and leaves empty operands to the plain kernel.
 def _cpu_plan(problem: ConvProblem, runner):
     limit = _limit_overrides.get(problem, workspace_limit())
     algos = cpu_algorithms(limit)
@@ -760,27 +758,16 @@ def _cpu_plan(problem: ConvProblem, runner):
     return plan, algos
 
 
-def _usable(*arrays) -> bool:
-    """Whether the planner can describe the call (else the plain kernel runs and raises the
-    contract's errors for malformed input, or handles empty arrays)."""
-    return all(a.ndim == 5 and a.size > 0 for a in arrays) and _cpu_dtype(*arrays) in (
-        np.float32, np.float64)
-
-
 def conv_forward(x, w, stride, dilation, pad_lo, pad_hi, groups=1):
     """:func:`.cpu_conv.conv_forward`'s contract, through the micro-batch planner."""
-    if tune_mode() == "off" or not _usable(x, w):
+    if tune_mode() == "off":
         return cpu_conv.conv_forward(x, w, stride, dilation, pad_lo, pad_hi, groups)
-    geo = (stride, dilation, pad_lo, pad_hi, groups)
-    try:
-        problem = ConvProblem.make("forward", x.shape, w.shape, *geo, _cpu_dtype(x, w))
-        problem.flops()  # validates the geometry
-    except (ValueError, TypeError):
+    x, w, dtype, geo, _ = cpu_conv.forward_operands(x, w, stride, dilation, pad_lo, pad_hi,
+                                                    groups)
+    geo = geo + (groups,)
+    if x.size == 0 or w.size == 0:
         return cpu_conv.conv_forward(x, w, *geo)
-    if x.shape[1] != w.shape[1] * groups or groups < 1 or w.shape[0] % groups:
-        return cpu_conv.conv_forward(x, w, *geo)
-    x = np.ascontiguousarray(x)
-    w = np.ascontiguousarray(w)
+    problem = ConvProblem.make("forward", x.shape, w.shape, *geo, dtype)
     take = rotating_slices(x.shape[0])
     plan, algos = _cpu_plan(problem, lambda alg, b: alg.forward(x[take(b)], w, *geo))
     return run_plan(plan, algos, "forward", x, w, None, geo)
@@ -788,23 +775,16 @@ def conv_forward(x, w, stride, dilation, pad_lo, pad_hi, groups=1):
 
 def conv_backward_data(dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, groups=1):
     """:func:`.cpu_conv.conv_backward_data`'s contract, through the micro-batch planner."""
-    geo = (stride, dilation, pad_lo, pad_hi, groups)
-    in_spatial = tuple(int(v) for v in in_spatial)
-    if tune_mode() == "off" or not _usable(dy, w) or len(in_spatial) != 3 or min(in_spatial) < 1:
+    if tune_mode() == "off":
+        return cpu_conv.conv_backward_data(dy, w, in_spatial, stride, dilation, pad_lo, pad_hi,
+                                           groups)
+    dy, w, dtype, in_spatial, geo = cpu_conv.data_operands(dy, w, in_spatial, stride, dilation,
+                                                           pad_lo, pad_hi, groups)
+    geo = geo + (groups,)
+    if dy.size == 0 or w.size == 0 or min(in_spatial) < 1:
         return cpu_conv.conv_backward_data(dy, w, in_spatial, *geo)
-    try:
-        x_shape = (dy.shape[0], w.shape[1] * groups) + in_spatial
-        problem = ConvProblem.make("backward_data", x_shape, w.shape, *geo, _cpu_dtype(dy, w))
-        out_sp = cpu_conv.conv_out_shape(in_spatial, w.shape[2:], stride, dilation, pad_lo,
-                                         pad_hi)
-        ok = tuple(dy.shape[2:]) == out_sp and dy.shape[1] == w.shape[0] and groups >= 1 \
-            and w.shape[0] % groups == 0
-    except (ValueError, TypeError):
-        ok = False
-    if not ok:
-        return cpu_conv.conv_backward_data(dy, w, in_spatial, *geo)
-    dy = np.ascontiguousarray(dy)
-    w = np.ascontiguousarray(w)
+    x_shape = (dy.shape[0], w.shape[1] * groups) + in_spatial
+    problem = ConvProblem.make("backward_data", x_shape, w.shape, *geo, dtype)
     take = rotating_slices(dy.shape[0])
     plan, algos = _cpu_plan(problem, lambda alg, b: alg.backward_data(
         dy[take(b)], w, in_spatial, *geo))
@@ -814,23 +794,16 @@ def conv_backward_data(dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, grou
 def conv_backward_filter(x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups=1):
     """:func:`.cpu_conv.conv_backward_filter`'s contract, through the micro-batch planner (the
     micro-batches' filter gradients are summed)."""
-    geo = (stride, dilation, pad_lo, pad_hi, groups)
-    kernel = tuple(int(k) for k in kernel)
-    if tune_mode() == "off" or not _usable(x, dy) or len(kernel) != 3:
+    if tune_mode() == "off":
+        return cpu_conv.conv_backward_filter(x, dy, kernel, stride, dilation, pad_lo, pad_hi,
+                                             groups)
+    x, dy, dtype, kernel, geo, _ = cpu_conv.filter_operands(x, dy, kernel, stride, dilation,
+                                                            pad_lo, pad_hi, groups)
+    geo = geo + (groups,)
+    if x.size == 0 or dy.size == 0:
         return cpu_conv.conv_backward_filter(x, dy, kernel, *geo)
-    try:
-        ok = groups >= 1 and x.shape[1] % groups == 0 and dy.shape[1] % groups == 0 \
-            and dy.shape[0] == x.shape[0]
-        w_shape = (dy.shape[1], x.shape[1] // max(groups, 1)) + kernel
-        problem = ConvProblem.make("backward_filter", x.shape, w_shape, *geo, _cpu_dtype(x, dy))
-        ok = ok and tuple(dy.shape[2:]) == cpu_conv.conv_out_shape(
-            x.shape[2:], kernel, stride, dilation, pad_lo, pad_hi)
-    except (ValueError, TypeError):
-        ok = False
-    if not ok:
-        return cpu_conv.conv_backward_filter(x, dy, kernel, *geo)
-    x = np.ascontiguousarray(x)
-    dy = np.ascontiguousarray(dy)
+    w_shape = (dy.shape[1], x.shape[1] // groups) + kernel
+    problem = ConvProblem.make("backward_filter", x.shape, w_shape, *geo, dtype)
     take = rotating_slices(x.shape[0])
 
     def runner(alg, b):
