@@ -2,7 +2,7 @@
 
 A stack of conv3d -> batch norm -> ReLU -> max-pool blocks (nn layers, autograd), forward and
 backward on a batch spatially split over the ranks (grid 1 x P x 1 x 1), timed with every entry
-point agreeing its arguments (the default) and inside :func:`disttensor.agreement.disabled`
+point agreeing its arguments (the default) and inside :func:`disttensor.core.agreement.disabled`
 (no agreement), interleaved rep by rep.  Also reported: how many agreement all-reduces one
 step makes (counted) and the time of one such all-reduce alone (5 int64, ``MPI_MAX``), so the
 ratio can be checked against count x latency.

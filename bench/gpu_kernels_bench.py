@@ -20,7 +20,7 @@ prints
 Kernels: max/avg pooling forward and backward (k2 s2, CosmoFlow's), per-channel sums
 (batch-norm statistics) and their backward, batch-norm apply forward and backward, the five
 activations forward and backward, channel softmax forward and backward, and the halo
-pack/unpack (``disttensor.comm.copy_into`` of the six 1-wide faces of a halo'd block into
+pack/unpack (``disttensor.core.comm.copy_into`` of the six 1-wide faces of a halo'd block into
 contiguous buffers and back: what a GPU halo exchange does around its messages).
 
 Each figure is the mean over ``--reps`` back-to-back calls between two CUDA events, after
@@ -174,7 +174,7 @@ def _cases(cp, gpu, shape, dtype, groups, rng):
 def _halo_cases(cp, shape, dtype, it):
     """Pack and unpack of the six 1-wide faces of a (N, C, D+2, H+2, W+2) halo'd buffer."""
     try:
-        from disttensor.comm import copy_into
+        from disttensor.core.comm import copy_into
     except Exception:  # noqa: BLE001 - mpi4py missing: the same CuPy assignment it does
         def copy_into(dst, src):
             dst[...] = src

@@ -42,7 +42,7 @@ from mpi4py import MPI
 
 import disttensor as dt
 from disttensor import io
-from disttensor.distribution import Distribution
+from disttensor.core.distribution import Distribution
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _results import record  # noqa: E402

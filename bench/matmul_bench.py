@@ -33,7 +33,7 @@ from _results import record  # noqa: E402
 from _timing import compare  # noqa: E402
 
 import disttensor as dt  # noqa: E402
-from disttensor.distribution import Distribution  # noqa: E402
+from disttensor.core.distribution import Distribution  # noqa: E402
 
 
 def main() -> None:

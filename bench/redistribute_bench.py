@@ -38,8 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import disttensor as dt  # noqa: E402
 from _results import record  # noqa: E402
 from _timing import compare  # noqa: E402
-from disttensor.redistribute import plan as redistribution_plan  # noqa: E402
-from disttensor.redistribute import redistribute_blocks  # noqa: E402
+from disttensor.core.redistribute import plan as redistribution_plan  # noqa: E402
+from disttensor.core.redistribute import redistribute_blocks  # noqa: E402
 
 COMM = MPI.COMM_WORLD
 MIB = 1 << 20

@@ -2,8 +2,8 @@
 
 A :class:`DistArray` is a global N-d array whose blocks live on the ranks of a
 :class:`ProcessGrid` under an explicit block :class:`Distribution`.  See ``DESIGN.md`` and the
-module docstrings of :mod:`disttensor.array`, :mod:`disttensor.halo` and
-:mod:`disttensor.redistribute`.
+module docstrings of :mod:`disttensor.core.array`, :mod:`disttensor.core.halo` and
+:mod:`disttensor.core.redistribute`.
 """
 import os as _os
 import sys as _sys
@@ -23,27 +23,23 @@ from numpy import (absolute, abs, add, arccos, arcsin, arctan, arctan2, ceil, cl
                    rint, sign, sin, sinh, sqrt, square, subtract, tan, tanh, true_divide, trunc)
 
 from . import random
-# Load the submodules that share a name with a function defined below first: importing a
-# submodule binds it as a package attribute on first load, which would otherwise replace
-# the function `disttensor.redistribute` by the module once anything imported it lazily.
-from . import redistribute as _redistribute_module  # noqa: F401
-from .array import DistArray
-from .creation import (arange, empty, empty_like, from_global, full, full_like, linspace, ones,
+from .core.array import DistArray
+from .routines.creation import (arange, empty, empty_like, from_global, full, full_like, linspace, ones,
                        ones_like, zeros, zeros_like)
-from .agreement import ArgumentMismatchError
-from .comm import CollectiveError
-from . import watchdog as _watchdog  # noqa: F401  (DISTTENSOR_COLLECTIVE_TIMEOUT, at import)
-from .distribution import Distribution
-from .grid import ProcessGrid, get_default_grid, set_default_grid
-from .halo import HaloExchange
-from .indexing import flip
-from .manipulation import concatenate, moveaxis, reshape, swapaxes, transpose, where
-from .reductions import all, any, argmax, argmin, max, mean, min, prod, std, sum, var
-from .shaping import (allclose, array_equal, broadcast_arrays, broadcast_to, expand_dims, eye, isclose, meshgrid, nanargmax, nanargmin, nanmax, nanmean, nanmin, nanprod, nanstd, nansum, nanvar, pad, repeat, roll, squeeze, stack, tile, tril, triu, unstack)  # noqa: E501
+from .core.agreement import ArgumentMismatchError
+from .core.comm import CollectiveError
+from .core import watchdog as _watchdog  # noqa: F401  (DISTTENSOR_COLLECTIVE_TIMEOUT, at import)
+from .core.distribution import Distribution
+from .core.grid import ProcessGrid, get_default_grid, set_default_grid
+from .core.halo import HaloExchange
+from .routines.indexing import flip
+from .routines.manipulation import concatenate, moveaxis, reshape, swapaxes, transpose, where
+from .routines.reductions import all, any, argmax, argmin, max, mean, min, prod, std, sum, var
+from .routines.shaping import (allclose, array_equal, broadcast_arrays, broadcast_to, expand_dims, eye, isclose, meshgrid, nanargmax, nanargmin, nanmax, nanmean, nanmin, nanprod, nanstd, nansum, nanvar, pad, repeat, roll, squeeze, stack, tile, tril, triu, unstack)  # noqa: E501
 from .linalg import einsum, matmul, tensordot, vecdot  # noqa: E402  (also binds disttensor.linalg)
 from . import fft  # noqa: E402  (disttensor.fft: distributed FFTs)
-from . import npyio  # noqa: E402  (parallel .npy: dt.npyio.save / dt.npyio.load)
-from .sorting import (argsort, argwhere, bincount, count_nonzero, cumprod, cumsum, cumulative_prod, cumulative_sum, histogram, median, nanmedian, nanpercentile, nanquantile, nonzero, percentile, quantile, searchsorted, sort, unique, unique_all, unique_counts, unique_inverse, unique_values)  # noqa: E402,E501
+from .routines import npyio  # noqa: E402  (parallel .npy: dt.npyio.save / dt.npyio.load)
+from .routines.sorting import (argsort, argwhere, bincount, count_nonzero, cumprod, cumsum, cumulative_prod, cumulative_sum, histogram, median, nanmedian, nanpercentile, nanquantile, nonzero, percentile, quantile, searchsorted, sort, unique, unique_all, unique_counts, unique_inverse, unique_values)  # noqa: E402,E501
 
 __version__ = "0.1.0"
 

@@ -4,7 +4,7 @@ Prints versions of Python, NumPy, Numba, mpi4py and h5py, the MPI library and wh
 CUDA-aware, whether h5py was built with parallel HDF5, and the GPU stack (CuPy, CUDA runtime,
 devices, cuDNN frontend).  Every probe is guarded: a missing package or GPU prints a note,
 never a traceback.  Importing this module imports nothing heavy (CuPy, cuDNN, h5py and numba
-are imported only inside :func:`collect`); of disttensor it uses only ``disttensor.comm``.
+are imported only inside :func:`collect`); of disttensor it uses only ``disttensor.core.comm``.
 """
 from __future__ import annotations
 
@@ -49,12 +49,12 @@ def _mpi_rows() -> list[tuple[str, str]]:
     except Exception as e:  # noqa: BLE001
         rows.append(("MPI library", f"query failed: {_err(e)}"))
     try:
-        from disttensor.comm import cuda_aware_mpi
-        rows.append(("CUDA-aware MPI (disttensor.comm)", str(bool(cuda_aware_mpi()))))
+        from disttensor.core.comm import cuda_aware_mpi
+        rows.append(("CUDA-aware MPI (disttensor.core.comm)", str(bool(cuda_aware_mpi()))))
     except Exception as e:  # noqa: BLE001
-        rows.append(("CUDA-aware MPI (disttensor.comm)", f"query failed: {_err(e)}"))
+        rows.append(("CUDA-aware MPI (disttensor.core.comm)", f"query failed: {_err(e)}"))
     try:
-        from disttensor.comm import mpix_query_cuda_support
+        from disttensor.core.comm import mpix_query_cuda_support
         q = mpix_query_cuda_support()
         rows.append(("MPIX_Query_cuda_support()",
                      "not provided by this MPI" if q is None else str(q)))
@@ -136,7 +136,7 @@ def _ops_rows() -> list[tuple[str, str]]:
             ("ops: OMP_WAIT_POLICY", os.environ.get("OMP_WAIT_POLICY", "unset (PASSIVE on "
                                                     "first use of disttensor.ops)"))]
     try:
-        from .backend import gpu_available
+        from .core.backend import gpu_available
         if gpu_available():
             from .ops.local import gpu
             rows.append(("ops: GPU conv backend", gpu.conv_backend()))

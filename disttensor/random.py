@@ -13,9 +13,9 @@ import contextlib
 
 import numpy as np
 
-from .array import DistArray, agreed, collective_entry, device_key, dtype_key
-from .backend import array_module, normalize_device, xp_for
-from .creation import _grid, empty, layout_args, local_index_grid
+from .core.array import DistArray, agreed, collective_entry, device_key, dtype_key
+from .core.backend import array_module, normalize_device, xp_for
+from .routines.creation import _grid, empty, layout_args, local_index_grid
 
 __all__ = ["Generator", "default_rng"]
 

@@ -43,9 +43,9 @@ from mpi4py import MPI
 
 from . import nn
 from .autograd import Tensor, no_grad
-from .agreement import agree
-from .comm import collective
-from .grid import ProcessGrid
+from .core.agreement import agree
+from .core.comm import collective
+from .core.grid import ProcessGrid
 from .io import SampleDataset, load_checkpoint, save_checkpoint
 from .nn import functional as F
 from .nn.models import CosmoFlow, UNet3D
@@ -276,7 +276,7 @@ def _target_mean(files, stacked: bool, yname: str, comm) -> np.ndarray:
 
 def _segmentation_counts(logits, labels, classes: int) -> np.ndarray:
     """Per class: [true positives, predicted, actual] summed over the distributed batch."""
-    from .comm import allreduce
+    from .core.comm import allreduce
     pred = logits.local.argmax(axis=1)
     lab = labels.local.astype(np.int64, copy=False)
     xp = logits.xp

@@ -8,7 +8,7 @@ creation functions) and keeps the contracts of the modules it wraps: creation
 (:mod:`._creation`), elementwise (:mod:`._elementwise`), statistical, manipulation, utility,
 indexing and searching (:mod:`._functions`), data types (:mod:`._dtypes`).  Sorting, set,
 scan, ``nonzero``/``searchsorted``, linear algebra (``matmul``, ``tensordot``, ``vecdot``
-and the ``linalg`` extension) and the ``fft`` extension come from :mod:`disttensor.sorting`
+and the ``linalg`` extension) and the ``fft`` extension come from :mod:`disttensor.routines.sorting`
 (and its ``scans``/``setfuncs`` companions), :mod:`disttensor.linalg` and
 :mod:`disttensor.fft`, looked up when first used: a name whose provider is missing raises
 ``AttributeError`` naming the module that would provide it.  :func:`coverage` lists what is
@@ -41,11 +41,11 @@ e, inf, nan, pi, newaxis = _np.e, _np.inf, _np.nan, _np.pi, None
 globals().update(_ELEMENTWISE)
 
 #: names of the standard provided by other modules (first module that has it wins)
-_SORTING = ("disttensor.sorting", "disttensor.scans", "disttensor.setfuncs")
+_SORTING = ("disttensor.routines.sorting", "disttensor.routines.scans", "disttensor.routines.setfuncs")
 _LAZY = {
     "argsort": _SORTING, "sort": _SORTING, "searchsorted": _SORTING, "nonzero": _SORTING,
     "unique_all": _SORTING, "unique_counts": _SORTING, "unique_inverse": _SORTING,
-    "unique_values": _SORTING, "isin": _SORTING + ("disttensor.shaping",), "cumulative_sum": _SORTING,
+    "unique_values": _SORTING, "isin": _SORTING + ("disttensor.routines.shaping",), "cumulative_sum": _SORTING,
     "cumulative_prod": _SORTING,
     "matmul": ("disttensor.linalg",), "tensordot": ("disttensor.linalg",),
     "vecdot": ("disttensor.linalg",),

@@ -2,8 +2,8 @@
 
 Every function is collective over the grid (the default grid unless ``grid=`` is given) and
 takes the standard's arguments plus the keyword-only extensions ``grid``, ``split`` and
-``sizes`` of :mod:`disttensor.creation` (the layout; default: axis 0 split over all ranks of
-a 1-D grid, the default split of :func:`disttensor.array.default_split`).  ``device`` is
+``sizes`` of :mod:`disttensor.routines.creation` (the layout; default: axis 0 split over all ranks of
+a 1-D grid, the default split of :func:`disttensor.core.array.default_split`).  ``device`` is
 ``'cpu'`` or ``'cuda'`` (``None``: ``'cpu'``).  Default dtypes: ``float64``, ``int64``,
 ``complex128``, ``bool`` (see ``__array_namespace_info__().default_dtypes()``).
 """
@@ -13,9 +13,9 @@ import builtins
 
 import numpy as np
 
-from .. import creation as _c
-from .. import shaping as _s
-from ..array import DistArray
+from ..routines import creation as _c
+from ..routines import shaping as _s
+from ..core.array import DistArray
 from ._dtypes import as_dtype, float64, int64
 
 __all__ = ["asarray", "arange", "empty", "empty_like", "eye", "from_dlpack", "full",

@@ -1,10 +1,10 @@
 """Elementwise functions of the array API namespace.
 
 Each maps to a NumPy ufunc applied through :meth:`DistArray.__array_ufunc__` (the alignment
-rule of :mod:`disttensor.array`: the result takes the layout of the first DistArray operand
+rule of :mod:`disttensor.core.array`: the result takes the layout of the first DistArray operand
 of the full result shape, the other operands are redistributed; Python scalars are weak, as
 in the standard and NumPy 2).  ``real``, ``imag``, ``clip`` and ``round`` go through
-:func:`disttensor.shaping.elementwise`.  Every call is collective over the operands' grid.
+:func:`disttensor.routines.shaping.elementwise`.  Every call is collective over the operands' grid.
 ``ceil``/``floor``/``trunc``/``round`` of an integer array return a copy of the same dtype
 (the standard's rule).  Special cases (NaN, infinities, signed zeros) are NumPy's, which
 follow the standard's tables for the functions tested in ``tests/mpi/test_array_api.py``.
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import shaping as _s
-from ..array import DistArray
-from ..backend import array_module
+from ..routines import shaping as _s
+from ..core.array import DistArray
+from ..core.backend import array_module
 
 UNARY = {
     "abs": np.absolute, "acos": np.arccos, "acosh": np.arccosh, "asin": np.arcsin,

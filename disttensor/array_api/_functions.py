@@ -1,16 +1,16 @@
 """Statistical, manipulation, utility, indexing, searching and data type functions of the
-array API namespace: thin keyword-only wrappers of :mod:`disttensor.reductions`,
-:mod:`disttensor.manipulation`, :mod:`disttensor.shaping` and :mod:`disttensor.indexing`
+array API namespace: thin keyword-only wrappers of :mod:`disttensor.routines.reductions`,
+:mod:`disttensor.routines.manipulation`, :mod:`disttensor.routines.shaping` and :mod:`disttensor.routines.indexing`
 (see those modules for output distributions and algorithms).  All collective."""
 from __future__ import annotations
 
 import numpy as np
 
-from .. import manipulation as _m
-from .. import reductions as _r
-from .. import shaping as _s
-from ..array import DistArray
-from ..indexing import flip as _flip
+from ..routines import manipulation as _m
+from ..routines import reductions as _r
+from ..routines import shaping as _s
+from ..core.array import DistArray
+from ..routines.indexing import flip as _flip
 from ._dtypes import as_dtype
 
 __all__ = ["max", "mean", "min", "prod", "std", "sum", "var", "all", "any", "diff",

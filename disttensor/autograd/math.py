@@ -3,7 +3,7 @@ functions, reductions, reshape/transpose, indexing, concatenation and redistribu
 
 Operands may mix DistArray tensors, replicated (NumPy/CuPy) tensors, Python numbers and plain
 arrays; the forward is the library's own NumPy-style operation (so the alignment rule of
-:mod:`disttensor.ufuncs` applies).  Each backward returns every input's gradient shaped and
+:mod:`disttensor.routines.ufuncs` applies).  Each backward returns every input's gradient shaped and
 distributed like that input: broadcast axes are summed out (a collective reduction for
 DistArrays), and operands the forward redistributed get their gradient redistributed back.
 Gradients that reach a replicated tensor from a DistArray are full sums over the grid, so they
@@ -15,10 +15,10 @@ import numbers
 
 import numpy as np
 
-from .. import manipulation
-from ..array import DistArray
-from ..backend import array_module
-from ..indexing import setitem
+from ..routines import manipulation
+from ..core.array import DistArray
+from ..core.backend import array_module
+from ..routines.indexing import setitem
 from .tensor import Tensor, filled_like, make_result, param_share, unwrap
 
 __all__ = ["add", "subtract", "multiply", "divide", "negative", "power", "exp", "log", "sqrt",

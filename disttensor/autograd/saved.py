@@ -43,7 +43,7 @@ import types
 
 import numpy as np
 
-from ..array import DistArray
+from ..core.array import DistArray
 from .tensor import Node, Tensor, _state, _walk
 
 __all__ = ["record_nodes", "record_node", "observe_nodes", "Packed", "saved_arrays",

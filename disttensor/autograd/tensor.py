@@ -33,8 +33,8 @@ import threading
 
 import numpy as np
 
-from ..array import DistArray
-from ..backend import array_module
+from ..core.array import DistArray
+from ..core.backend import array_module
 
 __all__ = ["Tensor", "Node", "no_grad", "enable_grad", "is_grad_enabled", "make_result", "cancel_post_backward",
            "as_tensor", "param_share", "unwrap", "queue_post_backward"]

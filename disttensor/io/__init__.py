@@ -21,9 +21,9 @@ its communicator, and compares its metadata arguments across the ranks before an
 opened or any data moves: paths, dataset names, driver, mode, atomicity, chunks, compression,
 the arrays' distributions and dtypes, checkpoint names and scalars, file lists, batch size,
 shuffling, seed, epoch, sample indices, generator settings.  An argument that differs between
-ranks raises :class:`~disttensor.agreement.ArgumentMismatchError` (a ``ValueError`` whose
+ranks raises :class:`~disttensor.core.agreement.ArgumentMismatchError` (a ``ValueError`` whose
 message names the argument and its value on every rank) on every rank, instead of a hang or a
-file written from different arguments (see :mod:`disttensor.agreement`).  The comparison rides
+file written from different arguments (see :mod:`disttensor.core.agreement`).  The comparison rides
 on the all-reduce that makes failures collective, so it costs (almost) nothing.
 
 Temporary files

@@ -20,13 +20,13 @@
   4.0 / HDF5 1.10.8 on a full tmpfs; the POSIX driver can even crash in ``H5D_close``).  The
   reservation needs the *uncompressed* size even for compressed datasets; the unused part is
   trimmed when the file is closed.
-* Failures are made collective: every step runs inside :func:`disttensor.comm.collective`, and
+* Failures are made collective: every step runs inside :func:`disttensor.core.comm.collective`, and
   rank-local preparation is done (and agreed on) before entering a collective HDF5 call.
-* Arguments are agreed (:mod:`disttensor.agreement`): the sessions and :func:`atomic_update`
+* Arguments are agreed (:mod:`disttensor.core.agreement`): the sessions and :func:`atomic_update`
   compare their file names, drivers, dataset specs and dataset names across the ranks before
   any collective HDF5 call (a separate small all-reduce where the HDF5 call itself is
   collective, i.e. with ``mpio``; folded into the failure all-reduce otherwise), so a
-  rank-dependent file or dataset raises :class:`~disttensor.agreement.ArgumentMismatchError`
+  rank-dependent file or dataset raises :class:`~disttensor.core.agreement.ArgumentMismatchError`
   on every rank instead of hanging in MPI-IO or corrupting the file.
 * Temporary files of atomic writes are named ``.{name}.{host}.{pid}.{random}.tmp`` next to the
   target ``name`` (:func:`temp_path_for`); a write left behind by a killed process is removed
@@ -55,8 +55,8 @@ os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")
 
 import numpy as np  # noqa: E402
 
-from ..agreement import agree  # noqa: E402
-from ..comm import collective  # noqa: E402
+from ..core.agreement import agree  # noqa: E402
+from ..core.comm import collective  # noqa: E402
 from .errors import DatasetNotFoundError, HDF5UnavailableError, NotHDF5FileError  # noqa: E402
 
 try:  # noqa: E402

@@ -23,10 +23,10 @@ has not been modified for ``DISTTENSOR_STALE_TMP_AGE`` seconds (default 3600).  
 of a save still running are never touched.
 
 Agreement: both functions compare their arguments across the ranks before any file is opened
-(:mod:`disttensor.agreement`): path, driver, the array names with their distributions and
+(:mod:`disttensor.core.agreement`): path, driver, the array names with their distributions and
 dtypes, host array names with shapes and dtypes, scalar names and values (``save``); path,
 driver, device, grid and splits (``load``).  One that differs raises
-:class:`~disttensor.agreement.ArgumentMismatchError` on every rank.
+:class:`~disttensor.core.agreement.ArgumentMismatchError` on every rank.
 """
 from __future__ import annotations
 
@@ -36,11 +36,11 @@ import os
 
 import numpy as np
 
-from ..array import DistArray, default_split
-from ..backend import normalize_device, to_host, xp_for
-from ..comm import collective
-from ..distribution import Distribution
-from ..grid import ProcessGrid, get_default_grid
+from ..core.array import DistArray, default_split
+from ..core.backend import normalize_device, to_host, xp_for
+from ..core.comm import collective
+from ..core.distribution import Distribution
+from ..core.grid import ProcessGrid, get_default_grid
 from . import _h5
 from .layout import check_dataset_name, decode_distribution, encode_distribution, is_writer
 

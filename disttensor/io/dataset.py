@@ -65,12 +65,12 @@ operations of one rank can then wait on each other across ranks).
 Agreement
 ---------
 Construction, :meth:`SampleDataset.epoch` and :meth:`SampleDataset.read_batch` compare their
-arguments across the ranks before any file is read (:mod:`disttensor.agreement`, folded into
+arguments across the ranks before any file is read (:mod:`disttensor.core.agreement`, folded into
 the failure all-reduce they make anyway): the source (directory, file or the whole file list),
 split, batch size, shuffling, seed, dataset names, driver and device at construction; the
 dataset (its files, batch size, seed, ...) and the epoch, or the sample indices, per call.  A
 file list, batch size, seed or epoch that differs between ranks raises
-:class:`~disttensor.agreement.ArgumentMismatchError` on every rank (never a hang, never batches
+:class:`~disttensor.core.agreement.ArgumentMismatchError` on every rank (never a hang, never batches
 made of different samples on different ranks).  The files of a directory are listed by rank 0
 only and broadcast, and dot-files (the temporary files of interrupted writes) are skipped.
 """
@@ -85,11 +85,11 @@ from typing import Iterator, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from ..array import DistArray
-from ..backend import normalize_device, xp_for
-from ..comm import collective
-from ..distribution import Distribution
-from ..grid import ProcessGrid, get_default_grid
+from ..core.array import DistArray
+from ..core.backend import normalize_device, xp_for
+from ..core.comm import collective
+from ..core.distribution import Distribution
+from ..core.grid import ProcessGrid, get_default_grid
 from . import _h5
 from .layout import batch_indices, check_dataset_name
 

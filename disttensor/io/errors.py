@@ -1,7 +1,7 @@
 """Exceptions of :mod:`disttensor.io`.
 
 Every one of them is rebuilt from its message alone (``type(e)(str(e))`` gives the same
-message), so :func:`disttensor.comm.collective` raises the same type on every rank."""
+message), so :func:`disttensor.core.comm.collective` raises the same type on every rank."""
 from __future__ import annotations
 
 __all__ = ["DatasetNotFoundError", "NotHDF5FileError", "HDF5UnavailableError"]

@@ -23,9 +23,9 @@ Every function here is collective over the grid's communicator; bad arguments, m
 datasets, mismatching shapes or dtypes and I/O errors on any rank raise the same exception on
 every rank.  The metadata arguments (path, dataset name, driver, mode, storage options, the
 array's distribution, ...) are agreed across the ranks before any file is opened: one that
-differs between ranks raises :class:`~disttensor.agreement.ArgumentMismatchError` (a
+differs between ranks raises :class:`~disttensor.core.agreement.ArgumentMismatchError` (a
 ``ValueError`` naming the argument and its value on every rank) on every rank, in preference to
-any other error (see :mod:`disttensor.agreement`).
+any other error (see :mod:`disttensor.core.agreement`).
 
 Temporary files: an atomic write works on ``.{name}.{host}.{pid}.{random}.tmp`` next to the
 target ``name``.  A write killed before its rename leaves that file behind; the next write to
@@ -40,10 +40,10 @@ import os
 
 import numpy as np
 
-from ..array import DistArray, make_distribution
-from ..backend import normalize_device, to_host, xp_for
-from ..comm import collective
-from ..grid import get_default_grid
+from ..core.array import DistArray, make_distribution
+from ..core.backend import normalize_device, to_host, xp_for
+from ..core.comm import collective
+from ..core.grid import get_default_grid
 from . import _h5
 from .layout import check_dataset_name, file_hyperslab, is_writer, normalize_selection, \
     selection_shape

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..distribution import Box, Distribution
+from ..core.distribution import Box, Distribution
 
 __all__ = ["AxisSelection", "normalize_selection", "selection_shape", "file_hyperslab",
            "is_writer", "epoch_order", "batch_indices",

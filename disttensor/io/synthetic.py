@@ -300,10 +300,10 @@ def generate_synthetic(out, samples: int, size: int = 32, channels: int = 4, see
     :mod:`disttensor.io`).  The result is the same for any number of ranks.
 
     Collective: the arguments are agreed across the ranks before anything is written (one that
-    differs raises :class:`~disttensor.agreement.ArgumentMismatchError` on every rank)."""
+    differs raises :class:`~disttensor.core.agreement.ArgumentMismatchError` on every rank)."""
     from mpi4py import MPI
 
-    from ..comm import collective
+    from ..core.comm import collective
     from . import _h5
     from .layout import check_dataset_name
 

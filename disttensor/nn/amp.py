@@ -27,7 +27,7 @@ import numbers
 
 import numpy as np
 
-from ..backend import array_module
+from ..core.backend import array_module
 
 __all__ = ["GradScaler"]
 

@@ -66,7 +66,7 @@ from __future__ import annotations
 
 from mpi4py import MPI
 
-from ..comm import collective
+from ..core.comm import collective
 from .optim import Optimizer
 from .parallel import GradientReducer
 

@@ -15,10 +15,10 @@ sums in buckets (:func:`disttensor.autograd.param_share`).
 from __future__ import annotations
 
 from .. import ops
-from ..array import DistArray
+from ..core.array import DistArray
 from ..autograd.math import multiply
 from ..autograd.tensor import Tensor, make_result, param_share, unwrap
-from ..comm import allreduce
+from ..core.comm import allreduce
 from ..ops._spatial import param_comm
 
 __all__ = ["conv", "conv1d", "conv2d", "conv3d", "conv_transpose", "conv_transpose1d",

@@ -19,7 +19,7 @@ import numbers
 
 import numpy as np
 
-from ..backend import array_module
+from ..core.backend import array_module
 
 __all__ = ["calculate_gain", "calculate_fan_in_and_fan_out", "manual_seed", "resolve_rng",
            "uniform_",

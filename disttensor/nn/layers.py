@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import xp_for
+from ..core.backend import xp_for
 from ..random import Generator
 from . import functional as F
 from . import init

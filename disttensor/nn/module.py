@@ -14,7 +14,7 @@ from typing import Iterator
 import numpy as np
 
 from ..autograd.tensor import Tensor
-from ..backend import array_module, to_host, xp_for
+from ..core.backend import array_module, to_host, xp_for
 
 __all__ = ["Parameter", "Module", "Sequential", "ModuleList", "sequential_layers"]
 

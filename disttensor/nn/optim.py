@@ -36,7 +36,7 @@ from collections.abc import Mapping, MutableMapping
 
 import numpy as np
 
-from ..backend import array_module, to_host
+from ..core.backend import array_module, to_host
 
 __all__ = ["Optimizer", "SGD", "Adam", "AdamW", "flatten_state", "unflatten_state"]
 

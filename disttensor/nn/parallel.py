@@ -28,10 +28,10 @@ import os
 import numpy as np
 from mpi4py import MPI
 
-from ..backend import array_module, to_host
-from ..comm import collective
-from ..watchdog import waiting
-from ..grid import ProcessGrid
+from ..core.backend import array_module, to_host
+from ..core.comm import collective
+from ..core.watchdog import waiting
+from ..core.grid import ProcessGrid
 from ..autograd.tensor import cancel_post_backward, queue_post_backward
 from .module import Module
 
@@ -55,11 +55,11 @@ def check_replicas(module: Module, comm: MPI.Comm, what: str = "model") -> None:
 
     Cheap: each array is reduced to a 16-byte digest of its bytes, the digests of all arrays to
     one, and a single small all-reduce compares that across ranks (see
-    :mod:`disttensor.agreement`); only on a mismatch are the per-array digests gathered to
+    :mod:`disttensor.core.agreement`); only on a mismatch are the per-array digests gathered to
     name the arrays that differ.  With ``DISTTENSOR_DEBUG=1`` every value is compared too
     (an element-wise min/max all-reduce per array), and the error gives the largest
     difference between ranks."""
-    from .. import agreement
+    from ..core import agreement
     names, digests = [], []
     for name, a in list(module.state_dict().items()):
         names.append(name)
@@ -89,7 +89,7 @@ def check_replicas(module: Module, comm: MPI.Comm, what: str = "model") -> None:
 def _value_spread(module: Module, comm: MPI.Comm) -> dict:
     """``DISTTENSOR_DEBUG``: per array, the largest difference between the ranks' values
     (element-wise max minus min over ranks; NaN counts as a difference).  Collective."""
-    from ..comm import allreduce
+    from ..core.comm import allreduce
     out = {}
     for name, a in module.state_dict().items():
         host = np.asarray(to_host(a) if array_module(a) is not np else a, dtype=np.float64)

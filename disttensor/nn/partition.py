@@ -42,8 +42,8 @@ from typing import Callable, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from ..array import DistArray
-from ..comm import collective
+from ..core.array import DistArray
+from ..core.comm import collective
 
 __all__ = ["LayerProfile", "PartitionPlan", "profile_layers", "partition_layers",
            "auto_partition", "link_cost", "SCHEDULES"]
@@ -251,7 +251,7 @@ def partition_layers(costs: Sequence[LayerProfile], stages: int, chunks: int,
 # -- profiling ------------------------------------------------------------------------------
 def _sync(x) -> None:
     """Wait for the GPU when ``x`` lives there (timings of asynchronous kernels)."""
-    from ..backend import device_of
+    from ..core.backend import device_of
     dev = x.device if isinstance(x, DistArray) else (
         device_of(x) if hasattr(x, "shape") else "cpu")
     if dev == "cuda":
@@ -273,8 +273,8 @@ def _as_input(sample):
         sample = sample.data
     if isinstance(sample, DistArray):
         return sample
-    from ..creation import from_global
-    from ..grid import ProcessGrid
+    from ..routines.creation import from_global
+    from ..core.grid import ProcessGrid
     a = np.asarray(sample)
     if a.ndim < 2:
         raise ValueError(f"profile_layers: a sample of shape {a.shape} has no sample and "

@@ -83,7 +83,7 @@ from typing import Callable, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from ..comm import collective
+from ..core.comm import collective
 from ..ops.window import AxisWindow, normalize_padding, normalize_tuple
 from .module import Module, sequential_layers
 from .parallel import DEFAULT_BUCKET_BYTES
@@ -163,7 +163,7 @@ def _median_time(fn, repeats: int) -> float:
 def measure_links(comm: MPI.Comm, quick: bool = False, repeats: int | None = None) -> LinkModel:
     """Fit the alpha-beta models of ``comm`` (collective; identical result on every rank).
 
-    Point to point: halo exchanges (:meth:`~disttensor.array.DistArray.exchange_halo`, the
+    Point to point: halo exchanges (:meth:`~disttensor.core.array.DistArray.exchange_halo`, the
     library's own, with its packing and private communicator) of one face of several sizes
     with each neighbour along a 1-D grid of all ranks, every rank at once (an inner rank
     receives two pieces); all-reduce: ``Allreduce`` of float32 arrays of several sizes over
@@ -172,8 +172,8 @@ def measure_links(comm: MPI.Comm, quick: bool = False, repeats: int | None = Non
     (:meth:`AlphaBeta.fit`, per piece for the exchange).  Also measures the per-op overhead
     (:class:`LinkModel`).  On one rank everything is zero (no neighbour, nothing to
     agree)."""
-    from ..creation import from_global
-    from ..grid import ProcessGrid
+    from ..routines.creation import from_global
+    from ..core.grid import ProcessGrid
     if comm.size == 1:
         return LinkModel(nranks=1)
     p2p_sizes = [16, 65536, 1 << 20] if quick else [16, 4096, 65536, 1 << 20, 4 << 20]
@@ -219,8 +219,8 @@ def _op_overhead(comm: MPI.Comm, rounds: int, width: int = 1 << 18) -> tuple[flo
     slowest rank's time per round, the median over rounds of the per-round difference,
     clamped at 0."""
     from ..autograd.tensor import Tensor, filled_like
-    from ..creation import from_global
-    from ..grid import ProcessGrid
+    from ..routines.creation import from_global
+    from ..core.grid import ProcessGrid
     from .layers import LeakyReLU
     layer = LeakyReLU()
     xs = []
@@ -656,9 +656,9 @@ class LayerTimer:
         Side effects on the layer are undone (as
         :func:`~disttensor.nn.partition.profile_layers` does)."""
         from ..autograd.tensor import Tensor, filled_like
-        from ..array import DistArray
-        from ..creation import from_global
-        from ..grid import ProcessGrid
+        from ..core.array import DistArray
+        from ..routines.creation import from_global
+        from ..core.grid import ProcessGrid
         from .partition import _Isolated, _sync
         a = np.random.default_rng(0).standard_normal(shape).astype(self.dtype)
         grid = ProcessGrid((1,) * (len(shape) - 1), comm=MPI.COMM_SELF)

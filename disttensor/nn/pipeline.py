@@ -47,7 +47,7 @@ A step (:meth:`Pipeline.train_step`)
   gradient back.  Activations and gradients move point to point between stage neighbours as
   the contiguous local block, with non-blocking sends completed at the end of the step, so
   neither schedule can deadlock.  An activation is preceded by a small pickled header (its
-  :class:`~disttensor.distribution.Distribution`, dtype and device) only when the layout of
+  :class:`~disttensor.core.distribution.Distribution`, dtype and device) only when the layout of
   ``x`` differs from the previous step's (stage 0 tells the pipeline the layout of ``x`` in
   the one broadcast a step starts with; the layers' output layouts follow from it, so the
   headers of the last step are reused); a gradient is sent laid out like the activation it
@@ -101,12 +101,12 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from ..array import DistArray
+from ..core.array import DistArray
 from ..autograd.tensor import Tensor, no_grad
-from ..backend import array_module, to_device, to_host
-from ..comm import collective, cuda_aware_mpi
-from ..grid import ProcessGrid
-from ..watchdog import waiting
+from ..core.backend import array_module, to_device, to_host
+from ..core.comm import collective, cuda_aware_mpi
+from ..core.grid import ProcessGrid
+from ..core.watchdog import waiting
 from .module import Module, Sequential, sequential_layers
 from .parallel import DEFAULT_BUCKET_BYTES, GradientReducer, check_replicas
 
@@ -265,7 +265,7 @@ class Pipeline(Module):
             from .partition import auto_partition
             if not isinstance(sample, (DistArray, Tensor)):
                 # one global micro-batch: profile it laid out as the stages will hold it
-                from ..creation import from_global
+                from ..routines.creation import from_global
                 a = np.asarray(sample)
                 split = (0, None) + tuple(range(1, min(a.ndim - 1, stage_grid.ndim)))
                 sample = from_global(a, grid=stage_grid, split=split[:a.ndim])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from ..backend import array_module
+from ..core.backend import array_module
 
 __all__ = ["clip_grad_norm_", "clip_grad_value_"]
 

@@ -21,10 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .. import agreement as _agreement
-from ..array import DistArray, canon, nested
-from ..distribution import Distribution
-from ..halo import HaloExchange
+from ..core import agreement as _agreement
+from ..core.array import DistArray, canon, nested
+from ..core.distribution import Distribution
+from ..core.halo import HaloExchange
 from .window import AxisWindow
 
 __all__ = ["WindowPlan", "window_plan", "Region", "overlap_regions", "check_layout",
@@ -243,7 +243,7 @@ def halo_input(x: DistArray, plan: WindowPlan) -> DistArray:
 
     Call it from inside a collective entry point, after that entry point's agreed block
     agreed on ``x`` and the window geometry the plan derives from: the halo buffer and the
-    exchange then add no agreement all-reduce of their own (:func:`disttensor.array.nested`;
+    exchange then add no agreement all-reduce of their own (:func:`disttensor.core.array.nested`;
     one op call agrees once)."""
     if not plan.needs_exchange:
         return x
@@ -274,7 +274,7 @@ def halo_gradient(local_grad, x_dist: Distribution, grid, plan: WindowPlan) -> D
     halo cells are then sent back and added into their owners (collective when a halo is
     needed; same precondition as :func:`halo_input`: no agreement of its own).  Returns a
     halo-free DistArray with distribution ``x_dist``."""
-    from ..backend import array_module
+    from ..core.backend import array_module
     xp = array_module(local_grad)
     block = x_dist.block_shape(grid.coords)
     buf_shape = tuple(lo + n + hi for (lo, hi), n in zip(plan.halo, block))
@@ -282,7 +282,7 @@ def halo_gradient(local_grad, x_dist: Distribution, grid, plan: WindowPlan) -> D
         return DistArray(local_grad, x_dist, grid)  # the read window is the whole block
     if plan.has_output and plan.needs_exchange:
         # straight from the window's gradient: no zero halo'd buffer, one copy of the block
-        from ..halo import reverse_window
+        from ..core.halo import reverse_window
         out = reverse_window(local_grad, tuple(sl.start or 0 for sl in plan.read), x_dist,
                              grid, plan.halo, plan.periodic or (False,) * x_dist.ndim)
         if out is not None:

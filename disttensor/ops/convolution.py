@@ -20,7 +20,7 @@ distribution whose convolution outputs are ``y``'s blocks (:meth:`AxisWindow.inp
 when no such split exists, ``y`` is redistributed first.
 
 Every entry point validates its arguments inside an ``agreed`` block before any message (see
-:mod:`disttensor.agreement`): the ranks agree on the arrays' metadata, the weight's shape and
+:mod:`disttensor.core.agreement`): the ranks agree on the arrays' metadata, the weight's shape and
 dtype and the window geometry (normalized, so two spellings of one padding agree) in the same
 all-reduce that agrees on a validation failure.  :func:`conv_backward` also runs its local
 kernels (data and filter gradient) inside that block, so agreeing costs it no extra message.
@@ -31,10 +31,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..array import DistArray, agreed, canon, collective_entry, nested
-from ..comm import allreduce, collective
-from ..distribution import Distribution
-from ..halo import HaloExchange
+from ..core.array import DistArray, agreed, canon, collective_entry, nested
+from ..core.comm import allreduce, collective
+from ..core.distribution import Distribution
+from ..core.halo import HaloExchange
 from .local import kernels_for
 from .window import normalize_padding, normalize_tuple
 from ._spatial import (WindowPlan, array_key, begin_halo_input, check_extents,
@@ -122,7 +122,7 @@ def _windowed_forward(x: DistArray, plan: WindowPlan, windows, w, nd: int, strid
     :func:`overlap_regions`) are computed between ``begin()`` and ``end()`` of the exchange,
     the shells after it.  Returns ``(x with halo, local output)``; a failure on any rank
     raises on all."""
-    from ..backend import array_module
+    from ..core.backend import array_module
     xp = array_module(x.local)
     dtype = np.result_type(x.dtype, w.dtype)
     k = kernels_for(x.local)
@@ -179,7 +179,7 @@ def _windowed_backward_data(saved: "ConvSaved", dy_local, grid, local=None) -> D
     then the reverse exchange is started and the interior computed while it flies.
     ``local``: the read window's gradient (:func:`_backward_data_local`) when the caller
     computed it already (no overlap only)."""
-    from ..backend import array_module
+    from ..core.backend import array_module
     plan = saved.plan
     xp = array_module(dy_local)
 
@@ -271,7 +271,7 @@ def conv(x: DistArray, w, b=None, stride=1, padding=0, dilation=1, groups=1,
 
 def _conv_dw_local(saved: ConvSaved, xwin_local, dy_local, dtype):
     """This rank's part of the filter gradient (no message)."""
-    from ..backend import array_module
+    from ..core.backend import array_module
     plan, nd = saved.plan, saved.nd
     if plan.has_output:
         k = kernels_for(dy_local)

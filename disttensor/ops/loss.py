@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..array import DistArray, agreed, collective_entry
-from ..backend import array_module
-from ..comm import allreduce, collective
+from ..core.array import DistArray, agreed, collective_entry
+from ..core.backend import array_module
+from ..core.comm import allreduce, collective
 from .local import kernels_for
 from ._spatial import check_layout, meaning, param_comm
 

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..array import DistArray, agreed, collective_entry
-from ..backend import array_module
-from ..comm import allreduce
+from ..core.array import DistArray, agreed, collective_entry
+from ..core.backend import array_module
+from ..core.comm import allreduce
 from .local import kernels_for
 from ._spatial import array_key, check_gradient_layout, check_layout, param_comm
 
@@ -50,7 +50,7 @@ def _local_moments(k, a, c: int):
     """This block's per-channel count, mean and sum of squared deviations (float64, host),
     in two passes over the block: the one-pass ``sum(x^2) - n*mean^2`` loses about
     ``mean^2/var`` ulps (1e-10 relative error of float64 variances was seen in tests)."""
-    from ..backend import array_module, to_host
+    from ..core.backend import array_module, to_host
     xp = array_module(a)
     n = _count(a)
     if n == 0:

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..array import DistArray, agreed, canon, collective_entry
-from ..comm import collective
-from ..distribution import Distribution
+from ..core.array import DistArray, agreed, canon, collective_entry
+from ..core.comm import collective
+from ..core.distribution import Distribution
 from .local import kernels_for
 from .window import normalize_padding, normalize_tuple
 from ._spatial import (WindowPlan, check_extents, check_gradient_layout, check_layout,

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..array import DistArray, agreed, collective_entry
-from ..backend import array_module
-from ..comm import allreduce
-from ..distribution import Distribution
+from ..core.array import DistArray, agreed, collective_entry
+from ..core.backend import array_module
+from ..core.comm import allreduce
+from ..core.distribution import Distribution
 from ._spatial import array_key, check_gradient_layout, param_comm, with_channels
 
 __all__ = ["concat_channels", "concat_channels_backward", "flatten_forward",

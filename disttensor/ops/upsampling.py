@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..array import DistArray, agreed, collective_entry
-from ..backend import array_module
-from ..comm import collective
-from ..distribution import Distribution
+from ..core.array import DistArray, agreed, collective_entry
+from ..core.backend import array_module
+from ..core.comm import collective
+from ..core.distribution import Distribution
 from .window import normalize_tuple
 from ._spatial import check_extents, check_gradient_layout, check_layout, meaning
 

@@ -19,7 +19,7 @@ local kernel applies itself (``local_pads``), so halos never carry padding value
 max-pooling can pad with ``-inf``.  A ``periodic`` window (circular padding) instead reads the
 padding cells as wrapped-around input through a periodic halo and the kernel pads nothing.
 One halo width per side serves all blocks (the maximum need;
-:class:`disttensor.halo.HaloExchange` takes one width per side); it can reach past the direct
+:class:`disttensor.core.halo.HaloExchange` takes one width per side); it can reach past the direct
 neighbour and can be larger on one side than the other.  Blocks that need less read a
 sub-window of their buffer.
 """

@@ -12,9 +12,9 @@ from mpi4py import MPI
 
 import disttensor as dt
 from disttensor import agreement
-from disttensor.comm import PieceExchange, private_comm
+from disttensor.core.comm import PieceExchange, private_comm
 from disttensor.ops import convolution as C
-from disttensor.redistribute import (ScratchPool, redistribute_adjoint_blocks,
+from disttensor.core.redistribute import (ScratchPool, redistribute_adjoint_blocks,
                                      redistribute_blocks, scratch_pool)
 from conftest import assert_all_ranks, assert_allclose_all, assert_raises_all
 
@@ -79,7 +79,7 @@ def test_piece_exchange_misuse_raises_and_stays_usable():
 def test_piece_exchange_after_a_failed_wait(monkeypatch):
     """A wait that raised (here: an exception injected where the wait starts, on every rank)
     drops the persistent requests; the next exchange makes new ones and is right."""
-    import disttensor.comm as dcomm
+    import disttensor.core.comm as dcomm
     ex, sv, rv = _ring(True, True)
     prev = (RANK - 1) % SIZE
     calls = [0]

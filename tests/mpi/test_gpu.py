@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import disttensor as dt
-from disttensor.backend import gpu_available
+from disttensor.core.backend import gpu_available
 
 from conftest import assert_all_ranks, assert_allclose_all
 

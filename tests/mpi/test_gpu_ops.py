@@ -12,7 +12,7 @@ from mpi4py import MPI
 
 import disttensor as dt
 from disttensor import ops
-from disttensor.backend import gpu_available, to_host
+from disttensor.core.backend import gpu_available, to_host
 
 from conftest import assert_all_ranks, assert_allclose_all
 

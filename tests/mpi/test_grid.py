@@ -11,7 +11,7 @@ from mpi4py import MPI
 
 import disttensor as dt
 from conftest import assert_all_ranks
-from disttensor.distribution import coords_to_rank, rank_to_coords
+from disttensor.core.distribution import coords_to_rank, rank_to_coords
 from strategies import all_grid_dims
 
 COMM = MPI.COMM_WORLD

@@ -11,7 +11,7 @@ from mpi4py import MPI
 
 import disttensor as dt
 from disttensor import io
-from disttensor.agreement import ArgumentMismatchError
+from disttensor.core.agreement import ArgumentMismatchError
 from disttensor.io import _h5
 from conftest import assert_all_ranks, assert_allclose_all, assert_raises_all
 

@@ -434,7 +434,7 @@ def test_rank_dependent_arguments_raise_on_every_rank(comm, data_dir):
     different dataset object per rank raise when the iteration starts / the batch is read."""
     if SIZE == 1:
         pytest.skip("needs ranks that can disagree")
-    from disttensor.agreement import ArgumentMismatchError
+    from disttensor.core.agreement import ArgumentMismatchError
     d, files, stacked = data_dir
     g = dt.ProcessGrid((SIZE,))
     last = comm.rank == SIZE - 1

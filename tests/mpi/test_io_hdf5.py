@@ -15,7 +15,7 @@ from mpi4py import MPI
 
 import disttensor as dt
 from disttensor import io
-from disttensor.agreement import ArgumentMismatchError
+from disttensor.core.agreement import ArgumentMismatchError
 from disttensor.io import _h5
 from conftest import assert_all_ranks, assert_allclose_all, assert_raises_all
 from strategies import explicit_sizes, grid_dims, shapes, splits
@@ -529,7 +529,7 @@ def test_real_no_space_left(comm, shared_tmp_path, check, monkeypatch):
 
 
 def test_gpu_blocks(comm, shared_tmp_path):
-    from disttensor.backend import gpu_available
+    from disttensor.core.backend import gpu_available
     if not gpu_available():
         pytest.skip("no CUDA GPU")
     g = dt.ProcessGrid((SIZE,))

@@ -138,7 +138,7 @@ def test_bad_arguments(comm, shared_tmp_path):
 def test_rank_dependent_arguments_raise_before_anything_is_written(comm, shared_tmp_path):
     if SIZE == 1:
         pytest.skip("needs ranks that can disagree")
-    from disttensor.agreement import ArgumentMismatchError
+    from disttensor.core.agreement import ArgumentMismatchError
     last = comm.rank == SIZE - 1
 
     def per_rank(bad, good):

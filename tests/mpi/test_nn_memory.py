@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import disttensor as dt
-from disttensor.array import DistArray
+from disttensor.core.array import DistArray
 from disttensor.autograd import Tensor, make_result
 from disttensor.autograd.saved import (record_nodes, saved_arrays, saved_bytes,
                                        saved_tensors_hooks)

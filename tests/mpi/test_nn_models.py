@@ -265,7 +265,7 @@ def test_check_replicas_different_parameter_sets():
 @needs_two
 def test_check_replicas_debug_reports_the_largest_difference(monkeypatch):
     """DISTTENSOR_DEBUG: every value is compared and the error gives the largest spread."""
-    import disttensor.agreement as agreement
+    import disttensor.core.agreement as agreement
     monkeypatch.setattr(agreement, "DEBUG", True)
     g = grid((1, SIZE, 1, 1))
     m = cosmoflow()

@@ -1,4 +1,4 @@
-"""disttensor.npyio: parallel .npy save/load against numpy.save/numpy.load, for random shapes,
+"""disttensor.routines.npyio: parallel .npy save/load against numpy.save/numpy.load, for random shapes,
 dtypes and layouts (1-3-D grids, uneven and empty blocks, replicated axes), Fortran-order and
 big-endian files, the atomic replacement (a failed save leaves the previous file and no
 temporary file), and errors raised on every rank."""
@@ -15,7 +15,7 @@ from mpi4py import MPI
 
 import disttensor as dt
 from disttensor import npyio
-from disttensor.distribution import Box
+from disttensor.core.distribution import Box
 from checks import SIZE, check_blocks as check, collective_checks, dist, examples, expect, grid
 from conftest import assert_all_ranks, assert_raises_all
 from strategies import layouts, shapes

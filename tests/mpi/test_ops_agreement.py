@@ -5,9 +5,9 @@ one small all-reduce per entry point (none for the activations without hyper-par
 
 Each mismatch test expects the error with ``pytest.raises`` on every rank, then proves the
 ranks are still in step (:func:`in_step`).  Arrays whose layout differs between ranks (what a
-rank-dependent branch would produce) are made inside :func:`disttensor.agreement.disabled`,
+rank-dependent branch would produce) are made inside :func:`disttensor.core.agreement.disabled`,
 where creation sends no message.  The counting tests monkeypatch
-:func:`disttensor.agreement.status_allreduce` (every agreement and failure all-reduce goes
+:func:`disttensor.core.agreement.status_allreduce` (every agreement and failure all-reduce goes
 through it).
 """
 from __future__ import annotations

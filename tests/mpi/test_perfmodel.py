@@ -10,7 +10,7 @@ from mpi4py import MPI
 
 import disttensor as dt
 from disttensor import nn
-from disttensor.agreement import ArgumentMismatchError
+from disttensor.core.agreement import ArgumentMismatchError
 from disttensor.autograd import Tensor
 from disttensor.nn import functional as F
 from disttensor.nn.perfmodel import LayerTimer, measure_links, plan_grid

@@ -1,4 +1,4 @@
-"""Cumulative sums and products (disttensor.scans) against NumPy float64, along split and
+"""Cumulative sums and products (disttensor.routines.scans) against NumPy float64, along split and
 unsplit axes of 1-D..3-D arrays on 1-D and 2-D grids with uneven and empty blocks.
 
 Tolerances: integer and bool scans are exact; a float cumulative sum differs from NumPy's only

@@ -1,5 +1,5 @@
-"""Sorting, searching, selections and statistics of DistArrays (disttensor.sorting,
-disttensor.setfuncs) against NumPy: exact comparisons (sorting, searching, counting and
+"""Sorting, searching, selections and statistics of DistArrays (disttensor.routines.sorting,
+disttensor.routines.setfuncs) against NumPy: exact comparisons (sorting, searching, counting and
 selection are exact; quantiles to 1e-12 relative), on 1-D and 2-D grids with every split,
 uneven and empty blocks, data with many ties and NaNs; argsort stability; results keep the
 documented distributions; bad input raises on every rank."""
@@ -260,7 +260,7 @@ def test_errors(comm):
 def test_alltoallv_adjoint(comm):
     """The sample sort's exchange is a permutation P of the concatenated pieces; its adjoint
     is the reverse exchange (pieces sent back): <P u, v> = <u, P* v>."""
-    from disttensor.sorting import alltoallv
+    from disttensor.routines.sorting import alltoallv
     rng = np.random.default_rng(100 + comm.rank)
     counts = rng.integers(0, 5, comm.size)
     u = rng.normal(size=int(counts.sum()))

@@ -1,6 +1,6 @@
 """Elementwise ufuncs and operators on DistArrays against NumPy: unary and binary ufuncs,
 broadcasting between DistArrays of different shapes, distributions and grids (the alignment
-rule of :mod:`disttensor.array`), NumPy arrays and Python scalars on either side, dtype
+rule of :mod:`disttensor.core.array`), NumPy arrays and Python scalars on either side, dtype
 promotion, in-place operators, ``out=``/``where=``, multi-output ufuncs, ``astype``/``copy``
 and ``where``.
 

@@ -5,7 +5,7 @@ import numpy as np
 
 import disttensor as dt
 from disttensor import io
-from disttensor.agreement import ArgumentMismatchError
+from disttensor.core.agreement import ArgumentMismatchError
 
 from .registry import case
 

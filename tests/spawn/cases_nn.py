@@ -3,7 +3,7 @@ import numpy as np
 
 import disttensor as dt
 from disttensor import nn, train
-from disttensor.agreement import ArgumentMismatchError
+from disttensor.core.agreement import ArgumentMismatchError
 from disttensor.autograd import Tensor
 from disttensor.nn import functional as F
 from disttensor.nn.models import CosmoFlow

@@ -11,7 +11,7 @@ import numpy as np
 
 import disttensor as dt
 from disttensor import agreement, ops
-from disttensor.agreement import ArgumentMismatchError
+from disttensor.core.agreement import ArgumentMismatchError
 
 from .registry import case
 

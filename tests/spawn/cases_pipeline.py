@@ -2,7 +2,7 @@
 import numpy as np
 
 import disttensor as dt
-from disttensor.agreement import ArgumentMismatchError
+from disttensor.core.agreement import ArgumentMismatchError
 from disttensor.nn import Pipeline
 from disttensor.nn import functional as F
 from disttensor.nn.models import CosmoFlow

@@ -8,8 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from disttensor import agreement
-from disttensor.agreement import describe, digest, token
-from disttensor.distribution import Distribution
+from disttensor.core.agreement import describe, digest, token
+from disttensor.core.distribution import Distribution
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=8),
                     st.floats(allow_nan=True), st.binary(max_size=8))

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from disttensor.distribution import (Box, Distribution, balanced_sizes, coords_to_rank,
+from disttensor.core.distribution import (Box, Distribution, balanced_sizes, coords_to_rank,
                                      intersect_ranges, offsets_from_sizes, rank_to_coords)
 
 from .strategies import compositions, grid_dims_st, split_st
@@ -381,7 +381,7 @@ def test_slice_axis(data):
 @given(st.integers(-3, 12), st.integers(0, 12), st.integers(-3, 14), st.integers(-3, 14),
        st.integers(1, 5))
 def test_count_selected(a, length, start, stop, step):
-    from disttensor.distribution import _count_selected
+    from disttensor.core.distribution import _count_selected
     b = a + length
     assume(start >= 0)
     expected = sum(1 for i in range(start, stop, step) if a <= i < b)

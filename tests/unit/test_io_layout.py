@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from disttensor.distribution import Distribution, rank_to_coords
+from disttensor.core.distribution import Distribution, rank_to_coords
 from disttensor.io.layout import (AxisSelection, batch_indices, check_dataset_name,
                                   decode_distribution, encode_distribution, epoch_order,
                                   file_hyperslab, is_writer, normalize_selection,

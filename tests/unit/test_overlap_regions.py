@@ -5,7 +5,7 @@ and assembling the local convolution region by region gives the whole block's re
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from disttensor.distribution import Distribution, rank_to_coords
+from disttensor.core.distribution import Distribution, rank_to_coords
 from disttensor.ops._spatial import overlap_regions, window_plan
 from disttensor.ops.local.cpu_conv import conv_forward
 from disttensor.ops.window import AxisWindow

@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from disttensor.distribution import Box, Distribution, rank_to_coords
+from disttensor.core.distribution import Box, Distribution, rank_to_coords
 
 from .strategies import compositions, grid_dims_st, split_st
-from disttensor.plans import CommPlan, halo_axis_segments, halo_plan, redistribution_plan
+from disttensor.core.plans import CommPlan, halo_axis_segments, halo_plan, redistribution_plan
 
 FAST = settings(max_examples=200, deadline=None)
 HALO = settings(max_examples=200, deadline=None)

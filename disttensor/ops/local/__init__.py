@@ -22,7 +22,7 @@ import os
 # imported, as scripts/main.sh and bench/README.md do) fixes the BLAS side.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from ...backend import array_module
+from ...core.backend import array_module
 
 __all__ = ["kernels_for"]
 

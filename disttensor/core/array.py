@@ -28,8 +28,8 @@ Every public collective entry point (creation, data movement, reductions, ufuncs
 manipulation, indexing, random) is decorated with :func:`collective_entry` and validates its
 arguments inside an :func:`agreed` block, before any data moves: one small all-reduce makes the
 ranks agree on the call and its metadata arguments and on any validation failure (see
-:mod:`disttensor.agreement`), so an argument that differs between ranks raises
-:class:`~disttensor.agreement.ArgumentMismatchError` on every rank instead of hanging.  Entry
+:mod:`disttensor.core.agreement`), so an argument that differs between ranks raises
+:class:`~disttensor.core.agreement.ArgumentMismatchError` on every rank instead of hanging.  Entry
 points called *inside* another entry point (``mean`` calling ``sum``, ``reshape`` calling
 ``redistribute``) skip their agreement: their arguments are pure functions of the agreed ones.
 """
@@ -95,9 +95,9 @@ def agreed(comm, call: str, /, *, rank_local: bool = False, **args):
 
     In the outermost entry point (see :func:`collective_entry`) this is
     ``comm.collective(comm, call, **args)``: one all-reduce agrees ``args`` across the ranks
-    (:class:`~disttensor.agreement.ArgumentMismatchError` on every rank if they differ) and
+    (:class:`~disttensor.core.agreement.ArgumentMismatchError` on every rank if they differ) and
     any exception the block raised (raised on every rank).  Nested in another entry point, or
-    with agreement :func:`~disttensor.agreement.disabled`, the block runs plainly, since its
+    with agreement :func:`~disttensor.core.agreement.disabled`, the block runs plainly, since its
     checks depend only on agreed, replicated metadata; with ``rank_local=True`` (checks that
     read rank-local data, such as a local block's shape) failures are still agreed."""
     from . import agreement
@@ -377,21 +377,21 @@ class DistArray:
         ``api_version`` ``None`` or one of 2021.12 ... 2024.12)."""
         if api_version not in (None, "2021.12", "2022.12", "2023.12", "2024.12"):
             raise ValueError(f"unsupported array API version {api_version!r}")
-        from . import array_api
+        from .. import array_api
         return array_api
 
     @property
     def mT(self) -> "DistArray":
         """The last two axes swapped (no data moves)."""
-        from .linalg import matrix_transpose
+        from ..linalg import matrix_transpose
         return matrix_transpose(self)
 
     def __matmul__(self, other):
-        from .linalg import matmul
+        from ..linalg import matmul
         return matmul(self, other)
 
     def __rmatmul__(self, other):
-        from .linalg import matmul
+        from ..linalg import matmul
         return matmul(other, self)
 
     def __len__(self) -> int:
@@ -427,7 +427,7 @@ class DistArray:
                 self._buffer[tuple(idx)] = 0
 
     def halo_exchange(self, boundary="zero"):
-        """A split-phase :class:`~disttensor.halo.HaloExchange` of this array (collective):
+        """A split-phase :class:`~disttensor.core.halo.HaloExchange` of this array (collective):
         ``h = x.halo_exchange(); h.begin(); ...interior work...; h.end()``."""
         from .halo import HaloExchange
         return HaloExchange(self, boundary)
@@ -448,7 +448,7 @@ class DistArray:
                      distribution: Distribution | None = None) -> "DistArray":
         """This array under another block distribution, possibly on another grid over the
         same ranks (collective; point-to-point messages to the ranks whose blocks meet, see
-        :mod:`disttensor.redistribute`)."""
+        :mod:`disttensor.core.redistribute`)."""
         from .redistribute import redistribute_blocks
         grid = self._grid if grid is None else grid
         with agreed(self._grid.cart, "redistribute", x=self, grid=grid,
@@ -474,7 +474,7 @@ class DistArray:
     @collective_entry
     def redistribute_adjoint(self, like: "DistArray") -> "DistArray":
         """Adjoint of ``like.redistribute(...)`` applied to this array (collective): a DistArray
-        with ``like``'s distribution (see :mod:`disttensor.redistribute`)."""
+        with ``like``'s distribution (see :mod:`disttensor.core.redistribute`)."""
         from .redistribute import redistribute_adjoint_blocks
         with agreed(self._grid.cart, "redistribute_adjoint", x=self, like=like):
             if not isinstance(like, DistArray):
@@ -575,11 +575,11 @@ class DistArray:
 
     # -- NumPy protocols ----------------------------------------------------------------------
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        from .ufuncs import array_ufunc
+        from ..routines.ufuncs import array_ufunc
         return array_ufunc(ufunc, method, inputs, kwargs)
 
     def __array_function__(self, func, types, args, kwargs):
-        from .functions import HANDLED
+        from ..routines.functions import HANDLED
         impl = HANDLED.get(func)
         if impl is None:
             raise TypeError(f"numpy.{func.__name__} is not supported for DistArray; "
@@ -588,90 +588,90 @@ class DistArray:
 
     # -- reductions ---------------------------------------------------------------------------
     def sum(self, axis=None, dtype=None, keepdims=False):
-        from . import reductions
+        from ..routines import reductions
         return reductions.sum(self, axis=axis, dtype=dtype, keepdims=keepdims)
 
     def prod(self, axis=None, dtype=None, keepdims=False):
-        from . import reductions
+        from ..routines import reductions
         return reductions.prod(self, axis=axis, dtype=dtype, keepdims=keepdims)
 
     def mean(self, axis=None, dtype=None, keepdims=False):
-        from . import reductions
+        from ..routines import reductions
         return reductions.mean(self, axis=axis, dtype=dtype, keepdims=keepdims)
 
     def var(self, axis=None, dtype=None, ddof=0, keepdims=False):
-        from . import reductions
+        from ..routines import reductions
         return reductions.var(self, axis=axis, dtype=dtype, ddof=ddof, keepdims=keepdims)
 
     def std(self, axis=None, dtype=None, ddof=0, keepdims=False):
-        from . import reductions
+        from ..routines import reductions
         return reductions.std(self, axis=axis, dtype=dtype, ddof=ddof, keepdims=keepdims)
 
     def min(self, axis=None, keepdims=False):
-        from . import reductions
+        from ..routines import reductions
         return reductions.min(self, axis=axis, keepdims=keepdims)
 
     def max(self, axis=None, keepdims=False):
-        from . import reductions
+        from ..routines import reductions
         return reductions.max(self, axis=axis, keepdims=keepdims)
 
     def argmin(self, axis=None, keepdims=False):
-        from . import reductions
+        from ..routines import reductions
         return reductions.argmin(self, axis=axis, keepdims=keepdims)
 
     def argmax(self, axis=None, keepdims=False):
-        from . import reductions
+        from ..routines import reductions
         return reductions.argmax(self, axis=axis, keepdims=keepdims)
 
     def any(self, axis=None, keepdims=False):
-        from . import reductions
+        from ..routines import reductions
         return reductions.any(self, axis=axis, keepdims=keepdims)
 
     def all(self, axis=None, keepdims=False):
-        from . import reductions
+        from ..routines import reductions
         return reductions.all(self, axis=axis, keepdims=keepdims)
 
-    # -- sorting and scans (disttensor.sorting, disttensor.scans) ------------------------------
+    # -- sorting and scans (disttensor.routines.sorting, disttensor.routines.scans) ------------------------------
     def sort(self, axis=-1) -> None:
         """Sort in place along ``axis`` (as ``ndarray.sort``; collective)."""
-        from . import sorting
+        from ..routines import sorting
         self._local[...] = sorting.sort(self, axis=axis).local
 
     def argsort(self, axis=-1):
-        from . import sorting
+        from ..routines import sorting
         return sorting.argsort(self, axis=axis)
 
     def cumsum(self, axis=None, dtype=None):
-        from . import scans
+        from ..routines import scans
         return scans.cumsum(self, axis=axis, dtype=dtype)
 
     def cumprod(self, axis=None, dtype=None):
-        from . import scans
+        from ..routines import scans
         return scans.cumprod(self, axis=axis, dtype=dtype)
 
     def nonzero(self):
-        from . import sorting
+        from ..routines import sorting
         return sorting.nonzero(self)
 
     # -- shape manipulation -------------------------------------------------------------------
     def transpose(self, *axes):
-        from . import manipulation
+        from ..routines import manipulation
         if len(axes) == 1 and (axes[0] is None or not isinstance(axes[0], numbers.Integral)):
             axes = axes[0]
         return manipulation.transpose(self, axes or None)
 
     def reshape(self, *shape):
-        from . import manipulation
+        from ..routines import manipulation
         if len(shape) == 1 and not isinstance(shape[0], numbers.Integral):
             shape = shape[0]
         return manipulation.reshape(self, shape)
 
     def __getitem__(self, key):
-        from .indexing import getitem
+        from ..routines.indexing import getitem
         return getitem(self, key)
 
     def __setitem__(self, key, value):
-        from .indexing import setitem
+        from ..routines.indexing import setitem
         setitem(self, key, value)
 
 

@@ -2,12 +2,12 @@
 ``unique_inverse``, ``unique_all`` and NumPy's ``unique`` (``axis=None`` only).
 
 Algorithm (collective): flatten ``x`` (``x.reshape(-1)``), sort it with its permutation
-(:mod:`disttensor.sorting`: sample sort along the split axis, stable), mark the first element
+(:mod:`disttensor.routines.sorting`: sample sort along the split axis, stable), mark the first element
 of each run of equal values (the last element of the previous non-empty block is all-gathered
 along the grid axis, ``O(p)``), and select the marked elements locally.  First-occurrence
 indices are the permutation at the marks (the sort is stable); counts are the distances
 between consecutive marks (the next block's first mark is all-gathered); inverse indices are a
-running count of the marks (:mod:`disttensor.scans`) sent back to the elements' original
+running count of the marks (:mod:`disttensor.routines.scans`) sent back to the elements' original
 positions by one ``MPI_Alltoallv`` (the inverse permutation).
 
 Output distributions (data-dependent): ``values``, ``indices`` and ``counts`` are 1-D, split
@@ -24,9 +24,9 @@ from collections import namedtuple
 
 import numpy as np
 
-from .array import DistArray, agreed, canon, collective_entry
-from .backend import to_host
-from .distribution import Distribution
+from ..core.array import DistArray, agreed, canon, collective_entry
+from ..core.backend import to_host
+from ..core.distribution import Distribution
 
 __all__ = ["unique_values", "unique_counts", "unique_inverse", "unique_all", "unique",
            "HANDLED_FUNCTIONS"]

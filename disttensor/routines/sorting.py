@@ -60,10 +60,10 @@ import operator
 
 import numpy as np
 
-from .array import DistArray, agreed, canon, collective_entry, operand_key
-from .backend import to_host
-from .comm import allreduce, mpi_type
-from .distribution import Distribution
+from ..core.array import DistArray, agreed, canon, collective_entry, operand_key
+from ..core.backend import to_host
+from ..core.comm import allreduce, mpi_type
+from ..core.distribution import Distribution
 from .scans import cumprod, cumsum, cumulative_prod, cumulative_sum  # noqa: F401 (re-exported)
 from .setfuncs import (unique, unique_all, unique_counts, unique_inverse,  # noqa: F401
                        unique_values)
@@ -472,7 +472,7 @@ def mask_setitem(x: DistArray, mask, value) -> None:
     m = _aligned_mask(mask, y)
     cnt = int(m.sum())
     d = _hits_dist(y, cnt)
-    from .comm import collective
+    from ..core.comm import collective
     with collective(x.grid.cart):
         if vshape[0] != d.shape[0]:
             raise ValueError(f"NumPy boolean array indexing assignment cannot assign "
@@ -812,7 +812,8 @@ HANDLED_FUNCTIONS = {
 
 
 def _merge_scans():
-    from . import scans, setfuncs
+    from . import scans
+    from . import setfuncs
     HANDLED_FUNCTIONS.update(scans.HANDLED_FUNCTIONS)
     HANDLED_FUNCTIONS.update(setfuncs.HANDLED_FUNCTIONS)
 

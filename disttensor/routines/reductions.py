@@ -14,10 +14,10 @@ import operator
 
 import numpy as np
 
-from .array import DistArray, agreed, canon, collective_entry, dtype_key
-from .backend import array_module, to_host
-from .comm import allreduce, mpi_type
-from .distribution import Distribution
+from ..core.array import DistArray, agreed, canon, collective_entry, dtype_key
+from ..core.backend import array_module, to_host
+from ..core.comm import allreduce, mpi_type
+from ..core.distribution import Distribution
 
 __all__ = ["sum", "prod", "mean", "var", "std", "min", "max", "argmin", "argmax", "any", "all"]
 

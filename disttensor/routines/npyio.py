@@ -40,10 +40,10 @@ import os
 
 import numpy as np
 
-from .array import DistArray, agreed, canon, collective_entry, make_distribution, split_key
-from .backend import to_host
-from .comm import collective
-from .grid import get_default_grid
+from ..core.array import DistArray, agreed, canon, collective_entry, make_distribution, split_key
+from ..core.backend import to_host
+from ..core.comm import collective
+from ..core.grid import get_default_grid
 
 __all__ = ["save", "load", "header_bytes"]
 
@@ -101,7 +101,7 @@ def _writer(x: DistArray) -> bool:
 @collective_entry
 def save(path, x: DistArray) -> None:
     """Collective: write ``x`` to the ``.npy`` file ``path`` (replaced atomically)."""
-    from .io._h5 import remove_stale_temps_for, temp_path_for, _release
+    from ..io._h5 import remove_stale_temps_for, temp_path_for, _release
     if not isinstance(x, DistArray):
         raise TypeError(f"save needs a DistArray, got {type(x).__name__}")
     comm = x.grid.cart

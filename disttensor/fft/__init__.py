@@ -72,10 +72,10 @@ import numbers
 
 import numpy as np
 
-from .array import DistArray, agreed, canon, collective_entry, split_key
-from .creation import _grid, layout_args
-from .distribution import Distribution
-from .redistribute import redistribute_blocks
+from ..core.array import DistArray, agreed, canon, collective_entry, split_key
+from ..routines.creation import _grid, layout_args
+from ..core.distribution import Distribution
+from ..core.redistribute import redistribute_blocks
 
 __all__ = ["fft", "ifft", "rfft", "irfft", "hfft", "ihfft", "fft2", "ifft2", "rfft2",
            "irfft2", "fftn", "ifftn", "rfftn", "irfftn", "fftfreq", "rfftfreq", "fftshift",
@@ -385,7 +385,7 @@ def ihfft(x, n=None, axis=-1, norm=None, out_split=None):
 
 # -- frequencies -------------------------------------------------------------------------------
 def _freq(call, n, d, real, dtype, grid, split, sizes, device):
-    from .creation import empty
+    from ..routines.creation import empty
     g = _grid(grid)
     with agreed(g.cart, call, n=canon(n), d=d, dtype=dtype,
                 **layout_args(None, g, split, sizes, device, ndim=1)):
@@ -499,7 +499,7 @@ def gaussian_random_field(shape, power, grid=None, seed=0, split=None) -> DistAr
     ``disttensor.random.default_rng(seed).normal``, so ``E |rfftn(f)_k|^2 = N P(|k|)`` with
     ``N = prod(shape)``, and the field is the same (to rounding) on any grid and split.
     Output: float64 of ``shape`` with split ``split`` (default: the grid's default)."""
-    from .random import default_rng
+    from ..random import default_rng
     g = _grid(grid)
     with agreed(g.cart, "gaussian_random_field", seed=seed,
                 **layout_args(shape, g, split, None)):

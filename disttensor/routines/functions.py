@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import creation, manipulation, reductions
+from . import creation
+from . import manipulation
+from . import reductions
 from .indexing import flip
 
 __all__ = ["HANDLED"]
@@ -88,9 +90,9 @@ HANDLED = {
 }
 from . import shaping as _shaping  # noqa: E402
 HANDLED.update(_shaping.HANDLED_FUNCTIONS)
-from . import linalg as _linalg  # noqa: E402
+from .. import linalg as _linalg  # noqa: E402
 HANDLED.update(_linalg.HANDLED_FUNCTIONS)
-from . import fft as _fft  # noqa: E402
+from .. import fft as _fft  # noqa: E402
 HANDLED.update(_fft.HANDLED_FUNCTIONS)
 from . import sorting as _sorting  # noqa: E402
 HANDLED.update(_sorting.HANDLED_FUNCTIONS)

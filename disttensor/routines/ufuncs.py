@@ -1,6 +1,6 @@
 """Elementwise NumPy ufuncs on DistArrays, and the alignment rule for mixed operands.
 
-See the module docstring of :mod:`disttensor.array` for the rule; :func:`result_layout` and
+See the module docstring of :mod:`disttensor.core.array` for the rule; :func:`result_layout` and
 :func:`align` implement it and are shared by ``where``, ``__setitem__`` and ``concatenate``.
 """
 from __future__ import annotations
@@ -9,10 +9,10 @@ import numbers
 
 import numpy as np
 
-from .array import DistArray, _check_grids, agreed, collective_entry, operand_key
-from .backend import array_module, to_device
-from .distribution import Distribution
-from .grid import ProcessGrid
+from ..core.array import DistArray, _check_grids, agreed, collective_entry, operand_key
+from ..core.backend import array_module, to_device
+from ..core.distribution import Distribution
+from ..core.grid import ProcessGrid
 
 __all__ = ["array_ufunc", "result_layout", "align", "operand_shape"]
 
@@ -127,7 +127,7 @@ def array_ufunc(ufunc, method, inputs, kwargs):
     if method != "__call__":
         return NotImplemented
     if ufunc.signature is not None:  # gufuncs: np.matmul, np.vecdot (disttensor.linalg)
-        from .linalg import GUFUNCS
+        from ..linalg import GUFUNCS
         impl = GUFUNCS.get(ufunc)
         return NotImplemented if impl is None else impl(*inputs, **kwargs)
     return _call(ufunc, inputs, kwargs)
@@ -204,7 +204,7 @@ def _call(ufunc, inputs, kwargs):
     if _may_fail_on_data(ufunc, locals_):
         # a failure that depends on the values (an integer to a negative power, a floating
         # point error under np.seterr(...='raise')) may hit only some ranks: agree on it
-        from .comm import collective
+        from ..core.comm import collective
         with collective(grid.cart):
             res = ufunc(*locals_, **kwargs)
     else:

@@ -22,10 +22,10 @@ import operator
 import numpy as np
 from mpi4py import MPI
 
-from .array import DistArray, agreed, canon, collective_entry, dtype_key
-from .backend import to_host
-from .comm import mpi_type
-from .distribution import Distribution
+from ..core.array import DistArray, agreed, canon, collective_entry, dtype_key
+from ..core.backend import to_host
+from ..core.comm import mpi_type
+from ..core.distribution import Distribution
 
 __all__ = ["cumulative_sum", "cumulative_prod", "cumsum", "cumprod"]
 

@@ -4,7 +4,7 @@ A DistArray created with a halo stores its owned block inside a larger local *bu
 extra cells below and ``hi`` above along every axis (``x.local`` is the interior view, so a
 stencil reads neighbours' values without a copy).  :class:`HaloExchange` fills the halo cells
 from the ranks that own them (faces, edges and corners, each straight from its owner; see
-:mod:`disttensor.plans`) or with zeros beyond a non-periodic global boundary.
+:mod:`disttensor.core.plans`) or with zeros beyond a non-periodic global boundary.
 
 ``begin()`` posts every receive and send and does the local copies; ``end()`` waits.  Work on
 the interior between the two overlaps the messages.  ``reverse_begin()/reverse_end()`` is
@@ -14,9 +14,9 @@ zeroed (this is what a backward pass needs after a forward stencil read the halo
 Messages go point to point on a private duplicate of the grid's communicator (so an exchange
 in flight never matches other traffic).  A piece that is contiguous in the buffer (a face
 normal to axis 0, say) moves straight from/to the buffer; any other is packed into contiguous
-scratch allocated once per :class:`HaloExchange` (see :class:`disttensor.comm.PieceExchange`
+scratch allocated once per :class:`HaloExchange` (see :class:`disttensor.core.comm.PieceExchange`
 for why not MPI subarray datatypes).  GPU buffers are packed on the device and go through host
-memory unless MPI is CUDA-aware (``disttensor.comm.cuda_aware_mpi``).  Reuse one
+memory unless MPI is CUDA-aware (``disttensor.core.comm.cuda_aware_mpi``).  Reuse one
 ``x.halo_exchange()`` object for repeated exchanges: it keeps the plan, the views, the
 scratch and persistent MPI requests, so an exchange is one ``MPI_Startall``/``MPI_Waitall``
 pair plus the zero fills, local copies and packs (measured within ~1.0-1.2x of a bare
@@ -70,7 +70,7 @@ def _zero_fill(v):
     """The fastest way to zero one (precomputed) view, as a function of one ignored argument:
     ``memset`` for a large contiguous one (measured ~3x faster than ``ndarray.fill`` at
     256 KiB: all-zero bytes are 0 in every numeric dtype), ``fill`` for a small one (a ctypes
-    call costs more below ~32 KiB), the run merging of :func:`disttensor.comm.fill_zero` for
+    call costs more below ~32 KiB), the run merging of :func:`disttensor.core.comm.fill_zero` for
     a strided one."""
     if type(v) is np.ndarray and v.flags.c_contiguous and not v.dtype.hasobject:
         if v.nbytes >= 32768:
@@ -95,9 +95,9 @@ class HaloExchange:
     Construction agrees the arguments (``x``'s metadata and the boundary) across the ranks,
     one all-reduce, unless it runs inside a collective entry point that agreed already (a
     window op exchanging the halo it derived from its agreed arguments, see
-    :func:`disttensor.array.nested`).  Each exchange after that is purely point to point:
+    :func:`disttensor.core.array.nested`).  Each exchange after that is purely point to point:
     the plan, the views of the buffer's pieces, the zero-fill and local-copy work lists and
-    the persistent MPI requests (:class:`~disttensor.comm.PieceExchange`) are made once, so
+    the persistent MPI requests (:class:`~disttensor.core.comm.PieceExchange`) are made once, so
     :meth:`exchange` costs one ``MPI_Startall``/``MPI_Waitall`` pair plus the fills, copies
     and packs; every rank must make the same sequence of exchange calls on its object."""
 

@@ -48,7 +48,7 @@ Contractions
 ``tensordot``, ``einsum`` (two operands, explicit or implicit output, no ellipsis, no repeated
 label inside one operand) and ``outer`` transpose and reshape the operands into a batched
 ``matmul`` (labels only in one operand and not in the output are summed first).  ``vecdot`` is
-``sum(conj(x1) * x2, axis)`` with the elementwise alignment rule of :mod:`disttensor.array`.
+``sum(conj(x1) * x2, axis)`` with the elementwise alignment rule of :mod:`disttensor.core.array`.
 
 Norms
 -----
@@ -94,11 +94,11 @@ import weakref
 
 import numpy as np
 
-from .array import DistArray, agreed, canon, collective_entry, operand_key
-from .backend import array_module, to_host
-from .comm import allreduce, collective, mpi_type
-from .distribution import Distribution
-from .grid import ProcessGrid
+from ..core.array import DistArray, agreed, canon, collective_entry, operand_key
+from ..core.backend import array_module, to_host
+from ..core.comm import allreduce, collective, mpi_type
+from ..core.distribution import Distribution
+from ..core.grid import ProcessGrid
 
 __all__ = ["matmul", "tensordot", "vecdot", "einsum", "outer", "trace", "diagonal", "cross",
            "norm", "vector_norm", "matrix_norm", "qr", "svd", "svdvals", "solve", "inv", "det",
@@ -494,13 +494,13 @@ def matrix_transpose(x: DistArray) -> DistArray:
     _check_dist(x, "matrix_transpose")
     if x.ndim < 2:
         raise ValueError(f"matrix_transpose needs at least 2 dimensions, got {x.ndim}")
-    from .manipulation import swapaxes
+    from ..routines.manipulation import swapaxes
     return swapaxes(x, -1, -2)
 
 
 # -- contractions ------------------------------------------------------------------------------
 def _regroup(x: DistArray, shape) -> DistArray:
-    from .manipulation import reshape
+    from ..routines.manipulation import reshape
     shape = tuple(int(s) for s in shape)
     return x if x.shape == shape else reshape(x, shape)
 
@@ -508,7 +508,7 @@ def _regroup(x: DistArray, shape) -> DistArray:
 def _contract(a: DistArray, b: DistArray, ba, bb, ca, cb) -> DistArray:
     """Contract axes ``ca`` of ``a`` with ``cb`` of ``b``, batch axes ``ba``/``bb`` paired;
     result axes: batch, free axes of ``a``, free axes of ``b`` (sizes already checked)."""
-    from .manipulation import transpose
+    from ..routines.manipulation import transpose
     fa = [t for t in range(a.ndim) if t not in ba and t not in ca]
     fb = [t for t in range(b.ndim) if t not in bb and t not in cb]
     A = transpose(a, list(ba) + fa + list(ca))
@@ -594,8 +594,8 @@ def einsum(subscripts: str, x1, x2) -> DistArray:
     """Two-operand ``numpy.einsum`` without ellipsis or repeated labels inside one operand
     (collective): labels only in one operand and not in the output are summed first, the rest
     becomes a batched matmul (batch: in both and the output; contracted: in both only)."""
-    from . import reductions
-    from .manipulation import transpose
+    from ..routines import reductions
+    from ..routines.manipulation import transpose
     comm = _comm_of(x1, x2)
     with agreed(comm, "einsum", subscripts=subscripts, x1=operand_key(x1),
                 x2=operand_key(x2)):
@@ -628,7 +628,7 @@ def einsum(subscripts: str, x1, x2) -> DistArray:
 def vecdot(x1, x2, /, *, axis: int = -1) -> DistArray:
     """``sum(conj(x1) * x2, axis)`` over broadcast operands (collective; the array API's and
     NumPy 2's ``vecdot``); the product follows the elementwise alignment rule."""
-    from . import reductions
+    from ..routines import reductions
     comm = _comm_of(x1, x2)
     with agreed(comm, "vecdot", x1=operand_key(x1), x2=operand_key(x2), axis=canon(axis)):
         grid = _first_grid(x1, x2)
@@ -650,7 +650,7 @@ def vecdot(x1, x2, /, *, axis: int = -1) -> DistArray:
 def outer(x1, x2) -> DistArray:
     """``numpy.outer``: ``x1.ravel()[:, None] * x2.ravel()[None, :]`` (collective); rows split
     like ``x1``, columns like ``x2`` when its grid axis is free (the alignment rule)."""
-    from .manipulation import reshape
+    from ..routines.manipulation import reshape
     comm = _comm_of(x1, x2)
     with agreed(comm, "outer", x1=operand_key(x1), x2=operand_key(x2)):
         grid = _first_grid(x1, x2)
@@ -666,7 +666,7 @@ def diagonal(x: DistArray, offset: int = 0, axis1: int = 0, axis2: int = 1) -> D
     ``axis1`` was (each rank keeps the diagonal entries of its rows); ``axis2`` is made whole
     first (a redistribution when it is split)."""
     from numpy.lib.array_utils import normalize_axis_index
-    from .manipulation import moveaxis
+    from ..routines.manipulation import moveaxis
     _check_dist(x, "diagonal")
     with agreed(x.grid.cart, "diagonal", x=x, offset=canon(offset), axis1=canon(axis1),
                 axis2=canon(axis2)):
@@ -705,8 +705,8 @@ def diagonal(x: DistArray, offset: int = 0, axis1: int = 0, axis2: int = 1) -> D
 @collective_entry
 def trace(x: DistArray, offset: int = 0, axis1: int = 0, axis2: int = 1, dtype=None) -> DistArray:
     """``numpy.trace``: the sum of :func:`diagonal` along its last axis (collective)."""
-    from . import reductions
-    from .array import dtype_key
+    from ..routines import reductions
+    from ..core.array import dtype_key
     _check_dist(x, "trace")
     with agreed(x.grid.cart, "trace", x=x, offset=canon(offset), axis1=canon(axis1),
                 axis2=canon(axis2), dtype=dtype_key(dtype)):
@@ -747,7 +747,7 @@ def _float(x: DistArray) -> DistArray:
 
 
 def _vector_norm(x: DistArray, axes, keepdims: bool, ord) -> DistArray:
-    from . import reductions
+    from ..routines import reductions
     x = _float(x)
     ax = np.abs(x)
     if ord == np.inf:
@@ -787,7 +787,7 @@ _MATRIX_ORDS = ("fro", "nuc", 1, -1, 2, -2, np.inf, -np.inf)
 
 
 def _matrix_norm_last2(x: DistArray, ord, keepdims: bool) -> DistArray:
-    from . import reductions
+    from ..routines import reductions
     nd = x.ndim
     if ord == "fro":
         r = _vector_norm(x, (nd - 2, nd - 1), True, 2)
@@ -826,7 +826,7 @@ def norm(x: DistArray, ord=None, axis=None, keepdims: bool = False) -> DistArray
     for ``ord=None``, else the vector (1-D) or matrix (2-D) norm; an int ``axis`` gives vector
     norms, a pair of axes matrix norms.  Returns a DistArray (0-d for a full reduction)."""
     from numpy.lib.array_utils import normalize_axis_tuple
-    from .manipulation import moveaxis
+    from ..routines.manipulation import moveaxis
     _check_dist(x, "norm")
     with agreed(x.grid.cart, "norm", x=x, ord=canon(ord), axis=canon(axis),
                 keepdims=bool(keepdims)):

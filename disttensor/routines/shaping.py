@@ -1,5 +1,5 @@
 """Shaping and utility functions of DistArrays that NumPy and the array API standard add to
-the core (:mod:`disttensor.manipulation`, :mod:`disttensor.reductions`).
+the core (:mod:`disttensor.routines.manipulation`, :mod:`disttensor.routines.reductions`).
 
 Every function here is collective over the grid of its DistArray operands; the ranks agree on
 the metadata arguments (axes, shapes, repeats, modes) before any data moves.
@@ -9,11 +9,11 @@ Output distributions and algorithms
 * ``expand_dims``: a new length-1 axis, not split; the local block is reshaped (no messages).
 * ``squeeze``: the removed length-1 axes are first made unsplit (a redistribution that only
   moves the one row from its owner to the ranks along that grid axis), then dropped locally.
-* ``stack``: ``expand_dims`` of every operand then :func:`~disttensor.manipulation.concatenate`
+* ``stack``: ``expand_dims`` of every operand then :func:`~disttensor.routines.manipulation.concatenate`
   along the new axis (operands are redistributed to the first one's layout).
-* ``unstack``: one integer index per position (:mod:`disttensor.indexing`).
+* ``unstack``: one integer index per position (:mod:`disttensor.routines.indexing`).
 * ``broadcast_to`` / ``broadcast_arrays``: the result layout follows the alignment rule of
-  :mod:`disttensor.array`; broadcast (new or length-1) axes are replicated, the block is
+  :mod:`disttensor.core.array`; broadcast (new or length-1) axes are replicated, the block is
   materialized (a copy, unlike NumPy's read-only view).
 * ``tile``: concatenation of copies per axis (one redistribution per tiled axis).
 * ``repeat``: the repeated axis is gathered whole on the ranks along its grid axis (memory
@@ -42,11 +42,11 @@ Output distributions and algorithms
   locally, redistributed back to the layout of ``indices``.
 * nan-reductions (``nansum``, ``nanprod``, ``nanmean``, ``nanvar``, ``nanstd``, ``nanmin``,
   ``nanmax``, ``nanargmin``, ``nanargmax``): local partial results that skip NaN, one
-  all-reduce over the grid axes that split the reduced axes (as :mod:`disttensor.reductions`);
+  all-reduce over the grid axes that split the reduced axes (as :mod:`disttensor.routines.reductions`);
   ``nanvar`` is two-pass (mean, then squared deviations).  ``nanmin``/``nanmax`` of an
   all-NaN slice give NaN (NumPy also warns); ``nanargmin``/``nanargmax`` raise
   ``ValueError("All-NaN slice encountered")`` on every rank.  Error bounds of the float sums
-  are those of :mod:`disttensor.reductions` (a different summation order than NumPy's
+  are those of :mod:`disttensor.routines.reductions` (a different summation order than NumPy's
   pairwise sum: relative error ``O(n eps)`` in the worst case).
 """
 from __future__ import annotations
@@ -58,10 +58,10 @@ import operator
 
 import numpy as np
 
-from .array import (DistArray, agreed, canon, collective_entry, dtype_key, operand_key,
+from ..core.array import (DistArray, agreed, canon, collective_entry, dtype_key, operand_key,
                     make_distribution)
-from .backend import array_module
-from .distribution import Distribution, balanced_sizes
+from ..core.backend import array_module
+from ..core.distribution import Distribution, balanced_sizes
 
 __all__ = ["expand_dims", "squeeze", "stack", "unstack", "broadcast_to", "broadcast_arrays",
            "tile", "repeat", "roll", "pad", "meshgrid", "eye", "tril", "triu", "isclose",
@@ -123,11 +123,11 @@ def _anchor(values):
 
 @collective_entry
 def elementwise(fn, name: str, operands, /, **kwargs) -> DistArray:
-    """``fn(*local operands, **kwargs)`` under the alignment rule of :mod:`disttensor.array`:
+    """``fn(*local operands, **kwargs)`` under the alignment rule of :mod:`disttensor.core.array`:
     the result takes the layout of the first DistArray operand of the full result shape;
     other operands are redistributed, NumPy arrays and scalars are replicated values.
     ``fn`` must be elementwise (its result has the broadcast shape)."""
-    from .array import _check_grids
+    from ..core.array import _check_grids
     from .ufuncs import _device_of_operands, align, operand_shape, result_layout
     ops = [np.asarray(o) if isinstance(o, (list, tuple)) else o for o in operands]
     anchor = _anchor(ops)
@@ -635,7 +635,7 @@ def take_along_axis(x: DistArray, indices: DistArray, axis=-1) -> DistArray:
     il = iw.local
     n = x.shape[ax]
     bad = bool(il.size and (il.max() >= n or il.min() < -n))
-    from .comm import collective
+    from ..core.comm import collective
     with collective(x.grid.cart):
         if bad:
             raise IndexError(f"index out of range for axis of size {n}")
@@ -774,7 +774,7 @@ def nanmax(x: DistArray, axis=None, keepdims=False) -> DistArray:
 
 def _nanarg(call, x, axis, keepdims, op):
     from . import reductions
-    from .comm import allreduce
+    from ..core.comm import allreduce
     _nan_prep(call, x, None if axis is None else axis, keepdims)
     if x.dtype.kind not in "fc":
         return getattr(reductions, "arg" + op)(x, axis, keepdims)

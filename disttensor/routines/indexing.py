@@ -6,7 +6,7 @@ explicit (possibly uneven or empty) ownership sizes.  A negative step is the pos
 selection followed by a flip (each block goes to the mirrored grid coordinate).  An integer
 index drops its axis; the element row is sent from its owner to the ranks that now replicate
 it.  ``x[key] = value`` writes a scalar, a NumPy array (replicated) or a DistArray (aligned
-to the selection by the rule of :mod:`disttensor.array`).  The key logic is pure
+to the selection by the rule of :mod:`disttensor.core.array`).  The key logic is pure
 (:func:`normalize_key`).
 """
 from __future__ import annotations
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .array import DistArray, agreed, canon, collective_entry, operand_key
-from .backend import array_module, to_host
-from .distribution import Distribution
+from ..core.array import DistArray, agreed, canon, collective_entry, operand_key
+from ..core.backend import array_module, to_host
+from ..core.distribution import Distribution
 
 __all__ = ["AxisSelection", "normalize_key", "getitem", "setitem", "flip"]
 
@@ -159,7 +159,7 @@ def flip(x: DistArray, axis) -> DistArray:
 def getitem(x: DistArray, key) -> DistArray:
     """``x[key]`` (collective: the ranks agree on the key; a rank-dependent index raises).
     A boolean mask (DistArray or NumPy array of ``x``'s shape) selects as
-    :func:`disttensor.sorting.mask_getitem`."""
+    :func:`disttensor.routines.sorting.mask_getitem`."""
     if _is_mask(key):
         from .sorting import mask_getitem
         return mask_getitem.__wrapped__(x, key)  # this entry point's agreement is its own
@@ -206,7 +206,7 @@ def _insert_axes(y: DistArray, positions) -> DistArray:
 def setitem(x: DistArray, key, value) -> None:
     """``x[key] = value`` (collective: the ranks agree on the key and on the value's
     metadata; a scalar value is data, agreed by type)."""
-    from .array import _check_grids
+    from ..core.array import _check_grids
     from .ufuncs import align, operand_shape
     if _is_mask(key):
         from .sorting import mask_setitem

@@ -1,15 +1,15 @@
 """Creation functions.  All are collective over the grid and take
 ``grid=None`` (default grid), ``split=None`` (default split, see
-:func:`disttensor.array.default_split`), ``sizes=None`` (balanced ownership),
+:func:`disttensor.core.array.default_split`), ``sizes=None`` (balanced ownership),
 ``device='cpu'`` and ``halo=None`` (no halo cells)."""
 from __future__ import annotations
 
 import numpy as np
 
-from .array import (DistArray, agreed, canon, collective_entry, device_key, dtype_key, halo_key,
+from ..core.array import (DistArray, agreed, canon, collective_entry, device_key, dtype_key, halo_key,
                     make_distribution, normalize_halo, split_key)
-from .backend import normalize_device, to_host, xp_for
-from .grid import ProcessGrid, get_default_grid
+from ..core.backend import normalize_device, to_host, xp_for
+from ..core.grid import ProcessGrid, get_default_grid
 
 __all__ = ["empty", "zeros", "ones", "full", "empty_like", "zeros_like", "ones_like",
            "full_like", "arange", "linspace", "from_global", "local_index_grid"]
@@ -207,8 +207,8 @@ def from_global(a, grid=None, split=None, sizes=None, root=None, device="cpu", h
     ``DISTTENSOR_DEBUG``).  With ``root=r`` only rank ``r`` needs the array (others may pass
     ``None``, and what they pass is ignored): its shape and dtype are broadcast and the blocks
     are scattered by one redistribution."""
-    from .distribution import Distribution
-    from .redistribute import redistribute_blocks
+    from ..core.distribution import Distribution
+    from ..core.redistribute import redistribute_blocks
     g = _grid(grid)
     comm = g.cart
     if root is None:

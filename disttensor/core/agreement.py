@@ -14,7 +14,7 @@ on them *before any data moves*:
 * one all-reduce (``MPI_MAX`` of five int64: a failure flag, the digest and its bitwise
   complement, so the maximum and the minimum digest come back together) tells every rank
   whether the digests are all equal and whether any rank failed validating its arguments.
-  This is the all-reduce :func:`disttensor.comm.collective` already makes to agree on failure,
+  This is the all-reduce :func:`disttensor.core.comm.collective` already makes to agree on failure,
   so where an entry point validates inside a ``collective`` block the agreement costs nothing
   more; elsewhere it is one small all-reduce;
 * on a mismatch (only then) the readable arguments are all-gathered and every rank raises the
@@ -89,7 +89,7 @@ def _array_token(a) -> tuple:
                                                    digest_size=16).hexdigest())
 
 
-_DistArray = None  # disttensor.array.DistArray, resolved on first use (import cycle)
+_DistArray = None  # disttensor.core.array.DistArray, resolved on first use (import cycle)
 
 
 def _distarray_type():

@@ -14,9 +14,9 @@ import numbers
 
 import numpy as np
 
-from .array import DistArray, agreed, canon, collective_entry, dtype_key, operand_key
-from .backend import array_module
-from .distribution import Distribution, balanced_sizes, offsets_from_sizes
+from ..core.array import DistArray, agreed, canon, collective_entry, dtype_key, operand_key
+from ..core.backend import array_module
+from ..core.distribution import Distribution, balanced_sizes, offsets_from_sizes
 
 __all__ = ["transpose", "moveaxis", "swapaxes", "reshape", "concatenate", "where",
            "reshape_groups"]
@@ -249,7 +249,7 @@ def concatenate(arrays, axis=0, dtype=None) -> DistArray:
 
 @collective_entry
 def where(condition, x=None, y=None) -> DistArray:
-    from .array import _check_grids
+    from ..core.array import _check_grids
     from .ufuncs import align, operand_shape, result_layout, _device_of_operands
     ops = [np.asarray(o) if isinstance(o, (list, tuple)) else o for o in (condition, x, y)]
     anchor = next((o for o in ops if isinstance(o, DistArray)), None)

@@ -48,8 +48,8 @@ def collective(comm: MPI.Comm, call: str | None = None, /, **args):
     all-reduce when nothing failed.
 
     With ``call`` (the name of a collective entry point) and its metadata ``args``, the same
-    all-reduce also agrees the arguments across ranks (see :mod:`disttensor.agreement`): if
-    they differ, every rank raises :class:`~disttensor.agreement.ArgumentMismatchError`
+    all-reduce also agrees the arguments across ranks (see :mod:`disttensor.core.agreement`): if
+    they differ, every rank raises :class:`~disttensor.core.agreement.ArgumentMismatchError`
     naming them, in preference to any validation error the block raised (a rank-dependent
     argument is the cause then).  Put the argument validation inside the block, so that no
     data moves before the ranks agree."""
@@ -80,7 +80,7 @@ def collective(comm: MPI.Comm, call: str | None = None, /, **args):
 
 
 def check_same(comm: MPI.Comm, value, what: str) -> None:
-    """Raise ``ValueError`` (an :class:`~disttensor.agreement.ArgumentMismatchError`) on every
+    """Raise ``ValueError`` (an :class:`~disttensor.core.agreement.ArgumentMismatchError`) on every
     rank unless ``value`` is equal on all ranks (compared by digest: one small all-reduce; the
     values are gathered only to word the error)."""
     if comm is None or comm.size == 1:

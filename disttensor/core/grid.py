@@ -24,7 +24,7 @@ class ProcessGrid:
 
     Ranks are numbered row-major over the grid (``reorder=False``), so a rank's grid
     coordinates are a pure function of its rank in ``comm`` (see
-    :func:`disttensor.distribution.rank_to_coords`).
+    :func:`disttensor.core.distribution.rank_to_coords`).
     """
 
     def __init__(self, dims: Sequence[int] | int | None = None, comm: MPI.Comm | None = None,
