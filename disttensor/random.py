@@ -13,7 +13,8 @@ import contextlib
 
 import numpy as np
 
-from .core.array import DistArray, agreed, collective_entry, device_key, dtype_key
+from .core.array import DistArray
+from .core.entry import agreed, collective_entry, device_key, dtype_key
 from .core.backend import array_module, normalize_device, xp_for
 from .routines.creation import _grid, empty, layout_args, local_index_grid
 

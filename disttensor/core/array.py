@@ -24,201 +24,25 @@ ranks; a different grid shape is fine (the data is redistributed).
 
 Argument agreement
 ------------------
-Every public collective entry point (creation, data movement, reductions, ufuncs, shape
-manipulation, indexing, random) is decorated with :func:`collective_entry` and validates its
-arguments inside an :func:`agreed` block, before any data moves: one small all-reduce makes the
-ranks agree on the call and its metadata arguments and on any validation failure (see
-:mod:`disttensor.core.agreement`), so an argument that differs between ranks raises
-:class:`~disttensor.core.agreement.ArgumentMismatchError` on every rank instead of hanging.  Entry
-points called *inside* another entry point (``mean`` calling ``sum``, ``reshape`` calling
-``redistribute``) skip their agreement: their arguments are pure functions of the agreed ones.
+Every collective method agrees its arguments before any data moves
+(:mod:`disttensor.core.entry`): an argument that differs between ranks raises
+:class:`~disttensor.core.agreement.ArgumentMismatchError` on every rank instead of hanging.
 """
 from __future__ import annotations
 
-import contextlib
-import functools
 import math
 import numbers
-import threading
 
 import numpy as np
 
-from .backend import array_module, device_of, normalize_device, to_host, xp_for
-from .comm import collective
+from .backend import array_module, device_of, to_host, xp_for
 from .distribution import Distribution
+from .entry import (agreed, canon, collective_entry, device_key, dtype_key, halo_key,
+                    split_key)
 from .grid import ProcessGrid, get_default_grid
+from .layout import default_split, make_distribution, normalize_halo
 
-__all__ = ["DistArray", "default_split", "normalize_halo", "make_distribution",
-           "collective_entry", "nested", "agreed", "canon", "dtype_key", "halo_key", "split_key",
-           "device_key", "operand_key"]
-
-
-# -- collective entry points and their argument agreement -----------------------------------------
-class _Nesting(threading.local):
-    depth = 0
-
-
-_NESTING = _Nesting()
-
-
-def collective_entry(fn):
-    """Mark ``fn`` as a collective entry point (its body runs one level deeper): an
-    :func:`agreed` block agrees only in the outermost entry point of a thread, so entry points
-    that ``fn`` calls with arguments derived from its own (already agreed) ones add no
-    all-reduce."""
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        _NESTING.depth += 1
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            _NESTING.depth -= 1
-    return wrapper
-
-
-@contextlib.contextmanager
-def nested():
-    """Run a block as if one entry point deeper (see :func:`collective_entry`): the
-    :func:`agreed` blocks inside it skip their argument agreement.  For helpers that an entry
-    point calls *after* its own agreed block, with arguments derived from the agreed ones
-    (the halo of a window op, say), so that one op call agrees once."""
-    _NESTING.depth += 1
-    try:
-        yield
-    finally:
-        _NESTING.depth -= 1
-
-
-@contextlib.contextmanager
-def agreed(comm, call: str, /, *, rank_local: bool = False, **args):
-    """The validation block of a collective entry point ``call`` over ``comm``.
-
-    In the outermost entry point (see :func:`collective_entry`) this is
-    ``comm.collective(comm, call, **args)``: one all-reduce agrees ``args`` across the ranks
-    (:class:`~disttensor.core.agreement.ArgumentMismatchError` on every rank if they differ) and
-    any exception the block raised (raised on every rank).  Nested in another entry point, or
-    with agreement :func:`~disttensor.core.agreement.disabled`, the block runs plainly, since its
-    checks depend only on agreed, replicated metadata; with ``rank_local=True`` (checks that
-    read rank-local data, such as a local block's shape) failures are still agreed."""
-    from . import agreement
-    multi = comm is not None and comm.size > 1
-    if multi and _NESTING.depth <= 1 and agreement.enabled():
-        with collective(comm, call, **args):
-            yield
-    elif multi and rank_local:
-        with collective(comm):
-            yield
-    else:
-        yield
-
-
-def canon(v):
-    """Lists (and small NumPy arrays, which would otherwise compare by shape and dtype only)
-    as tuples and NumPy integers as ints, recursively (never raises): two spellings of one
-    metadata argument (a shape, split, ownership sizes, axes) agree."""
-    if isinstance(v, (list, tuple)):
-        return tuple(canon(e) for e in v)
-    if isinstance(v, np.integer):
-        return int(v)
-    if isinstance(v, np.ndarray) and v.size <= 4096 and v.dtype.kind in "biu":
-        return canon(v.tolist())
-    return v
-
-
-def dtype_key(dtype, default=None):
-    """``np.dtype(dtype)`` (``default`` for ``None``), or ``dtype`` itself if it is not one."""
-    if dtype is None and default is None:
-        return None
-    try:
-        return np.dtype(default if dtype is None else dtype)
-    except Exception:  # noqa: BLE001 - invalid: agree on the spelling, validation raises
-        return dtype
-
-
-def halo_key(halo, ndim: int):
-    try:
-        return normalize_halo(halo, ndim)
-    except Exception:  # noqa: BLE001
-        return canon(halo)
-
-
-def split_key(split, ndim: int):
-    """A single int ``s`` as ``make_distribution`` reads it; sequences as tuples."""
-    if isinstance(split, numbers.Integral) and not isinstance(split, bool) \
-            and -ndim <= split < ndim:
-        s = [None] * ndim
-        s[split] = 0
-        return tuple(s)
-    return canon(split)
-
-
-def device_key(device):
-    try:
-        return normalize_device(device)
-    except Exception:  # noqa: BLE001
-        return device
-
-
-def operand_key(x):
-    """What must agree about an operand: a DistArray's metadata, a NumPy/CuPy array's shape and
-    dtype, a scalar's type (its value is data; compared under ``DISTTENSOR_DEBUG``)."""
-    if isinstance(x, (bool, int, float, complex)):
-        return ("scalar", type(x).__name__, np.asarray(x))
-    if isinstance(x, np.generic):
-        return ("scalar", np.asarray(x))
-    if isinstance(x, list):
-        return tuple(operand_key(e) for e in x)
-    return x
-
-
-def default_split(ndim: int, grid: ProcessGrid) -> tuple[int | None, ...]:
-    """Split used when none is given: tensor axis ``i`` over grid axis ``i`` for the first
-    ``min(ndim, grid.ndim)`` axes (on the default 1-D grid: axis 0 over all ranks)."""
-    k = min(ndim, grid.ndim)
-    return tuple(range(k)) + (None,) * (ndim - k)
-
-
-def normalize_halo(halo, ndim: int) -> tuple[tuple[int, int], ...]:
-    """``int`` (all axes, both sides), per-axis ints, or per-axis ``(lo, hi)`` pairs."""
-    if halo is None:
-        return ((0, 0),) * ndim
-    if isinstance(halo, numbers.Integral):
-        h = ((int(halo), int(halo)),) * ndim
-    else:
-        halo = tuple(halo)
-        if len(halo) != ndim:
-            raise ValueError(f"halo {halo} needs one entry per axis ({ndim})")
-        h = []
-        for e in halo:
-            if isinstance(e, numbers.Integral):
-                h.append((int(e), int(e)))
-            else:
-                lo, hi = e
-                h.append((int(lo), int(hi)))
-        h = tuple(h)
-    if any(a < 0 or b < 0 for a, b in h):
-        raise ValueError(f"halo widths must be >= 0, got {h}")
-    return h
-
-
-def make_distribution(shape, grid: ProcessGrid | None, split, sizes=None):
-    """Resolve ``grid``/``split`` defaults and build a :class:`Distribution`."""
-    grid = get_default_grid() if grid is None else grid
-    if not isinstance(grid, ProcessGrid):
-        raise TypeError(f"grid must be a ProcessGrid, got {type(grid).__name__}")
-    if isinstance(shape, numbers.Integral):
-        shape = (int(shape),)
-    shape = tuple(shape)
-    if split is None:
-        split = default_split(len(shape), grid)
-    elif isinstance(split, numbers.Integral):
-        # a single int: tensor axis `split` over grid axis 0
-        s = [None] * len(shape)
-        if not -len(shape) <= split < len(shape):
-            raise ValueError(f"split axis {split} is out of range for a {len(shape)}-d array")
-        s[split] = 0
-        split = tuple(s)
-    return grid, Distribution(shape, grid.dims, split, sizes)
+__all__ = ["DistArray"]
 
 
 class DistArray:

@@ -95,14 +95,14 @@ class HaloExchange:
     Construction agrees the arguments (``x``'s metadata and the boundary) across the ranks,
     one all-reduce, unless it runs inside a collective entry point that agreed already (a
     window op exchanging the halo it derived from its agreed arguments, see
-    :func:`disttensor.core.array.nested`).  Each exchange after that is purely point to point:
+    :func:`disttensor.core.entry.nested`).  Each exchange after that is purely point to point:
     the plan, the views of the buffer's pieces, the zero-fill and local-copy work lists and
     the persistent MPI requests (:class:`~disttensor.core.comm.PieceExchange`) are made once, so
     :meth:`exchange` costs one ``MPI_Startall``/``MPI_Waitall`` pair plus the fills, copies
     and packs; every rank must make the same sequence of exchange calls on its object."""
 
     def __init__(self, x, boundary="zero", persistent: bool = True):
-        from .array import agreed
+        from .entry import agreed
         self.persistent = persistent   # False: one-shot use, plain Isend/Irecv
         self.x = x
         dist = x.distribution

@@ -72,7 +72,8 @@ import numbers
 
 import numpy as np
 
-from ..core.array import DistArray, agreed, canon, collective_entry, split_key
+from ..core.array import DistArray
+from ..core.entry import agreed, canon, collective_entry, split_key
 from ..routines.creation import _grid, layout_args
 from ..core.distribution import Distribution
 from ..core.redistribute import redistribute_blocks

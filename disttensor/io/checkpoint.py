@@ -36,7 +36,8 @@ import os
 
 import numpy as np
 
-from ..core.array import DistArray, default_split
+from ..core.array import DistArray
+from ..core.layout import default_split
 from ..core.backend import normalize_device, to_host, xp_for
 from ..core.comm import collective
 from ..core.distribution import Distribution

@@ -40,7 +40,8 @@ import os
 
 import numpy as np
 
-from ..core.array import DistArray, make_distribution
+from ..core.array import DistArray
+from ..core.layout import make_distribution
 from ..core.backend import normalize_device, to_host, xp_for
 from ..core.comm import collective
 from ..core.grid import get_default_grid

@@ -94,7 +94,8 @@ import weakref
 
 import numpy as np
 
-from ..core.array import DistArray, agreed, canon, collective_entry, operand_key
+from ..core.array import DistArray
+from ..core.entry import agreed, canon, collective_entry, operand_key
 from ..core.backend import array_module, to_host
 from ..core.comm import allreduce, collective, mpi_type
 from ..core.distribution import Distribution
@@ -706,7 +707,7 @@ def diagonal(x: DistArray, offset: int = 0, axis1: int = 0, axis2: int = 1) -> D
 def trace(x: DistArray, offset: int = 0, axis1: int = 0, axis2: int = 1, dtype=None) -> DistArray:
     """``numpy.trace``: the sum of :func:`diagonal` along its last axis (collective)."""
     from ..routines import reductions
-    from ..core.array import dtype_key
+    from ..core.entry import dtype_key
     _check_dist(x, "trace")
     with agreed(x.grid.cart, "trace", x=x, offset=canon(offset), axis1=canon(axis1),
                 axis2=canon(axis2), dtype=dtype_key(dtype)):

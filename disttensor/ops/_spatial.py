@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..core import agreement as _agreement
-from ..core.array import DistArray, canon, nested
+from ..core.array import DistArray
+from ..core.entry import canon, nested
 from ..core.distribution import Distribution
 from ..core.halo import HaloExchange
 from .window import AxisWindow
@@ -243,7 +244,7 @@ def halo_input(x: DistArray, plan: WindowPlan) -> DistArray:
 
     Call it from inside a collective entry point, after that entry point's agreed block
     agreed on ``x`` and the window geometry the plan derives from: the halo buffer and the
-    exchange then add no agreement all-reduce of their own (:func:`disttensor.core.array.nested`;
+    exchange then add no agreement all-reduce of their own (:func:`disttensor.core.entry.nested`;
     one op call agrees once)."""
     if not plan.needs_exchange:
         return x

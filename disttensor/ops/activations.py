@@ -18,7 +18,8 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
-from ..core.array import DistArray, agreed, collective_entry
+from ..core.array import DistArray
+from ..core.entry import agreed, collective_entry
 from ..random import Generator
 from .local import kernels_for
 from ._spatial import check_gradient_layout, check_layout, meaning

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.array import DistArray, agreed, canon, collective_entry, nested
+from ..core.array import DistArray
+from ..core.entry import agreed, canon, collective_entry, nested
 from ..core.comm import allreduce, collective
 from ..core.distribution import Distribution
 from ..core.halo import HaloExchange

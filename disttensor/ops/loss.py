@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.array import DistArray, agreed, collective_entry
+from ..core.array import DistArray
+from ..core.entry import agreed, collective_entry
 from ..core.backend import array_module
 from ..core.comm import allreduce, collective
 from .local import kernels_for

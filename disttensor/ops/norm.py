@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.array import DistArray, agreed, collective_entry
+from ..core.array import DistArray
+from ..core.entry import agreed, collective_entry
 from ..core.backend import array_module
 from ..core.comm import allreduce
 from .local import kernels_for

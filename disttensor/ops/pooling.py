@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.array import DistArray, agreed, canon, collective_entry
+from ..core.array import DistArray
+from ..core.entry import agreed, canon, collective_entry
 from ..core.comm import collective
 from ..core.distribution import Distribution
 from .local import kernels_for

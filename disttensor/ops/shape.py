@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.array import DistArray, agreed, collective_entry
+from ..core.array import DistArray
+from ..core.entry import agreed, collective_entry
 from ..core.backend import array_module
 from ..core.comm import allreduce
 from ..core.distribution import Distribution

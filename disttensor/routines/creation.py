@@ -1,13 +1,15 @@
 """Creation functions.  All are collective over the grid and take
 ``grid=None`` (default grid), ``split=None`` (default split, see
-:func:`disttensor.core.array.default_split`), ``sizes=None`` (balanced ownership),
+:func:`disttensor.core.layout.default_split`), ``sizes=None`` (balanced ownership),
 ``device='cpu'`` and ``halo=None`` (no halo cells)."""
 from __future__ import annotations
 
 import numpy as np
 
-from ..core.array import (DistArray, agreed, canon, collective_entry, device_key, dtype_key, halo_key,
-                    make_distribution, normalize_halo, split_key)
+from ..core.array import DistArray
+from ..core.layout import make_distribution, normalize_halo
+from ..core.entry import (agreed, canon, collective_entry, device_key, dtype_key, halo_key,
+    split_key)
 from ..core.backend import normalize_device, to_host, xp_for
 from ..core.grid import ProcessGrid, get_default_grid
 

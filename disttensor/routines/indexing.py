@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.array import DistArray, agreed, canon, collective_entry, operand_key
+from ..core.array import DistArray
+from ..core.entry import agreed, canon, collective_entry, operand_key
 from ..core.backend import array_module, to_host
 from ..core.distribution import Distribution
 

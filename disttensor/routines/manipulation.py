@@ -14,7 +14,8 @@ import numbers
 
 import numpy as np
 
-from ..core.array import DistArray, agreed, canon, collective_entry, dtype_key, operand_key
+from ..core.array import DistArray
+from ..core.entry import agreed, canon, collective_entry, dtype_key, operand_key
 from ..core.backend import array_module
 from ..core.distribution import Distribution, balanced_sizes, offsets_from_sizes
 

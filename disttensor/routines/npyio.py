@@ -40,7 +40,9 @@ import os
 
 import numpy as np
 
-from ..core.array import DistArray, agreed, canon, collective_entry, make_distribution, split_key
+from ..core.array import DistArray
+from ..core.layout import make_distribution
+from ..core.entry import agreed, canon, collective_entry, split_key
 from ..core.backend import to_host
 from ..core.comm import collective
 from ..core.grid import get_default_grid

@@ -22,7 +22,8 @@ import operator
 import numpy as np
 from mpi4py import MPI
 
-from ..core.array import DistArray, agreed, canon, collective_entry, dtype_key
+from ..core.array import DistArray
+from ..core.entry import agreed, canon, collective_entry, dtype_key
 from ..core.backend import to_host
 from ..core.comm import mpi_type
 from ..core.distribution import Distribution

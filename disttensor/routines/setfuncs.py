@@ -24,7 +24,8 @@ from collections import namedtuple
 
 import numpy as np
 
-from ..core.array import DistArray, agreed, canon, collective_entry
+from ..core.array import DistArray
+from ..core.entry import agreed, canon, collective_entry
 from ..core.backend import to_host
 from ..core.distribution import Distribution
 

@@ -58,8 +58,9 @@ import operator
 
 import numpy as np
 
-from ..core.array import (DistArray, agreed, canon, collective_entry, dtype_key, operand_key,
-                    make_distribution)
+from ..core.array import DistArray
+from ..core.layout import make_distribution
+from ..core.entry import agreed, canon, collective_entry, dtype_key, operand_key
 from ..core.backend import array_module
 from ..core.distribution import Distribution, balanced_sizes
 

@@ -60,7 +60,8 @@ import operator
 
 import numpy as np
 
-from ..core.array import DistArray, agreed, canon, collective_entry, operand_key
+from ..core.array import DistArray
+from ..core.entry import agreed, canon, collective_entry, operand_key
 from ..core.backend import to_host
 from ..core.comm import allreduce, mpi_type
 from ..core.distribution import Distribution

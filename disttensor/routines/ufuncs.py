@@ -9,7 +9,8 @@ import numbers
 
 import numpy as np
 
-from ..core.array import DistArray, _check_grids, agreed, collective_entry, operand_key
+from ..core.array import DistArray, _check_grids
+from ..core.entry import agreed, collective_entry, operand_key
 from ..core.backend import array_module, to_device
 from ..core.distribution import Distribution
 from ..core.grid import ProcessGrid
