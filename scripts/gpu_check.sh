@@ -21,7 +21,7 @@
 #     LD_LIBRARY_PATH so the cuDNN frontend finds it
 # then records the environment (nvidia-smi, versions, cuDNN backend, MPI library).
 #
-# tests:    NVRTC compilation of every RawModule (disttensor/ops/local/kernels/*.cu, __half
+# tests:    NVRTC compilation of every RawModule (disttensor/ops/local/gpu/kernels/*.cu, __half
 #           instances included); every GPU test (tests/mpi/test_gpu*.py and
 #           tests/mpi/test_io_hdf5.py::test_gpu_blocks) on 1 rank and, where mpiexec works, on 2
 #           ranks; the distributed GPU ops again with DISTTENSOR_CONV_BACKEND=im2col; a tiny
@@ -348,14 +348,14 @@ EOF
   if [ -n "$NVCC" ]; then
     run "nvcc sm_90 resource usage" 240 bash -c '
       rc=0
-      for f in disttensor/ops/local/kernels/*.cu; do
+      for f in disttensor/ops/local/gpu/kernels/*.cu; do
         echo "## $f"
         out=$("$0" -std=c++17 -arch=sm_90 --resource-usage -c -o /dev/null "$f" 2>&1)
         r=$?
         printf "%s\n" "$out" | grep -E "error|warning|Function properties|registers|spill|stack frame"
         [ $r = 0 ] || { echo "FAILED: $f (nvcc exit $r)"; rc=1; }
       done
-      n=$(ls disttensor/ops/local/kernels/*.cu | wc -l)
+      n=$(ls disttensor/ops/local/gpu/kernels/*.cu | wc -l)
       [ $rc = 0 ] && echo "compiled $n .cu files for sm_90 ($("$0" --version | tail -n 1))"
       exit $rc' "$NVCC"
   else
