@@ -83,10 +83,10 @@ from typing import Callable, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from ..core.comm import collective
-from ..ops.window import AxisWindow, normalize_padding, normalize_tuple
-from .module import Module, sequential_layers
-from .parallel import DEFAULT_BUCKET_BYTES
+from ...core.comm import collective
+from ...ops.window import AxisWindow, normalize_padding, normalize_tuple
+from ..module import Module, sequential_layers
+from ..parallel import DEFAULT_BUCKET_BYTES
 
 __all__ = ["AlphaBeta", "LinkModel", "LayerGeometry", "LayerPrediction", "GridPrediction",
            "InvalidGrid", "timing_layer",
@@ -172,8 +172,8 @@ def measure_links(comm: MPI.Comm, quick: bool = False, repeats: int | None = Non
     (:meth:`AlphaBeta.fit`, per piece for the exchange).  Also measures the per-op overhead
     (:class:`LinkModel`).  On one rank everything is zero (no neighbour, nothing to
     agree)."""
-    from ..routines.creation import from_global
-    from ..core.grid import ProcessGrid
+    from ...routines.creation import from_global
+    from ...core.grid import ProcessGrid
     if comm.size == 1:
         return LinkModel(nranks=1)
     p2p_sizes = [16, 65536, 1 << 20] if quick else [16, 4096, 65536, 1 << 20, 4 << 20]
@@ -218,10 +218,10 @@ def _op_overhead(comm: MPI.Comm, rounds: int, width: int = 1 << 18) -> tuple[flo
     minus the same on ``COMM_SELF``; interleaved rounds (a barrier before each), the
     slowest rank's time per round, the median over rounds of the per-round difference,
     clamped at 0."""
-    from ..autograd.tensor import Tensor, filled_like
-    from ..routines.creation import from_global
-    from ..core.grid import ProcessGrid
-    from .layers import LeakyReLU
+    from ...autograd.tensor import Tensor, filled_like
+    from ...routines.creation import from_global
+    from ...core.grid import ProcessGrid
+    from ..layers import LeakyReLU
     layer = LeakyReLU()
     xs = []
     for c, n in ((comm, comm.size), (MPI.COMM_SELF, 1)):
@@ -655,11 +655,11 @@ class LayerTimer:
         backward; returns ``(forward_s, backward_s)`` (local: the caller synchronises).
         Side effects on the layer are undone (as
         :func:`~disttensor.nn.partition.profile_layers` does)."""
-        from ..autograd.tensor import Tensor, filled_like
-        from ..core.array import DistArray
-        from ..routines.creation import from_global
-        from ..core.grid import ProcessGrid
-        from .partition import _Isolated, _sync
+        from ...autograd.tensor import Tensor, filled_like
+        from ...core.array import DistArray
+        from ...routines.creation import from_global
+        from ...core.grid import ProcessGrid
+        from ..partition import _Isolated, _sync
         a = np.random.default_rng(0).standard_normal(shape).astype(self.dtype)
         grid = ProcessGrid((1,) * (len(shape) - 1), comm=MPI.COMM_SELF)
         x = from_global(a, grid=grid, split=(0, None) + tuple(range(1, len(shape) - 1)),
@@ -742,8 +742,8 @@ class LayerTimer:
 def _optimizer_time(params, optimizer: str, dtype, comm, repeats: int) -> float:
     """Seconds of one optimizer step over copies of ``params`` (collective: max over
     ranks)."""
-    from . import optim
-    from .module import Parameter
+    from .. import optim
+    from ..module import Parameter
     if optimizer == "none":
         return 0.0
     copies = [Parameter(p.data.copy()) for p in params]
