@@ -403,7 +403,7 @@ class DistArray:
         return array_ufunc(ufunc, method, inputs, kwargs)
 
     def __array_function__(self, func, types, args, kwargs):
-        from ..routines.functions import HANDLED
+        from ..routines.array_function import HANDLED
         impl = HANDLED.get(func)
         if impl is None:
             raise TypeError(f"numpy.{func.__name__} is not supported for DistArray; "
