@@ -41,7 +41,7 @@ e, inf, nan, pi, newaxis = _np.e, _np.inf, _np.nan, _np.pi, None
 globals().update(_ELEMENTWISE)
 
 #: names of the standard provided by other modules (first module that has it wins)
-_SORTING = ("disttensor.routines.sorting", "disttensor.routines.scans", "disttensor.routines.setfuncs")
+_SORTING = ("disttensor.routines.sorting", "disttensor.routines.scans", "disttensor.routines.sets")
 _LAZY = {
     "argsort": _SORTING, "sort": _SORTING, "searchsorted": _SORTING, "nonzero": _SORTING,
     "unique_all": _SORTING, "unique_counts": _SORTING, "unique_inverse": _SORTING,

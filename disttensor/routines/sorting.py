@@ -66,7 +66,7 @@ from ..core.backend import to_host
 from ..core.comm import allreduce, mpi_type
 from ..core.distribution import Distribution
 from .scans import cumprod, cumsum, cumulative_prod, cumulative_sum  # noqa: F401 (re-exported)
-from .setfuncs import (unique, unique_all, unique_counts, unique_inverse,  # noqa: F401
+from .sets import (unique, unique_all, unique_counts, unique_inverse,  # noqa: F401
                        unique_values)
 
 __all__ = ["sort", "argsort", "searchsorted", "nonzero", "argwhere", "count_nonzero",
@@ -814,9 +814,9 @@ HANDLED_FUNCTIONS = {
 
 def _merge_scans():
     from . import scans
-    from . import setfuncs
+    from . import sets
     HANDLED_FUNCTIONS.update(scans.HANDLED_FUNCTIONS)
-    HANDLED_FUNCTIONS.update(setfuncs.HANDLED_FUNCTIONS)
+    HANDLED_FUNCTIONS.update(sets.HANDLED_FUNCTIONS)
 
 
 _merge_scans()
