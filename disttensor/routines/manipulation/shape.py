@@ -14,10 +14,10 @@ import numbers
 
 import numpy as np
 
-from ..core.array import DistArray
-from ..core.entry import agreed, canon, collective_entry, dtype_key, operand_key
-from ..core.backend import array_module
-from ..core.distribution import Distribution, balanced_sizes, offsets_from_sizes
+from ...core.array import DistArray
+from ...core.entry import agreed, canon, collective_entry, dtype_key, operand_key
+from ...core.backend import array_module
+from ...core.distribution import Distribution, balanced_sizes, offsets_from_sizes
 
 __all__ = ["transpose", "moveaxis", "swapaxes", "reshape", "concatenate", "where",
            "reshape_groups"]
@@ -131,7 +131,7 @@ def reshape(x: DistArray, shape) -> DistArray:
         return x.copy()
     d = x.distribution
     if x.size == 0:
-        from .creation import empty
+        from ..creation import empty
         split = [None] * len(new)
         return empty(new, dtype=x.dtype, grid=x.grid, split=split, device=x.device)
     groups = reshape_groups(old, new)
@@ -250,8 +250,8 @@ def concatenate(arrays, axis=0, dtype=None) -> DistArray:
 
 @collective_entry
 def where(condition, x=None, y=None) -> DistArray:
-    from ..core.array import _check_grids
-    from .ufuncs import align, operand_shape, result_layout, _device_of_operands
+    from ...core.array import _check_grids
+    from ..ufuncs import align, operand_shape, result_layout, _device_of_operands
     ops = [np.asarray(o) if isinstance(o, (list, tuple)) else o for o in (condition, x, y)]
     anchor = next((o for o in ops if isinstance(o, DistArray)), None)
     with agreed(None if anchor is None else anchor.grid.cart, "where",
