@@ -38,11 +38,15 @@ import numpy as np
 
 from ..core.array import DistArray
 from ..core.layout import default_split
-from ..core.backend import normalize_device, to_host, xp_for
+from ..core.backend import to_host, xp_for
 from ..core.comm import collective
 from ..core.distribution import Distribution
 from ..core.grid import ProcessGrid, get_default_grid
-from . import _h5
+from ._args import arg_path, usable_device
+from ._atomic import atomic_update
+from ._h5file import (check_file, dataset_meta, drain_background_reads, h5py, open_file,
+                      resolve_driver, root_call, storable_dtype)
+from ._sessions import DatasetSpec, ReadSession, WriteSession, c_contiguous
 from .layout import check_dataset_name, decode_distribution, encode_distribution, is_writer
 
 __all__ = ["save_checkpoint", "load_checkpoint", "FORMAT", "VERSION"]
@@ -99,7 +103,7 @@ def save_checkpoint(path, arrays: dict | None = None, host: dict | None = None,
     Every rank must pass the same names, shapes, dtypes, distributions and scalar values
     (checked, ``ValueError`` on every rank otherwise).
     """
-    _h5.drain_background_reads()
+    drain_background_reads()
     arrays = dict(arrays or {})
     host = dict(host or {})
     scalars = dict(scalars or {})
@@ -107,9 +111,9 @@ def save_checkpoint(path, arrays: dict | None = None, host: dict | None = None,
     if grid is None:
         grid = first.grid if isinstance(first, DistArray) else get_default_grid()
     comm = grid.cart
-    with collective(comm, "save_checkpoint", path=_h5.arg_path(path), arrays=arrays, host=host,
+    with collective(comm, "save_checkpoint", path=arg_path(path), arrays=arrays, host=host,
                     scalars=scalars, grid=None if arrays else grid, driver=driver):
-        driver = _h5.resolve_driver(driver)
+        driver = resolve_driver(driver)
         for kind, d in (("array", arrays), ("host array", host), ("scalar", scalars)):
             for n in d:
                 if not isinstance(n, str) or not n:
@@ -122,11 +126,11 @@ def save_checkpoint(path, arrays: dict | None = None, host: dict | None = None,
             if not x.grid.compatible(grid):
                 raise ValueError(f"arrays[{n!r}] lives on a grid over other ranks than "
                                  f"the checkpoint's communicator")
-            _h5.storable_dtype(x.dtype)
-        host_np = {n: _h5.c_contiguous(to_host(v) if hasattr(v, "get") else v)
+            storable_dtype(x.dtype)
+        host_np = {n: c_contiguous(to_host(v) if hasattr(v, "get") else v)
                    for n, v in host.items()}
         for n, v in host_np.items():
-            _h5.storable_dtype(v.dtype)
+            storable_dtype(v.dtype)
         svals = {n: _scalar_value(n, v) for n, v in scalars.items()}
 
     names = sorted(arrays)
@@ -135,14 +139,14 @@ def save_checkpoint(path, arrays: dict | None = None, host: dict | None = None,
         for n in names:
             x = arrays[n]
             dist = x.distribution
-            specs.append(_h5.DatasetSpec("arrays/" + check_dataset_name(n), x.shape,
-                                         np.dtype(x.dtype), attrs=encode_distribution(dist)))
+            specs.append(DatasetSpec("arrays/" + check_dataset_name(n), x.shape,
+                                     np.dtype(x.dtype), attrs=encode_distribution(dist)))
             writer = is_writer(dist, x.grid.coords)
             parts.append(("arrays/" + check_dataset_name(n), dist.block_box(x.grid.coords).start,
-                          _h5.c_contiguous(to_host(x.local)) if writer else None))
+                          c_contiguous(to_host(x.local)) if writer else None))
         for n in sorted(host_np):
             v = host_np[n]
-            specs.append(_h5.DatasetSpec("host/" + check_dataset_name(n), v.shape, v.dtype))
+            specs.append(DatasetSpec("host/" + check_dataset_name(n), v.shape, v.dtype))
             parts.append(("host/" + check_dataset_name(n), (0,) * v.ndim,
                           v if comm.rank == 0 else None))
 
@@ -155,19 +159,19 @@ def save_checkpoint(path, arrays: dict | None = None, host: dict | None = None,
         for k in sorted(svals):
             g.attrs[k] = svals[k]
 
-    def body(sess: _h5.WriteSession):
+    def body(sess: WriteSession):
         sess.metadata(header)
         sess.create(specs)
         sess.write(parts)
 
     needed = sum(math.prod(arrays[n].shape) * arrays[n].dtype.itemsize for n in names) + \
         sum(v.nbytes for v in host_np.values())
-    _h5.atomic_update(comm, path, driver, "w", True, needed, body, agreed=True)
+    atomic_update(comm, path, driver, "w", True, needed, body, agreed=True)
 
 
 def _read_meta(path):
-    p = _h5.check_file(path, "checkpoint")
-    with _h5.open_file(p, "r") as f:
+    p = check_file(path, "checkpoint")
+    with open_file(p, "r") as f:
         if f.attrs.get("format") != FORMAT:
             raise ValueError(f"{p!r} is an HDF5 file but not a disttensor checkpoint "
                              f"(no format={FORMAT!r} attribute)")
@@ -182,14 +186,14 @@ def _read_meta(path):
                 return out
 
             def visit(name, obj):
-                if isinstance(obj, _h5.h5py.Dataset):
+                if isinstance(obj, h5py.Dataset):
                     out[name] = obj
             f[group].visititems(visit)
             return out
 
         arrays = {}
         for n, d in datasets("arrays").items():
-            m = _h5.dataset_meta(d)
+            m = dataset_meta(d)
             # broadcast the attributes, not a Distribution: a Distribution unpickled in another
             # process compares unequal to an identical one (it keeps the sender's hash)
             m["dist_attrs"] = {k: d.attrs[k] for k in encode_distribution(
@@ -199,7 +203,7 @@ def _read_meta(path):
                 raise ValueError(f"checkpoint {p!r}: array {n!r} has shape {m['shape']} but "
                                  f"its distribution attributes say {dist.shape}")
             arrays[n] = m
-        host = {n: _h5.dataset_meta(d) for n, d in datasets("host").items()}
+        host = {n: dataset_meta(d) for n, d in datasets("host").items()}
         scalars = {k: _from_attr(v) for k, v in f["scalars"].attrs.items()} \
             if "scalars" in f else {}
     return arrays, host, scalars
@@ -225,21 +229,19 @@ def load_checkpoint(path, grid: ProcessGrid | None = None, split: dict | None = 
     Each rank reads only its own block (collective transfers with ``mpio``), so a checkpoint
     written on one grid loads on any other.
     """
-    _h5.drain_background_reads()
+    drain_background_reads()
     if grid is not None and not isinstance(grid, ProcessGrid):
         raise TypeError(f"grid must be a ProcessGrid, got {type(grid).__name__}")
     base = grid if grid is not None else get_default_grid()
     comm = base.cart
-    with collective(comm, "load_checkpoint", path=_h5.arg_path(path), grid=base, split=split,
+    with collective(comm, "load_checkpoint", path=arg_path(path), grid=base, split=split,
                     driver=driver, device=device):
-        driver = _h5.resolve_driver(driver)
-        device = normalize_device(device)
-        if device != "cpu":
-            xp_for(device)
+        driver = resolve_driver(driver)
+        device = usable_device(device)
         if split is not None and not isinstance(split, dict):
             raise TypeError("split must be None or a dict {array name: split}")
         path = os.fspath(path)
-    ameta, hmeta, scalars = _h5.root_call(comm, lambda: _read_meta(path))
+    ameta, hmeta, scalars = root_call(comm, lambda: _read_meta(path))
     with collective(comm):
         unknown = sorted(set(split or {}) - set(ameta))
         if unknown:
@@ -281,7 +283,7 @@ def load_checkpoint(path, grid: ProcessGrid | None = None, split: dict | None = 
     with collective(comm):
         hosts = {n: np.empty(m["shape"], dtype=m["dtype"]) for n, m in hmeta.items()}
 
-    sess = _h5.ReadSession(path, comm, driver, agreed=True)
+    sess = ReadSession(path, comm, driver, agreed=True)
     try:
         sess.read([("arrays/" + n, start, None, local) for n, _, _, start, local in plan] +
                   [("host/" + n, (0,) * a.ndim, None, a) for n, a in sorted(hosts.items())])

@@ -70,9 +70,10 @@ the failure all-reduce they make anyway): the source (directory, file or the who
 split, batch size, shuffling, seed, dataset names, driver and device at construction; the
 dataset (its files, batch size, seed, ...) and the epoch, or the sample indices, per call.  A
 file list, batch size, seed or epoch that differs between ranks raises
-:class:`~disttensor.core.agreement.ArgumentMismatchError` on every rank (never a hang, never batches
-made of different samples on different ranks).  The files of a directory are listed by rank 0
-only and broadcast, and dot-files (the temporary files of interrupted writes) are skipped.
+:class:`~disttensor.core.agreement.ArgumentMismatchError` on every rank (never a hang, never
+batches made of different samples on different ranks).  The files of a directory are listed by
+rank 0 only and broadcast, and dot-files (the temporary files of interrupted writes) are
+skipped.
 """
 from __future__ import annotations
 
@@ -86,17 +87,19 @@ import numpy as np
 from mpi4py import MPI
 
 from ..core.array import DistArray
-from ..core.backend import normalize_device, xp_for
+from ..core.backend import xp_for
 from ..core.comm import collective
 from ..core.distribution import Distribution
 from ..core.grid import ProcessGrid, get_default_grid
-from . import _h5
+from ._args import arg_paths, usable_device
+from ._h5file import (BACKGROUND, drain_background_reads, h5py_has_mpi, probe, resolve_driver,
+                      root_call)
+from ._sessions import ReadSession
 from .layout import batch_indices, check_dataset_name
 
 __all__ = ["SampleDataset", "drain_background_reads"]
 
 _EXTENSIONS = (".h5", ".hdf5", ".hdf")
-drain_background_reads = _h5.drain_background_reads
 
 
 def _list_files(source) -> list[str]:
@@ -124,7 +127,7 @@ def _source_args(source) -> dict:
     ``os.PathLike`` alike).  A short list is agreed item by item (``source[i]``), so that a
     mismatch names the differing file even when long paths fill the message (longer lists
     are named item by item by the agreement itself)."""
-    src = _h5.arg_paths(source)
+    src = arg_paths(source)
     if isinstance(src, list) and 0 < len(src) <= 8:
         return {"len(source)": len(src), **{f"source[{i}]": p for i, p in enumerate(src)}}
     return {"source": src}
@@ -144,7 +147,7 @@ def _index_list(indices):
 
 
 def _probe_layout(files, xname, yname, channels_last):
-    meta = _h5.probe(files[0], [xname, yname])
+    meta = probe(files[0], [xname, yname])
     xs, ys = meta[xname]["shape"], meta[yname]["shape"]
     if len(files) == 1 and len(xs) == 5:
         stacked, n = True, xs[0]
@@ -178,8 +181,9 @@ def _probe_layout(files, xname, yname, channels_last):
                          f"{'(N, k)' if stacked else '(k,)'} or a label volume "
                          f"{lead + spatial} with the samples' spatial shape")
     sample = (fsample[3],) + tuple(fsample[:3]) if channels_last else tuple(fsample)
-    return {"stacked": stacked, "n": n, "sample_shape": sample, "file_sample_shape": tuple(fsample),
-            "k": k, "target_kind": kind, "target_shape": tshape, "y_shape": ys,
+    return {"stacked": stacked, "n": n, "sample_shape": sample,
+            "file_sample_shape": tuple(fsample), "k": k, "target_kind": kind,
+            "target_shape": tshape, "y_shape": ys,
             "dtype": meta[xname]["dtype"], "ydtype": meta[yname]["dtype"]}
 
 
@@ -233,11 +237,12 @@ class SampleDataset:
                         y_dataset=y_dataset, channels_last=channels_last, driver=driver,
                         collective_io=collective_io, device=device,
                         thread_multiple=MPI.Query_thread() >= MPI.THREAD_MULTIPLE,
-                        h5py_mpi=_h5.h5py_has_mpi()):
+                        h5py_mpi=h5py_has_mpi()):
             if not isinstance(grid, ProcessGrid):
                 raise TypeError(f"grid must be a ProcessGrid, got {type(grid).__name__}")
             if split is None:
-                split = tuple(g if g is None or g < grid.ndim else None for g in (0, None, 1, 2, 3))
+                split = tuple(g if g is None or g < grid.ndim else None
+                              for g in (0, None, 1, 2, 3))
             split = tuple(split)
             if len(split) > 5:
                 raise ValueError(f"split {split} has more than 5 entries (N, C, D, H, W)")
@@ -249,10 +254,8 @@ class SampleDataset:
                 raise ValueError(f"seed must be a non-negative int, got {seed!r}")
             self.x_dataset = check_dataset_name(x_dataset)
             self.y_dataset = check_dataset_name(y_dataset)
-            self.device = normalize_device(device)
-            if self.device != "cpu":
-                xp_for(self.device)
-            resolved = _h5.resolve_driver(driver)
+            self.device = usable_device(device)
+            resolved = resolve_driver(driver)
             self.thread_level = MPI.Query_thread()
             if prefetch and resolved == "mpio" and self.thread_level < MPI.THREAD_MULTIPLE:
                 if driver == "mpio":
@@ -271,9 +274,9 @@ class SampleDataset:
         self.channels_last = bool(channels_last)
         self.driver = resolved
         self.collective_io = bool(collective_io)
-        self.files: list[str] = _h5.root_call(comm, lambda: _list_files(source))
-        meta = _h5.root_call(comm, lambda: _probe_layout(self.files, self.x_dataset,
-                                                         self.y_dataset, self.channels_last))
+        self.files: list[str] = root_call(comm, lambda: _list_files(source))
+        meta = root_call(comm, lambda: _probe_layout(self.files, self.x_dataset,
+                                                     self.y_dataset, self.channels_last))
         self.stacked: bool = meta["stacked"]
         self.num_samples: int = meta["n"]
         self.sample_shape: tuple[int, ...] = meta["sample_shape"]
@@ -303,7 +306,7 @@ class SampleDataset:
         self._lock = threading.Lock()
         self._closed = False
         if self._io_comm is not None and self._executor is not None:
-            _h5.BACKGROUND.add(self)
+            BACKGROUND.add(self)
 
     # -- public -------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -378,7 +381,7 @@ class SampleDataset:
             return
         self._drain()
         self._closed = True
-        _h5.BACKGROUND.discard(self)
+        BACKGROUND.discard(self)
         if self._executor is not None:
             self._executor.shutdown(wait=True)
         if self._io_comm is not None:
@@ -450,8 +453,8 @@ class SampleDataset:
         comm = self._io_comm
         m = self._meta
         if self.stacked:
-            with _h5.ReadSession(self.files[0], comm, self.driver, self.collective_io,
-                                 agreed=True) as sess:
+            with ReadSession(self.files[0], comm, self.driver, self.collective_io,
+                             agreed=True) as sess:
                 for j, s in enumerate(mine):
                     out = tmp[None] if self.channels_last else xl[j:j + 1]
                     sess.read([(self.x_dataset, (int(s),) + fstart, None, out),
@@ -461,8 +464,8 @@ class SampleDataset:
         else:
             for j, s in enumerate(mine):
                 path = self.files[int(s)]
-                with _h5.ReadSession(path, comm, self.driver, self.collective_io,
-                                     agreed=True) as sess:
+                with ReadSession(path, comm, self.driver, self.collective_io,
+                                 agreed=True) as sess:
                     got = sess.meta([self.x_dataset, self.y_dataset])
                     with collective(comm):
                         gx, gy = got[self.x_dataset], got[self.y_dataset]

@@ -42,10 +42,14 @@ import numpy as np
 
 from ..core.array import DistArray
 from ..core.layout import make_distribution
-from ..core.backend import normalize_device, to_host, xp_for
+from ..core.backend import to_host, xp_for
 from ..core.comm import collective
 from ..core.grid import get_default_grid
-from . import _h5
+from ._args import arg_attrs, arg_dtype, arg_path, usable_device
+from ._atomic import atomic_update
+from ._h5file import (dataset_meta, drain_background_reads, get_dataset, h5py, h5py_has_mpi,
+                      probe, resolve_driver, storable_dtype)
+from ._sessions import DatasetSpec, ReadSession, WriteSession, c_contiguous
 from .layout import check_dataset_name, file_hyperslab, is_writer, normalize_selection, \
     selection_shape
 
@@ -55,8 +59,8 @@ __all__ = ["read_hdf5", "write_hdf5", "hdf5_driver_available"]
 def hdf5_driver_available(driver: str) -> bool:
     """Whether ``driver`` (``'mpio'`` or ``'independent'``) can be used here."""
     if driver == "mpio":
-        return _h5.h5py_has_mpi()
-    return driver == "independent" and _h5.h5py is not None
+        return h5py_has_mpi()
+    return driver == "independent" and h5py is not None
 
 
 def read_hdf5(path, dataset: str, grid=None, split=None, sizes=None, slices=None,
@@ -91,13 +95,13 @@ def read_hdf5(path, dataset: str, grid=None, split=None, sizes=None, slices=None
     :class:`~disttensor.io.NotHDF5FileError`, :class:`~disttensor.io.DatasetNotFoundError`
     (a ``KeyError``), ``TypeError`` (bad dtype), ``ValueError`` (bad arguments or shape).
     """
-    _h5.drain_background_reads()
+    drain_background_reads()
     grid = (out.grid if isinstance(out, DistArray) else None) if grid is None else grid
     grid = get_default_grid() if grid is None else grid
     comm = getattr(grid, "cart", None)
-    with collective(comm, "read_hdf5", path=_h5.arg_path(path), dataset=dataset, grid=grid,
+    with collective(comm, "read_hdf5", path=arg_path(path), dataset=dataset, grid=grid,
                     split=split, sizes=sizes, slices=slices, driver=driver, device=device,
-                    dtype=_h5.arg_dtype(dtype), shape=shape, out=out,
+                    dtype=arg_dtype(dtype), shape=shape, out=out,
                     collective_io=collective_io):
         if comm is None:
             raise TypeError(f"grid must be a ProcessGrid, got {type(grid).__name__}")
@@ -107,20 +111,18 @@ def read_hdf5(path, dataset: str, grid=None, split=None, sizes=None, slices=None
             if grid is not out.grid or split is not None or sizes is not None:
                 raise ValueError("read_hdf5: pass either out= or grid/split/sizes, not both")
         name = check_dataset_name(dataset)
-        driver = _h5.resolve_driver(driver)
-        device = normalize_device(device)
-        if device != "cpu":
-            xp_for(device)
+        driver = resolve_driver(driver)
+        device = usable_device(device)
         if dtype is not None:
             dtype = np.dtype(dtype)
         path = os.fspath(path)
 
     # every rank opens the file and checks the metadata itself (no extra serial probe: a
     # failed open is diagnosed on every rank, see ReadSession)
-    sess = _h5.ReadSession(path, comm, driver, collective_io, agreed=True)
+    sess = ReadSession(path, comm, driver, collective_io, agreed=True)
     try:
         with collective(comm):
-            meta = _h5.dataset_meta(_h5.get_dataset(sess.f, name, path))
+            meta = dataset_meta(get_dataset(sess.f, name, path))
             fshape, fdtype = meta["shape"], meta["dtype"]
             if shape is not None and tuple(shape) != fshape:
                 raise ValueError(f"dataset {name!r} in {path!r} has shape {fshape}, expected "
@@ -183,19 +185,19 @@ def write_hdf5(x: DistArray, path, dataset: str, driver: str | None = None, *, m
     ``atomic`` and ``'a'``/``'r+'``, the copy of the existing file), checked and reserved before
     any data moves; otherwise ``OSError(ENOSPC)`` on every rank and ``path`` is unchanged.
     """
-    _h5.drain_background_reads()
+    drain_background_reads()
     comm = getattr(getattr(x, "grid", None), "cart", None)
-    with collective(comm, "write_hdf5", x=x, path=_h5.arg_path(path), dataset=dataset,
+    with collective(comm, "write_hdf5", x=x, path=arg_path(path), dataset=dataset,
                     driver=driver, mode=mode, atomic=atomic, chunks=chunks,
                     compression=compression, compression_opts=compression_opts,
-                    shuffle=shuffle, attrs=_h5.arg_attrs(attrs)):
+                    shuffle=shuffle, attrs=arg_attrs(attrs)):
         if not isinstance(x, DistArray):
             raise TypeError(f"write_hdf5 needs a DistArray, got {type(x).__name__}")
         name = check_dataset_name(dataset)
-        driver = _h5.resolve_driver(driver)
+        driver = resolve_driver(driver)
         if mode not in ("w", "a", "r+"):
             raise ValueError(f"mode must be 'w', 'a' or 'r+', got {mode!r}")
-        dtype = _h5.storable_dtype(x.dtype)
+        dtype = storable_dtype(x.dtype)
         if chunks is not None and chunks is not True:
             chunks = tuple(int(c) for c in chunks)
             if len(chunks) != x.ndim or any(c < 1 for c in chunks):
@@ -207,13 +209,13 @@ def write_hdf5(x: DistArray, path, dataset: str, driver: str | None = None, *, m
     dist = x.distribution
     writer = is_writer(dist, x.grid.coords)
     with collective(comm):
-        data = _h5.c_contiguous(to_host(x.local)) if writer else None
+        data = c_contiguous(to_host(x.local)) if writer else None
         start = dist.block_box(x.grid.coords).start
 
     def validate(existing):
         if mode != "r+":
             return
-        meta = _h5.probe(existing, [name])[name]
+        meta = probe(existing, [name])[name]
         if meta["shape"] != x.shape:
             raise ValueError(f"dataset {name!r} in {existing!r} has shape {meta['shape']}, the "
                              f"array has {x.shape} (mode 'r+' writes into the existing dataset)")
@@ -221,10 +223,10 @@ def write_hdf5(x: DistArray, path, dataset: str, driver: str | None = None, *, m
             raise TypeError(f"dataset {name!r} in {existing!r} has dtype {meta['dtype']}, the "
                             f"array has {dtype} (mode 'r+' writes into the existing dataset)")
 
-    spec = _h5.DatasetSpec(name, x.shape, dtype, chunks=chunks, compression=compression,
-                           compression_opts=compression_opts, shuffle=shuffle, attrs=attrs)
+    spec = DatasetSpec(name, x.shape, dtype, chunks=chunks, compression=compression,
+                       compression_opts=compression_opts, shuffle=shuffle, attrs=attrs)
 
-    def body(sess: _h5.WriteSession):
+    def body(sess: WriteSession):
         if mode == "r+":
             if attrs:
                 sess.metadata(lambda f: f[name].attrs.update(attrs))
@@ -233,5 +235,5 @@ def write_hdf5(x: DistArray, path, dataset: str, driver: str | None = None, *, m
         sess.write([(name, start, data)])
 
     needed = math.prod(x.shape) * dtype.itemsize  # uncompressed size, also with filters
-    _h5.atomic_update(comm, path, driver, mode, atomic, needed, body, validate,
-                      agreed=True)
+    atomic_update(comm, path, driver, mode, atomic, needed, body, validate,
+                  agreed=True)

@@ -304,19 +304,26 @@ def generate_synthetic(out, samples: int, size: int = 32, channels: int = 4, see
     from mpi4py import MPI
 
     from ..core.comm import collective
-    from . import _h5
+    from ._args import arg_dtype, arg_path
+    from ._atomic import atomic_update, replace_atomically
+    from ._h5file import open_file, resolve_driver, root_call
+    from ._sessions import DatasetSpec
+    from ._space import check_space
+    from ._temps import remove_quietly, remove_stale_temps, temp_path_for
     from .layout import check_dataset_name
 
     comm = MPI.COMM_WORLD if comm is None else comm
-    with collective(comm, "generate_synthetic", out=_h5.arg_path(out), samples=samples,
+    with collective(comm, "generate_synthetic", out=arg_path(out), samples=samples,
                     size=size, channels=channels, seed=seed, layout=layout,
-                    dtype=_h5.arg_dtype(dtype), driver=driver, x_dataset=x_dataset,
+                    dtype=arg_dtype(dtype), driver=driver, x_dataset=x_dataset,
                     y_dataset=y_dataset, task=task,
                     classes=classes if task == "segmentation" else None):
         for name, v in (("samples", samples), ("size", size), ("channels", channels),
                         ("seed", seed)):
-            if not isinstance(v, (int, np.integer)) or v < (0 if name in ("samples", "seed") else 1):
-                raise ValueError(f"{name} must be a {'non-negative' if name in ('samples', 'seed') else 'positive'} int, got {v!r}")
+            least = 0 if name in ("samples", "seed") else 1
+            if not isinstance(v, (int, np.integer)) or v < least:
+                raise ValueError(f"{name} must be a {'non-negative' if least == 0 else 'positive'}"
+                                 f" int, got {v!r}")
         if size < 2:
             raise ValueError(f"size must be >= 2, got {size}")
         if layout not in ("files", "stacked"):
@@ -337,7 +344,7 @@ def generate_synthetic(out, samples: int, size: int = 32, channels: int = 4, see
         xname, yname = check_dataset_name(x_dataset), check_dataset_name(y_dataset)
         if xname == yname:
             raise ValueError(f"x_dataset and y_dataset must differ, both are {xname!r}")
-        driver = _h5.resolve_driver(driver)
+        driver = resolve_driver(driver)
         out = os.path.abspath(os.fspath(out))
     attrs = _file_attrs(size, channels, seed, samples, task, classes)
     mine = range(comm.rank, samples, comm.size)
@@ -350,42 +357,42 @@ def generate_synthetic(out, samples: int, size: int = 32, channels: int = 4, see
     if layout == "files":
         def mkdir():
             os.makedirs(out, exist_ok=True)
-        _h5.root_call(comm, mkdir)
+        root_call(comm, mkdir)
         paths = [os.path.join(out, f"sample_{i:06d}.h5") for i in range(samples)]
         with collective(comm):
             # each rank writes its own files: it removes the stale temporary files of those
             # (left by a killed run), one scan of the directory
-            _h5.remove_stale_temps(out, {os.path.basename(paths[i]) for i in mine})
+            remove_stale_temps(out, {os.path.basename(paths[i]) for i in mine})
             for i in mine:
                 x, y = make(i)
-                tmp = _h5.temp_path_for(paths[i])
+                tmp = temp_path_for(paths[i])
                 try:
-                    _h5.check_space(tmp, x.nbytes + y.nbytes)
-                    with _h5.open_file(tmp, "w") as f:
+                    check_space(tmp, x.nbytes + y.nbytes)
+                    with open_file(tmp, "w") as f:
                         f.attrs.update(attrs)
                         f.attrs["index"] = i
                         f.create_dataset(xname, data=x)
                         f.create_dataset(yname, data=y)
-                    _h5.replace_atomically(tmp, paths[i])
+                    replace_atomically(tmp, paths[i])
                 except BaseException:
-                    _h5.remove_quietly(tmp)
+                    remove_quietly(tmp)
                     raise
         return paths
 
     if seg:
-        yspec = _h5.DatasetSpec(yname, (samples, size, size, size), LABEL_DTYPE,
-                                attrs={"axes": "N,D,H,W", "classes": classes})
+        yspec = DatasetSpec(yname, (samples, size, size, size), LABEL_DTYPE,
+                            attrs={"axes": "N,D,H,W", "classes": classes})
         ny = samples * size ** 3 * LABEL_DTYPE.itemsize
     else:
-        yspec = _h5.DatasetSpec(yname, (samples, len(PARAM_NAMES)), dtype,
-                                attrs={"names": ",".join(PARAM_NAMES)})
+        yspec = DatasetSpec(yname, (samples, len(PARAM_NAMES)), dtype,
+                            attrs={"names": ",".join(PARAM_NAMES)})
         ny = 0
     nx = samples * channels * size ** 3 * dtype.itemsize + ny
     ystart = (0, 0, 0) if seg else (0,)
 
     def body(sess):
-        sess.create([_h5.DatasetSpec(xname, (samples, channels, size, size, size), dtype,
-                                     attrs={"axes": "N,C,D,H,W"}), yspec])
+        sess.create([DatasetSpec(xname, (samples, channels, size, size, size), dtype,
+                                 attrs={"axes": "N,C,D,H,W"}), yspec])
         sess.metadata(lambda f: f.attrs.update(attrs))
         for r in range(-(-samples // comm.size)):
             i = r * comm.size + comm.rank
@@ -396,7 +403,7 @@ def generate_synthetic(out, samples: int, size: int = 32, channels: int = 4, see
             sess.write([(xname, (i, 0, 0, 0, 0), None if x is None else x[None]),
                         (yname, (i,) + ystart, None if y is None else y[None])])
 
-    _h5.atomic_update(comm, out, driver, "w", True, nx, body, agreed=True)
+    atomic_update(comm, out, driver, "w", True, nx, body, agreed=True)
     return out
 
 

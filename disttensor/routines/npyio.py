@@ -26,7 +26,7 @@ MPICH 4.0.2 build of this project's environment (configured ``--without-yaksa``)
 Atomicity
 ---------
 ``save`` writes a hidden temporary file next to ``path`` (the name and stale-file cleanup of
-:mod:`disttensor.io`, see :func:`disttensor.io._h5.temp_path_for`), and rank 0 renames it
+:mod:`disttensor.io`, see :func:`disttensor.io._temps.temp_path_for`), and rank 0 renames it
 over ``path`` only after every rank's write succeeded; on any failure the temporary file is
 removed and ``path`` keeps its previous content.  Errors (an unwritable directory, a missing
 or malformed file, an object dtype) are raised on every rank.
@@ -103,7 +103,7 @@ def _writer(x: DistArray) -> bool:
 @collective_entry
 def save(path, x: DistArray) -> None:
     """Collective: write ``x`` to the ``.npy`` file ``path`` (replaced atomically)."""
-    from ..io._h5 import remove_stale_temps_for, temp_path_for, _release
+    from ..io._temps import remove_stale_temps_for, temp_path_for, _release
     if not isinstance(x, DistArray):
         raise TypeError(f"save needs a DistArray, got {type(x).__name__}")
     comm = x.grid.cart

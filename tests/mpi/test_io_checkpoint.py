@@ -12,7 +12,7 @@ from mpi4py import MPI
 import disttensor as dt
 from disttensor import io
 from disttensor.core.agreement import ArgumentMismatchError
-from disttensor.io import _h5
+from disttensor.io import _h5file, _sessions, _temps
 from conftest import assert_all_ranks, assert_allclose_all, assert_raises_all
 
 SIZE = MPI.COMM_WORLD.Get_size()
@@ -77,7 +77,7 @@ def test_round_trip_same_grid(comm, shared_tmp_path, driver):
             return (np.array_equal(f["arrays/model/conv1/weight"][...], ref[3]["w"]),
                     f.attrs["format"], list(f["arrays/uneven"].attrs["dt_split"]),
                     int(f["scalars"].attrs["step"]))
-    res = _h5.root_call(comm, serial)
+    res = _h5file.root_call(comm, serial)
     assert_all_ranks(comm, res == (True, "disttensor.checkpoint", [0, -1], 1234), str(res))
     g.free()
 
@@ -140,7 +140,7 @@ def test_failure_mid_write_keeps_the_last_checkpoint(comm, shared_tmp_path, driv
     io.save_checkpoint(path, old, scalars={"step": 1}, driver=driver)
     new = {"x": dt.from_global(-np.arange(6.0), grid=g),
            "y": dt.zeros((100, 10), grid=g)}
-    real = _h5.write_from
+    real = _sessions.write_from
     seen = []
 
     def failing(dset, start, data, dxpl):
@@ -150,7 +150,7 @@ def test_failure_mid_write_keeps_the_last_checkpoint(comm, shared_tmp_path, driv
                 seen.append(int(f["scalars"].attrs["step"]))
         if comm.rank == SIZE - 1 and dset.name == "/arrays/y":
             raise OSError(errno.ENOSPC, "No space left on device (injected)")
-    monkeypatch.setattr(_h5, "write_from", failing)
+    monkeypatch.setattr(_sessions, "write_from", failing)
     ok, msg = True, ""
     try:
         io.save_checkpoint(path, new, scalars={"step": 2}, driver=driver)
@@ -160,7 +160,7 @@ def test_failure_mid_write_keeps_the_last_checkpoint(comm, shared_tmp_path, driv
         msg = str(e)
     assert_all_ranks(comm, ok, msg)
     assert_all_ranks(comm, comm.rank != 0 or (seen and set(seen) == {1}), f"{seen}")
-    monkeypatch.setattr(_h5, "write_from", real)
+    monkeypatch.setattr(_sessions, "write_from", real)
     a, _, s = io.load_checkpoint(path, grid=g, driver=driver)
     assert_all_ranks(comm, sorted(a) == ["x"] and s == {"step": 1})
     assert_allclose_all(comm, a["x"].to_numpy(), np.arange(6.0))
@@ -204,7 +204,7 @@ def test_checkpoint_errors(comm, shared_tmp_path):
 
 
 def _listing(comm, d):
-    return _h5.root_call(comm, lambda: sorted(os.listdir(d)))
+    return _h5file.root_call(comm, lambda: sorted(os.listdir(d)))
 
 
 @pytest.mark.parametrize("driver", DRIVERS)
@@ -276,7 +276,7 @@ def test_save_removes_stale_temporary_files(comm, shared_tmp_path, monkeypatch):
     of live or recent writers, and leaves exactly the checkpoint and those."""
     g = dt.ProcessGrid((SIZE,))
     d = shared_tmp_path
-    here = _h5.host_tag()
+    here = _temps.host_tag()
     monkeypatch.setenv("DISTTENSOR_STALE_TMP_AGE", "120")
 
     def plant():
@@ -290,7 +290,7 @@ def test_save_removes_stale_temporary_files(comm, shared_tmp_path, monkeypatch):
         stale = [mk(here, _dead_pid()), mk(here, _dead_pid(), 10), mk("node-b", 77, 300)]
         kept = [mk(here, os.getppid()), mk("node-b", 77, 60)]
         return stale, kept
-    stale, kept = _h5.root_call(comm, plant)
+    stale, kept = _h5file.root_call(comm, plant)
     x = dt.from_global(np.arange(5.0), grid=g)
     io.save_checkpoint(d / "ck.h5", {"x": x}, scalars={"step": 7})
     left = _listing(comm, d)

@@ -13,7 +13,7 @@ from mpi4py import MPI
 
 import disttensor as dt
 from disttensor import io, ops
-from disttensor.io import _h5
+from disttensor.io import _h5file, _temps
 from disttensor.io import dataset as dsmod
 from checks import check_blocks, expect, settle
 from conftest import assert_all_ranks, assert_allclose_all, assert_raises_all
@@ -208,7 +208,7 @@ def test_thread_level_choice(comm, data_dir, monkeypatch):
     d, files, _ = data_dir
     g = dt.ProcessGrid((SIZE,))
     with io.SampleDataset(files, g, split=(None, None, 0)) as ds:
-        want = "mpio" if (_h5.h5py_has_mpi() and MPI.Query_thread() == MPI.THREAD_MULTIPLE) \
+        want = "mpio" if (_h5file.h5py_has_mpi() and MPI.Query_thread() == MPI.THREAD_MULTIPLE) \
             else "independent"
         assert_all_ranks(comm, ds.driver == want, ds.driver)
 
@@ -225,8 +225,8 @@ def test_thread_level_choice(comm, data_dir, monkeypatch):
         idx = ds.batch_indices(0)[0]
         assert_allclose_all(comm, x.to_numpy(), _serial(files, False, idx)[0], rtol=0)
     with io.SampleDataset(files, g, prefetch=False) as ds:
-        assert_all_ranks(comm, ds.driver == ("mpio" if _h5.h5py_has_mpi() else "independent"))
-    if _h5.h5py_has_mpi():
+        assert_all_ranks(comm, ds.driver == ("mpio" if _h5file.h5py_has_mpi() else "independent"))
+    if _h5file.h5py_has_mpi():
         assert_raises_all(comm, ValueError, "MPI_THREAD_MULTIPLE",
                            lambda: io.SampleDataset(files, g, driver="mpio"))
     g.free()
@@ -501,7 +501,7 @@ def test_temporary_files_are_not_samples(comm, shared_tmp_path):
     d = shared_tmp_path / "ds"
     files = io.generate_synthetic(d, 3, size=4, channels=1, seed=0)
     if comm.rank == 0:
-        (d / f".sample_000001.h5.{_h5.host_tag()}.{os.getpid()}.0123456789ab.tmp").write_bytes(
+        (d / f".sample_000001.h5.{_temps.host_tag()}.{os.getpid()}.0123456789ab.tmp").write_bytes(
             open(files[1], "rb").read())
     comm.Barrier()
     g = dt.ProcessGrid((SIZE,))

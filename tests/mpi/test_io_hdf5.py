@@ -16,7 +16,7 @@ from mpi4py import MPI
 import disttensor as dt
 from disttensor import io
 from disttensor.core.agreement import ArgumentMismatchError
-from disttensor.io import _h5
+from disttensor.io import _atomic, _h5file, _sessions, _space, _temps
 from conftest import assert_all_ranks, assert_allclose_all, assert_raises_all
 from strategies import explicit_sizes, grid_dims, shapes, splits
 
@@ -43,7 +43,7 @@ def _serial_read(comm, path, name):
     def rd():
         with h5py.File(path, "r") as f:
             return f[name][...]
-    return _h5.root_call(comm, rd)
+    return _h5file.root_call(comm, rd)
 
 
 def _no_temp_files(comm, d):
@@ -155,7 +155,7 @@ def test_chunked_compressed_files(comm, shared_tmp_path, driver):
             d = f["d"]
             return (d.chunks, d.compression, d.attrs["units"], float(d.attrs["scale"]),
                     np.array_equal(d[...], a[1::2, :7]))
-    assert_all_ranks(comm, _h5.root_call(comm, check) == ((2, 3, 4), "gzip", "m", 2.5, True))
+    assert_all_ranks(comm, _h5file.root_call(comm, check) == ((2, 3, 4), "gzip", "m", 2.5, True))
     g.free()
 
 
@@ -163,13 +163,13 @@ def test_chunked_compressed_files(comm, shared_tmp_path, driver):
 def test_replicated_blocks_written_once(comm, shared_tmp_path, driver, monkeypatch):
     """On a grid whose second axis is a replication axis, each block is written by one rank."""
     calls = []
-    real = _h5.write_from
+    real = _sessions.write_from
 
     def counting(dset, start, data, dxpl):
         if data is not None:
             calls.append(data.shape)
         return real(dset, start, data, dxpl)
-    monkeypatch.setattr(_h5, "write_from", counting)
+    monkeypatch.setattr(_sessions, "write_from", counting)
     dims = (2, SIZE // 2) if SIZE % 2 == 0 else (1, SIZE)
     g = dt.ProcessGrid(dims)
     a = _values((5, 4), "int32", seed=4)
@@ -201,7 +201,7 @@ def test_scalars_empty_and_modes(comm, shared_tmp_path):
                             2 * np.arange(12.0).reshape(3, 4))
         io.write_hdf5(s, path, "t", driver=driver, mode="a", atomic=False)
         assert_allclose_all(comm, io.read_hdf5(path, "t", grid=g, driver=driver).to_numpy(), 3.5)
-        names = _h5.root_call(comm, lambda: sorted(h5py.File(path, "r").keys()))
+        names = _h5file.root_call(comm, lambda: sorted(h5py.File(path, "r").keys()))
         assert_all_ranks(comm, names == ["e", "s", "t"], str(names))
         out = dt.zeros((2, 4), grid=g)
         io.read_hdf5(path, "s", out=out, slices=(slice(1, None),), driver=driver)
@@ -269,7 +269,7 @@ def test_errors_are_collective(comm, shared_tmp_path, driver):
 
 def _listing(comm, d):
     """Sorted names in ``d`` as rank 0 sees them (broadcast)."""
-    return _h5.root_call(comm, lambda: sorted(os.listdir(d)))
+    return _h5file.root_call(comm, lambda: sorted(os.listdir(d)))
 
 
 @pytest.mark.parametrize("driver", DRIVERS)
@@ -285,7 +285,7 @@ def test_rank_dependent_write_arguments_raise_before_anything_is_written(comm, s
     x_cols = dt.zeros((4, 6), grid=g, split=(None, 0))
     x_f4 = dt.zeros((4, 6), grid=g, dtype="float32")
     d = shared_tmp_path / "w"
-    _h5.root_call(comm, lambda: os.makedirs(d))
+    _h5file.root_call(comm, lambda: os.makedirs(d))
     last = comm.rank == SIZE - 1
 
     def per_rank(bad, good):
@@ -376,9 +376,9 @@ def test_sessions_agree_their_arguments(comm, shared_tmp_path, driver):
 
     a, b = shared_tmp_path / "a.h5", shared_tmp_path / "b.h5"
     assert_raises_all(comm, ArgumentMismatchError, r"WriteSession: .*'target'",
-                      lambda: _h5.WriteSession(per_rank(b, a), comm, driver, True))
-    s = _h5.WriteSession(a, comm, driver, True)
-    spec = lambda n: _h5.DatasetSpec("x", (n,), np.dtype("f8"))  # noqa: E731
+                      lambda: _sessions.WriteSession(per_rank(b, a), comm, driver, True))
+    s = _sessions.WriteSession(a, comm, driver, True)
+    spec = lambda n: _sessions.DatasetSpec("x", (n,), np.dtype("f8"))  # noqa: E731
     assert_raises_all(comm, ArgumentMismatchError, r"WriteSession.create: .*'specs'",
                       lambda: s.create([per_rank(spec(5), spec(4))]))
     s.create([spec(4)])
@@ -387,8 +387,8 @@ def test_sessions_agree_their_arguments(comm, shared_tmp_path, driver):
     s.write([("x", (0,), np.arange(4.0) if comm.rank == 0 else None)])
     s.close()
     assert_raises_all(comm, ArgumentMismatchError, r"ReadSession: .*'path'",
-                      lambda: _h5.ReadSession(per_rank(b, a), comm, driver))
-    with _h5.ReadSession(a, comm, driver) as r:
+                      lambda: _sessions.ReadSession(per_rank(b, a), comm, driver))
+    with _sessions.ReadSession(a, comm, driver) as r:
         out = np.empty(4)
         assert_raises_all(comm, ArgumentMismatchError, r"ReadSession.read: .*'names'",
                           lambda: r.read([(per_rank("y", "x"), (0,), None, out)]))
@@ -397,7 +397,7 @@ def test_sessions_agree_their_arguments(comm, shared_tmp_path, driver):
         r.read([("x", (0,), None, out)])
     assert_allclose_all(comm, out, np.arange(4.0), rtol=0)
     assert_raises_all(comm, ArgumentMismatchError, r"atomic_update: .*'mode'",
-                      lambda: _h5.atomic_update(comm, a, driver, per_rank("r+", "a"), True, 8,
+                      lambda: _atomic.atomic_update(comm, a, driver, per_rank("r+", "a"), True, 8,
                                                 lambda sess: None))
     assert_all_ranks(comm, _listing(comm, shared_tmp_path) == ["a.h5"])
 
@@ -436,7 +436,7 @@ def test_write_removes_stale_temporary_files_of_its_path(comm, shared_tmp_path, 
     a live writer's, a recent foreign one and other paths' are kept."""
     g = dt.ProcessGrid((SIZE,))
     d = shared_tmp_path
-    here = _h5.host_tag()
+    here = _temps.host_tag()
 
     def plant():
         dead = _dead_pid()
@@ -453,7 +453,7 @@ def test_write_removes_stale_temporary_files_of_its_path(comm, shared_tmp_path, 
         for n in kept[-2:]:
             (d / n).write_bytes(b"user")
         return stale, kept
-    stale, kept = _h5.root_call(comm, plant)
+    stale, kept = _h5file.root_call(comm, plant)
     io.write_hdf5(dt.zeros((4,), grid=g), d / "f.h5", "x", atomic=atomic)
     left = _listing(comm, d)
     assert_all_ranks(comm, sorted(kept + ["f.h5"]) == left, f"{left} (stale: {stale})")
@@ -473,10 +473,10 @@ def test_injected_enospc_keeps_the_old_file(comm, shared_tmp_path, driver, monke
     def enospc(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device (injected)")
 
-    for target in ("reserve_space", "fsync_path"):
+    for module, target in ((_sessions, "reserve_space"), (_atomic, "fsync_path")):
         with monkeypatch.context() as m:
             if comm.rank == SIZE - 1 or target == "fsync_path" or driver == "mpio":
-                m.setattr(_h5, target, enospc)
+                m.setattr(module, target, enospc)
             for mode in ("w", "a"):
                 assert_raises_all(comm, OSError, "No space left on device",
                                    lambda: io.write_hdf5(new, path, "x", driver=driver, mode=mode))
@@ -493,7 +493,7 @@ def _try_mount_tmpfs(comm, where, size="1m"):
         r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
                            capture_output=True, text=True)
         return None if r.returncode == 0 else (r.stderr.strip() or "mount failed")
-    return _h5.root_call(comm, mount)
+    return _h5file.root_call(comm, mount)
 
 
 @pytest.mark.parametrize("check", [True, False], ids=["precheck", "midwrite"])
@@ -506,7 +506,7 @@ def test_real_no_space_left(comm, shared_tmp_path, check, monkeypatch):
     if why:
         pytest.skip(f"cannot mount a tmpfs: {why}")
     try:
-        monkeypatch.setattr(_h5, "SPACE_CHECK", check)
+        monkeypatch.setattr(_space, "SPACE_CHECK", check)
         g = dt.ProcessGrid((SIZE,))
         old = np.arange(10.0)
         path = mnt / "f.h5"

@@ -9,7 +9,7 @@ import pytest
 from mpi4py import MPI
 
 from disttensor import io
-from disttensor.io import _h5
+from disttensor.io import _h5file, _temps
 from disttensor.io.synthetic import main, synthetic_sample, synthetic_segmentation_sample
 from conftest import assert_all_ranks, assert_raises_all
 
@@ -27,7 +27,7 @@ def _check_files(comm, paths, n, size, channels, seed):
                         and int(f.attrs["index"]) == i):
                     bad.append(i)
         return bad, sorted(os.listdir(os.path.dirname(paths[0])))
-    bad, listing = _h5.root_call(comm, check)
+    bad, listing = _h5file.root_call(comm, check)
     assert_all_ranks(comm, not bad, f"samples differ from the serial generator: {bad}")
     assert_all_ranks(comm, listing == [f"sample_{i:06d}.h5" for i in range(n)], str(listing))
 
@@ -53,7 +53,7 @@ def test_stacked_layout_in_parallel(comm, shared_tmp_path, driver):
                 xi, yi = synthetic_sample(i, 5, 2, 1, "float64")
                 ok = ok and np.array_equal(x[i], xi) and np.array_equal(y[i], yi)
             return ok and f.attrs["generator"] == "disttensor.io.synthetic"
-    assert_all_ranks(comm, _h5.root_call(comm, check))
+    assert_all_ranks(comm, _h5file.root_call(comm, check))
 
 
 def test_command_line_main_in_parallel(comm, shared_tmp_path):
@@ -76,7 +76,7 @@ def _check_segmentation_files(comm, paths, n, size, channels, classes, seed):
                         and int(f.attrs["classes"]) == classes):
                     bad.append(i)
         return bad, sorted(os.listdir(os.path.dirname(paths[0])))
-    bad, listing = _h5.root_call(comm, check)
+    bad, listing = _h5file.root_call(comm, check)
     assert_all_ranks(comm, not bad, f"samples differ from the serial generator: {bad}")
     assert_all_ranks(comm, listing == [f"sample_{i:06d}.h5" for i in range(n)], str(listing))
 
@@ -106,7 +106,7 @@ def test_segmentation_stacked_layout_in_parallel(comm, shared_tmp_path, driver):
                 ok = ok and np.array_equal(x[i], xi) and np.array_equal(lab[i], li)
             return (ok and f.attrs["task"] == "segmentation" and int(f.attrs["classes"]) == 2
                     and f["seg"].attrs["axes"] == "N,D,H,W")
-    assert_all_ranks(comm, _h5.root_call(comm, check))
+    assert_all_ranks(comm, _h5file.root_call(comm, check))
 
 
 def test_segmentation_command_line_main_in_parallel(comm, shared_tmp_path):
@@ -160,7 +160,7 @@ def test_rank_dependent_arguments_raise_before_anything_is_written(comm, shared_
         assert_raises_all(comm, ArgumentMismatchError,
                           rf"generate_synthetic: arguments differ between ranks.*'{what}' "
                           r"\(rank 0: ", lambda: io.generate_synthetic(**args))
-        left = _h5.root_call(comm, lambda: sorted(os.listdir(d)))
+        left = _h5file.root_call(comm, lambda: sorted(os.listdir(d)))
         assert_all_ranks(comm, left == [], f"{what}: {left}")
     # equal arguments in different forms agree
     paths = io.generate_synthetic(per_rank(str(d / "a"), d / "a"), 2, size=4, channels=1,
@@ -179,15 +179,15 @@ def test_files_layout_removes_stale_temporary_files(comm, shared_tmp_path):
         os.makedirs(d)
         p = subprocess.Popen(["true"])
         p.wait()
-        here = _h5.host_tag()
+        here = _temps.host_tag()
         stale = [f".sample_{i:06d}.h5.{here}.{p.pid}.{os.urandom(6).hex()}.tmp" for i in range(n)]
         kept = [f".sample_{n:06d}.h5.{here}.{p.pid}.{os.urandom(6).hex()}.tmp",  # not written
                 f".sample_000000.h5.{here}.{os.getppid()}.{os.urandom(6).hex()}.tmp"]  # live
         for name in stale + kept:
             (d / name).write_bytes(b"partial")
         return kept
-    kept = _h5.root_call(comm, plant)
+    kept = _h5file.root_call(comm, plant)
     io.generate_synthetic(d, n, size=4, channels=1, seed=0)
-    left = _h5.root_call(comm, lambda: sorted(os.listdir(d)))
+    left = _h5file.root_call(comm, lambda: sorted(os.listdir(d)))
     want = sorted(kept + [f"sample_{i:06d}.h5" for i in range(n)])
     assert_all_ranks(comm, left == want, f"{left}")

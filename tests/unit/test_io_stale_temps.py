@@ -16,10 +16,10 @@ import h5py
 import numpy as np
 import pytest
 
-from disttensor.io import _h5
+from disttensor.io import _atomic, _h5file, _sessions, _temps
 
 ROOT = Path(__file__).resolve().parents[2]
-HERE = _h5.host_tag()
+HERE = _temps.host_tag()
 
 
 def _dead_pid() -> int:
@@ -51,25 +51,25 @@ def _name(base, host, pid, rand=None):
 
 # -- names -------------------------------------------------------------------------------------
 def test_temp_name_pattern_and_parsing(tmp_path):
-    t = _h5.temp_path_for(tmp_path / "ck.h5")
+    t = _temps.temp_path_for(tmp_path / "ck.h5")
     try:
         d, n = os.path.split(t)
         assert d == str(tmp_path)
         assert n.startswith(f".ck.h5.{HERE}.{os.getpid()}.") and n.endswith(".tmp")
-        assert _h5.parse_temp_name(n) == (
+        assert _temps.parse_temp_name(n) == (
             "ck.h5", HERE, os.getpid(), n[len(f".ck.h5.{HERE}.{os.getpid()}."):-4])
     finally:
-        _h5.remove_quietly(t)
+        _temps.remove_quietly(t)
     assert "." not in HERE and HERE
     # base names with dots, and the older pattern without a writer
-    assert _h5.parse_temp_name(".a.b.c.h5.node-1.17.0123456789ab.tmp") == \
+    assert _temps.parse_temp_name(".a.b.c.h5.node-1.17.0123456789ab.tmp") == \
         ("a.b.c.h5", "node-1", 17, "0123456789ab")
-    assert _h5.parse_temp_name(".ck.h5.0123456789ab.tmp") == ("ck.h5", None, None,
+    assert _temps.parse_temp_name(".ck.h5.0123456789ab.tmp") == ("ck.h5", None, None,
                                                                "0123456789ab")
     for other in ("ck.h5", ".ck.h5.tmp", "ck.h5.node.1.0123456789ab.tmp",
                   ".ck.h5.node.1.0123456789AB.tmp", ".ck.h5.node.x.0123456789ab.tmp",
                   ".ck.h5.node.1.0123456789ab.tmp.bak", ".ck.h5.0123456789a.tmp"):
-        p = _h5.parse_temp_name(other)
+        p = _temps.parse_temp_name(other)
         assert p is None or p.host is None and p.base != "ck.h5", (other, p)
 
 
@@ -78,11 +78,11 @@ def test_dead_writer_removed_live_writer_kept(tmp_path, sleeper):
     dead = _touch(tmp_path / _name("ck.h5", HERE, _dead_pid()))
     live = _touch(tmp_path / _name("ck.h5", HERE, sleeper.pid))
     time.sleep(0.05)
-    assert _h5.temp_is_stale(dead)
-    assert not _h5.temp_is_stale(live)
+    assert _temps.temp_is_stale(dead)
+    assert not _temps.temp_is_stale(live)
     # a live local writer's file is never removed by age (other hosts' are)
-    assert not _h5.temp_is_stale(live, age=0.0, now=time.time() + 10)
-    removed = _h5.remove_stale_temps(tmp_path, {"ck.h5"})
+    assert not _temps.temp_is_stale(live, age=0.0, now=time.time() + 10)
+    removed = _temps.remove_stale_temps(tmp_path, {"ck.h5"})
     assert removed == [str(dead)]
     assert live.exists()
 
@@ -97,27 +97,27 @@ def test_zombie_and_reused_pid_count_as_dead(tmp_path, sleeper):
         time.sleep(0.01)
     try:
         zombie = _touch(tmp_path / _name("a.h5", HERE, z.pid))
-        assert _h5.temp_is_stale(zombie)
+        assert _temps.temp_is_stale(zombie)
     finally:
         z.wait()
     # the sleeper started now: it cannot have written a file last modified an hour ago
     reused = _touch(tmp_path / _name("a.h5", HERE, sleeper.pid), age_s=3600)
-    assert _h5.temp_is_stale(reused)
+    assert _temps.temp_is_stale(reused)
     recent = _touch(tmp_path / _name("a.h5", HERE, sleeper.pid))
-    assert not _h5.temp_is_stale(recent)
+    assert not _temps.temp_is_stale(recent)
 
 
 def test_own_pid_stale_unless_in_flight(tmp_path):
-    mine = _h5.temp_path_for(tmp_path / "f.h5")
+    mine = _temps.temp_path_for(tmp_path / "f.h5")
     _touch(Path(mine))
     leftover = _touch(tmp_path / _name("f.h5", HERE, os.getpid()))  # an earlier process
-    assert not _h5.temp_is_stale(mine)
-    assert _h5.temp_is_stale(leftover)
-    assert _h5.remove_stale_temps(tmp_path, {"f.h5"}) == [str(leftover)]
-    _h5.remove_quietly(mine)  # ends the write: no longer in flight
+    assert not _temps.temp_is_stale(mine)
+    assert _temps.temp_is_stale(leftover)
+    assert _temps.remove_stale_temps(tmp_path, {"f.h5"}) == [str(leftover)]
+    _temps.remove_quietly(mine)  # ends the write: no longer in flight
     assert not os.path.exists(mine)
     _touch(Path(mine))
-    assert _h5.temp_is_stale(mine)
+    assert _temps.temp_is_stale(mine)
 
 
 def test_other_hosts_and_old_pattern_by_age(tmp_path, monkeypatch):
@@ -125,23 +125,23 @@ def test_other_hosts_and_old_pattern_by_age(tmp_path, monkeypatch):
     old = _touch(tmp_path / _name("f.h5", "node-b", 12), age_s=2 * 3600)
     legacy_recent = _touch(tmp_path / ".f.h5.0123456789ab.tmp", age_s=60)
     legacy_old = _touch(tmp_path / ".f.h5.ba9876543210.tmp", age_s=2 * 3600)
-    monkeypatch.delenv(_h5.STALE_TMP_AGE_ENV, raising=False)
-    assert _h5.stale_temp_age() == 3600
-    assert [_h5.temp_is_stale(p) for p in (recent, old, legacy_recent, legacy_old)] == \
+    monkeypatch.delenv(_temps.STALE_TMP_AGE_ENV, raising=False)
+    assert _temps.stale_temp_age() == 3600
+    assert [_temps.temp_is_stale(p) for p in (recent, old, legacy_recent, legacy_old)] == \
         [False, True, False, True]
-    monkeypatch.setenv(_h5.STALE_TMP_AGE_ENV, "never")
-    assert not any(_h5.temp_is_stale(p) for p in (recent, old, legacy_recent, legacy_old))
-    monkeypatch.setenv(_h5.STALE_TMP_AGE_ENV, "-1")
-    assert _h5.stale_temp_age() == float("inf")
-    monkeypatch.setenv(_h5.STALE_TMP_AGE_ENV, "30")
-    assert [_h5.temp_is_stale(p) for p in (recent, old, legacy_recent, legacy_old)] == \
+    monkeypatch.setenv(_temps.STALE_TMP_AGE_ENV, "never")
+    assert not any(_temps.temp_is_stale(p) for p in (recent, old, legacy_recent, legacy_old))
+    monkeypatch.setenv(_temps.STALE_TMP_AGE_ENV, "-1")
+    assert _temps.stale_temp_age() == float("inf")
+    monkeypatch.setenv(_temps.STALE_TMP_AGE_ENV, "30")
+    assert [_temps.temp_is_stale(p) for p in (recent, old, legacy_recent, legacy_old)] == \
         [False, True, True, True]
-    assert sorted(_h5.remove_stale_temps(tmp_path, {"f.h5"})) == \
+    assert sorted(_temps.remove_stale_temps(tmp_path, {"f.h5"})) == \
         sorted(map(str, (old, legacy_recent, legacy_old)))
     assert sorted(os.listdir(tmp_path)) == [recent.name]
-    monkeypatch.setenv(_h5.STALE_TMP_AGE_ENV, "1h")
+    monkeypatch.setenv(_temps.STALE_TMP_AGE_ENV, "1h")
     with pytest.raises(ValueError, match="DISTTENSOR_STALE_TMP_AGE='1h'"):
-        _h5.stale_temp_age()
+        _temps.stale_temp_age()
 
 
 def test_foreign_names_untouched(tmp_path):
@@ -163,9 +163,9 @@ def test_foreign_names_untouched(tmp_path):
     link = tmp_path / _name("ck.h5", HERE, dead)     # our pattern, but a symbolic link
     link.symlink_to(tmp_path / "notes.txt")
     stale = _touch(tmp_path / _name("ck.h5", HERE, dead))
-    assert _h5.remove_stale_temps(tmp_path, {"ck.h5"}) == [str(stale)]
+    assert _temps.remove_stale_temps(tmp_path, {"ck.h5"}) == [str(stale)]
     assert sorted(os.listdir(tmp_path)) == sorted(keep + [d.name, link.name])
-    assert _h5.remove_stale_temps(tmp_path / "missing", {"ck.h5"}) == []  # errors ignored
+    assert _temps.remove_stale_temps(tmp_path / "missing", {"ck.h5"}) == []  # errors ignored
 
 
 def test_atomic_update_cleans_before_writing(tmp_path):
@@ -175,9 +175,9 @@ def test_atomic_update_cleans_before_writing(tmp_path):
     fresh = _touch(tmp_path / _name("k.h5", "node-b", 3))
 
     def body(s):
-        s.create([_h5.DatasetSpec("x", (2,), np.dtype("f4"))])
+        s.create([_sessions.DatasetSpec("x", (2,), np.dtype("f4"))])
         s.write([("x", (0,), np.ones(2, "f4"))])
-    _h5.atomic_update(None, p, "independent", "w", True, 8, body)
+    _atomic.atomic_update(None, p, "independent", "w", True, 8, body)
     assert sorted(os.listdir(tmp_path)) == sorted(["k.h5", fresh.name])
     assert not any(s.exists() for s in stale)
 
@@ -189,7 +189,7 @@ import numpy as np
 from mpi4py import MPI
 import disttensor as dt
 from disttensor import io
-from disttensor.io import _h5
+from disttensor.io import _sessions
 
 path, step, mode, marks = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 comm = MPI.COMM_WORLD
@@ -198,7 +198,7 @@ with open(os.path.join(marks, f"pid-{comm.rank}"), "w") as f:
 g = dt.ProcessGrid((comm.size,))
 x = dt.from_global(np.arange(20000.0) * step, grid=g)
 if mode == "hang":
-    real = _h5.write_from
+    real = _sessions.write_from
 
     def slow(dset, start, data, dxpl):
         real(dset, start, data, dxpl)
@@ -206,7 +206,7 @@ if mode == "hang":
         with open(os.path.join(marks, f"mid-write-{comm.rank}"), "w") as f:
             f.write(str(os.getpid()))
         time.sleep(600)
-    _h5.write_from = slow
+    _sessions.write_from = slow
 io.save_checkpoint(path, {"x": x}, scalars={"step": step}, driver=sys.argv[5])
 """
 
@@ -244,7 +244,7 @@ def _finish(p, timeout=120):
 
 def _drivers():
     return [d for d in ("mpio", "independent")
-            if d == "independent" or _h5.h5py_has_mpi()]
+            if d == "independent" or _h5file.h5py_has_mpi()]
 
 
 @pytest.mark.parametrize("nprocs", [1, 2])
@@ -269,9 +269,9 @@ def test_kill_during_checkpoint_save_then_save_leaves_one_file(tmp_path, nprocs,
             time.sleep(0.05)
         time.sleep(0.2)  # let the other ranks get into their own write (mpio) or wait
         temps = [n for n in os.listdir(d) if n != "model.h5"]
-        assert len(temps) == 1 and _h5.parse_temp_name(temps[0]).base == "model.h5", temps
+        assert len(temps) == 1 and _temps.parse_temp_name(temps[0]).base == "model.h5", temps
         pids = [int((marks / f"pid-{r}").read_text()) for r in range(nprocs)]
-        assert _h5.parse_temp_name(temps[0]).pid == pids[0]
+        assert _temps.parse_temp_name(temps[0]).pid == pids[0]
         for pid in pids:  # the whole job dies at once, as when a node or batch job is killed
             os.kill(pid, signal.SIGKILL)
     finally:
