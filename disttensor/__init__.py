@@ -35,7 +35,7 @@ from .core.halo import HaloExchange
 from .routines.indexing import flip
 from .routines.manipulation import concatenate, moveaxis, reshape, swapaxes, transpose, where
 from .routines.reductions import all, any, argmax, argmin, max, mean, min, prod, std, sum, var
-from .routines.shaping import (allclose, array_equal, broadcast_arrays, broadcast_to, expand_dims, eye, isclose, meshgrid, nanargmax, nanargmin, nanmax, nanmean, nanmin, nanprod, nanstd, nansum, nanvar, pad, repeat, roll, squeeze, stack, tile, tril, triu, unstack)  # noqa: E501
+from .routines.manipulation.dims import (allclose, array_equal, broadcast_arrays, broadcast_to, expand_dims, eye, isclose, meshgrid, nanargmax, nanargmin, nanmax, nanmean, nanmin, nanprod, nanstd, nansum, nanvar, pad, repeat, roll, squeeze, stack, tile, tril, triu, unstack)  # noqa: E501
 from .linalg import einsum, matmul, tensordot, vecdot  # noqa: E402  (also binds disttensor.linalg)
 from . import fft  # noqa: E402  (disttensor.fft: distributed FFTs)
 from .routines import npyio  # noqa: E402  (parallel .npy: dt.npyio.save / dt.npyio.load)

@@ -45,7 +45,7 @@ _SORTING = ("disttensor.routines.sorting", "disttensor.routines.scans", "distten
 _LAZY = {
     "argsort": _SORTING, "sort": _SORTING, "searchsorted": _SORTING, "nonzero": _SORTING,
     "unique_all": _SORTING, "unique_counts": _SORTING, "unique_inverse": _SORTING,
-    "unique_values": _SORTING, "isin": _SORTING + ("disttensor.routines.shaping",), "cumulative_sum": _SORTING,
+    "unique_values": _SORTING, "isin": _SORTING + ("disttensor.routines.manipulation.dims",), "cumulative_sum": _SORTING,
     "cumulative_prod": _SORTING,
     "matmul": ("disttensor.linalg",), "tensordot": ("disttensor.linalg",),
     "vecdot": ("disttensor.linalg",),

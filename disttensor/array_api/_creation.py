@@ -14,7 +14,7 @@ import builtins
 import numpy as np
 
 from ..routines import creation as _c
-from ..routines import shaping as _s
+from ..routines.manipulation import dims as _s
 from ..core.array import DistArray
 from ._dtypes import as_dtype, float64, int64
 

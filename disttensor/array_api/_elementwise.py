@@ -4,7 +4,7 @@ Each maps to a NumPy ufunc applied through :meth:`DistArray.__array_ufunc__` (th
 rule of :mod:`disttensor.core.array`: the result takes the layout of the first DistArray operand
 of the full result shape, the other operands are redistributed; Python scalars are weak, as
 in the standard and NumPy 2).  ``real``, ``imag``, ``clip`` and ``round`` go through
-:func:`disttensor.routines.shaping.elementwise`.  Every call is collective over the operands' grid.
+:func:`disttensor.routines.manipulation.dims.elementwise`.  Every call is collective over the operands' grid.
 ``ceil``/``floor``/``trunc``/``round`` of an integer array return a copy of the same dtype
 (the standard's rule).  Special cases (NaN, infinities, signed zeros) are NumPy's, which
 follow the standard's tables for the functions tested in ``tests/mpi/test_array_api.py``.
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..routines import shaping as _s
+from ..routines.manipulation import dims as _s
 from ..core.array import DistArray
 from ..core.backend import array_module
 

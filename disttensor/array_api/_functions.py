@@ -1,6 +1,6 @@
 """Statistical, manipulation, utility, indexing, searching and data type functions of the
 array API namespace: thin keyword-only wrappers of :mod:`disttensor.routines.reductions`,
-:mod:`disttensor.routines.manipulation`, :mod:`disttensor.routines.shaping` and :mod:`disttensor.routines.indexing`
+:mod:`disttensor.routines.manipulation`, :mod:`disttensor.routines.manipulation.dims` and :mod:`disttensor.routines.indexing`
 (see those modules for output distributions and algorithms).  All collective."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 
 from ..routines import manipulation as _m
 from ..routines import reductions as _r
-from ..routines import shaping as _s
+from ..routines.manipulation import dims as _s
 from ..core.array import DistArray
 from ..routines.indexing import flip as _flip
 from ._dtypes import as_dtype

@@ -88,7 +88,7 @@ HANDLED = {
     np.empty_like: lambda a, dtype=None, **kw: creation.empty_like(a, dtype),
     np.full_like: lambda a, fill_value, dtype=None, **kw: creation.full_like(a, fill_value, dtype),
 }
-from . import shaping as _shaping  # noqa: E402
+from .manipulation import dims as _shaping  # noqa: E402
 HANDLED.update(_shaping.HANDLED_FUNCTIONS)
 from .. import linalg as _linalg  # noqa: E402
 HANDLED.update(_linalg.HANDLED_FUNCTIONS)

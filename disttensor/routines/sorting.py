@@ -651,7 +651,7 @@ def _sorted_lines(x, axis, ax):
 def _stack_quantiles(rs, qa, x, axis, ax, keepdims):
     """The quantiles ``rs`` (one per entry of ``qa``) as NumPy lays them out: stacked on a
     leading axis for a vector ``q``, reduced axes kept as length 1 with ``keepdims``."""
-    from .shaping import expand_dims, stack
+    from .manipulation.dims import expand_dims, stack
     r = rs[0] if qa.ndim == 0 else stack(rs, axis=0)
     if keepdims:
         if axis is None:
@@ -695,7 +695,7 @@ def _nanquantile_one(s: DistArray, ax: int, valid: DistArray, q: float, method: 
     """One quantile of the non-NaN elements of each line of ``s`` (sorted along ``ax``, NaNs
     last); ``valid`` (keepdims layout) counts them.  The order statistics are read with
     ``take_along_axis`` at per-line indices."""
-    from .shaping import squeeze, take_along_axis
+    from .manipulation.dims import squeeze, take_along_axis
     n = s.shape[ax]
     v = (valid - 1) * q  # virtual index per line (negative for an all-NaN line)
 

@@ -1,4 +1,4 @@
-"""disttensor.routines.shaping against NumPy float64 on random shapes and layouts (1-D/2-D/3-D grids,
+"""disttensor.routines.manipulation.dims against NumPy float64 on random shapes and layouts (1-D/2-D/3-D grids,
 splits over any grid axis, uneven and empty blocks, replicated axes): every result block must
 equal NumPy's exactly (shape functions move data; the elementwise ones are exact), the
 nan-reductions to 1e-12 relative (a different summation order than NumPy's pairwise sum over

@@ -58,11 +58,11 @@ import operator
 
 import numpy as np
 
-from ..core.array import DistArray
-from ..core.layout import make_distribution
-from ..core.entry import agreed, canon, collective_entry, dtype_key, operand_key
-from ..core.backend import array_module
-from ..core.distribution import Distribution, balanced_sizes
+from ...core.array import DistArray
+from ...core.layout import make_distribution
+from ...core.entry import agreed, canon, collective_entry, dtype_key, operand_key
+from ...core.backend import array_module
+from ...core.distribution import Distribution, balanced_sizes
 
 __all__ = ["expand_dims", "squeeze", "stack", "unstack", "broadcast_to", "broadcast_arrays",
            "tile", "repeat", "roll", "pad", "meshgrid", "eye", "tril", "triu", "isclose",
@@ -128,8 +128,8 @@ def elementwise(fn, name: str, operands, /, **kwargs) -> DistArray:
     the result takes the layout of the first DistArray operand of the full result shape;
     other operands are redistributed, NumPy arrays and scalars are replicated values.
     ``fn`` must be elementwise (its result has the broadcast shape)."""
-    from ..core.array import _check_grids
-    from .ufuncs import _device_of_operands, align, operand_shape, result_layout
+    from ...core.array import _check_grids
+    from ..ufuncs import _device_of_operands, align, operand_shape, result_layout
     ops = [np.asarray(o) if isinstance(o, (list, tuple)) else o for o in operands]
     anchor = _anchor(ops)
     with agreed(None if anchor is None else anchor.grid.cart, name,
@@ -199,7 +199,7 @@ def squeeze(x: DistArray, axis=None) -> DistArray:
 @collective_entry
 def stack(arrays, axis=0) -> DistArray:
     """Join arrays of one shape along a new axis (the layout of the first one)."""
-    from .manipulation import concatenate
+    from . import concatenate
     arrays = list(arrays)
     anchor = _anchor(arrays)
     with agreed(None if anchor is None else anchor.grid.cart, "stack",
@@ -231,7 +231,7 @@ def unstack(x: DistArray, axis=0) -> tuple:
 def broadcast_to(x: DistArray, shape) -> DistArray:
     """``x`` broadcast to ``shape`` (a materialized copy): axes of ``x`` that keep their
     length keep their split; new and stretched axes are replicated."""
-    from .ufuncs import align
+    from ..ufuncs import align
     _check(x)
     with agreed(x.grid.cart, "broadcast_to", x=x, shape=canon(shape)):
         shape = (int(shape),) if isinstance(shape, numbers.Integral) else tuple(shape)
@@ -253,7 +253,7 @@ def broadcast_to(x: DistArray, shape) -> DistArray:
 @collective_entry
 def broadcast_arrays(*arrays) -> tuple:
     """The operands broadcast against each other, all in one layout (the alignment rule)."""
-    from .ufuncs import align, operand_shape, result_layout
+    from ..ufuncs import align, operand_shape, result_layout
     anchor = _anchor(arrays)
     with agreed(None if anchor is None else anchor.grid.cart, "broadcast_arrays",
                 arrays=tuple(operand_key(a) for a in arrays)):
@@ -275,7 +275,7 @@ def broadcast_arrays(*arrays) -> tuple:
 def tile(x: DistArray, reps) -> DistArray:
     """``x`` repeated ``reps[i]`` times along axis ``i`` (NumPy's rule for ``len(reps)``
     different from ``x.ndim``)."""
-    from .manipulation import concatenate
+    from . import concatenate
     _check(x)
     with agreed(x.grid.cart, "tile", x=x, reps=canon(reps)):
         reps = (reps,) if isinstance(reps, numbers.Integral) else tuple(reps)
@@ -333,7 +333,7 @@ def repeat(x: DistArray, repeats, axis=None) -> DistArray:
 def roll(x: DistArray, shift, axis=None) -> DistArray:
     """Elements shifted by ``shift`` along ``axis`` (ints or tuples, wrapping around); the
     result has ``x``'s distribution.  ``axis=None`` rolls the flattened array."""
-    from .manipulation import concatenate
+    from . import concatenate
     _check(x)
     with agreed(x.grid.cart, "roll", x=x, shift=canon(shift), axis=canon(axis)):
         if axis is None:
@@ -407,7 +407,7 @@ def meshgrid(*arrays, indexing="xy", grid=None, split=None) -> tuple:
     """Coordinate matrices from 1-D DistArrays (``indexing`` ``'xy'`` or ``'ij'``).  Every
     output has the result shape in the default layout of ``grid`` (default: the first
     operand's grid; ``split`` as in :func:`disttensor.zeros`)."""
-    from .ufuncs import align
+    from ..ufuncs import align
     anchor = _anchor(arrays)
     with agreed(None if anchor is None else anchor.grid.cart, "meshgrid",
                 arrays=tuple(operand_key(a) for a in arrays), indexing=indexing,
@@ -439,7 +439,7 @@ def meshgrid(*arrays, indexing="xy", grid=None, split=None) -> tuple:
 def eye(n_rows, n_cols=None, k=0, dtype=None, grid=None, split=None, sizes=None,
         device="cpu") -> DistArray:
     """The 2-D array with ones on diagonal ``k`` (``n_rows x n_cols``), in the given layout."""
-    from .creation import layout_args, local_index_grid, zeros, _grid
+    from ..creation import layout_args, local_index_grid, zeros, _grid
     g = _grid(grid)
     m = n_rows if n_cols is None else n_cols
     with agreed(g.cart, "eye", n_rows=canon(n_rows), n_cols=canon(m), k=canon(k),
@@ -454,7 +454,7 @@ def eye(n_rows, n_cols=None, k=0, dtype=None, grid=None, split=None, sizes=None,
 
 
 def _tri(call, x, k, lower: bool):
-    from .creation import local_index_grid
+    from ..creation import local_index_grid
     _check(x)
     with agreed(x.grid.cart, call, x=x, k=canon(k)):
         if x.ndim < 2:
@@ -491,15 +491,15 @@ def isclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False) -> DistArray:
 @collective_entry
 def allclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False) -> bool:
     """Whether every element is close (``bool``, the same on every rank)."""
-    from . import reductions
+    from .. import reductions
     return bool(reductions.all(isclose(a, b, rtol, atol, equal_nan)).item())
 
 
 @collective_entry
 def array_equal(a, b, equal_nan=False) -> bool:
     """Same shape and equal elements (``bool``, the same on every rank)."""
-    from . import reductions
-    from .ufuncs import operand_shape
+    from .. import reductions
+    from ..ufuncs import operand_shape
     anchor = _anchor((a, b))
     with agreed(None if anchor is None else anchor.grid.cart, "array_equal",
                 a=operand_key(a), b=operand_key(b), equal_nan=bool(equal_nan)):
@@ -554,7 +554,7 @@ def round(x: DistArray, decimals=0) -> DistArray:
 def diff(x: DistArray, n=1, axis=-1, prepend=None, append=None) -> DistArray:
     """``n``-th differences along ``axis`` (NumPy's ``diff``; the array API's ``diff(x, /, *,
     axis=-1, n=1, prepend=None, append=None)`` is the same call with keywords)."""
-    from .manipulation import concatenate
+    from . import concatenate
     _check(x)
     with agreed(x.grid.cart, "diff", x=x, n=canon(n), axis=canon(axis),
                 prepend=operand_key(prepend), append=operand_key(append)):
@@ -614,7 +614,7 @@ def take(x: DistArray, indices, axis=None) -> DistArray:
 def take_along_axis(x: DistArray, indices: DistArray, axis=-1) -> DistArray:
     """``numpy.take_along_axis``: ``indices`` has ``x``'s number of axes and broadcasts
     against it off ``axis``; the result has the layout of ``indices``."""
-    from .ufuncs import align
+    from ..ufuncs import align
     _check(x)
     _check(indices, "indices")
     with agreed(x.grid.cart, "take_along_axis", x=x, indices=indices, axis=canon(axis)):
@@ -636,7 +636,7 @@ def take_along_axis(x: DistArray, indices: DistArray, axis=-1) -> DistArray:
     il = iw.local
     n = x.shape[ax]
     bad = bool(il.size and (il.max() >= n or il.min() < -n))
-    from ..core.comm import collective
+    from ...core.comm import collective
     with collective(x.grid.cart):
         if bad:
             raise IndexError(f"index out of range for axis of size {n}")
@@ -662,7 +662,7 @@ def isin(x1, x2, invert=False) -> DistArray:
 
 # -- nan-reductions ------------------------------------------------------------------------------
 def _nan_prep(call, x, axis, keepdims, **more):
-    from . import reductions
+    from .. import reductions
     _check(x)
     with agreed(x.grid.cart, call, x=x, axis=canon(axis), keepdims=bool(keepdims),
                 **{k: canon(v) for k, v in more.items()}):
@@ -671,21 +671,21 @@ def _nan_prep(call, x, axis, keepdims, **more):
 
 
 def _nancount(x, axes):
-    from . import reductions
+    from .. import reductions
     xp = x.xp
     part = (~xp.isnan(x.local)).sum(axis=axes, keepdims=True, dtype=np.int64)
     return reductions._reduce(x, axes, "sum", part, True)
 
 
 def _finish_keep(x, r: DistArray, axes, keepdims):
-    from . import reductions
+    from .. import reductions
     return reductions._finish(x, r.local, axes, keepdims)
 
 
 @collective_entry
 def nansum(x: DistArray, axis=None, dtype=None, keepdims=False) -> DistArray:
     """Sum treating NaN as zero."""
-    from . import reductions
+    from .. import reductions
     axes = _nan_prep("nansum", x, axis, keepdims, dtype=dtype_key(dtype))
     if x.dtype.kind not in "fc":
         return reductions.sum(x, axes, dtype, keepdims)
@@ -696,7 +696,7 @@ def nansum(x: DistArray, axis=None, dtype=None, keepdims=False) -> DistArray:
 @collective_entry
 def nanprod(x: DistArray, axis=None, dtype=None, keepdims=False) -> DistArray:
     """Product treating NaN as one."""
-    from . import reductions
+    from .. import reductions
     axes = _nan_prep("nanprod", x, axis, keepdims, dtype=dtype_key(dtype))
     if x.dtype.kind not in "fc":
         return reductions.prod(x, axes, dtype, keepdims)
@@ -707,7 +707,7 @@ def nanprod(x: DistArray, axis=None, dtype=None, keepdims=False) -> DistArray:
 @collective_entry
 def nanmean(x: DistArray, axis=None, dtype=None, keepdims=False) -> DistArray:
     """Mean of the non-NaN elements (NaN where there are none)."""
-    from . import reductions
+    from .. import reductions
     axes = _nan_prep("nanmean", x, axis, keepdims, dtype=dtype_key(dtype))
     if x.dtype.kind not in "fc":
         return reductions.mean(x, axes, dtype, keepdims)
@@ -721,7 +721,7 @@ def nanmean(x: DistArray, axis=None, dtype=None, keepdims=False) -> DistArray:
 @collective_entry
 def nanvar(x: DistArray, axis=None, dtype=None, ddof=0, keepdims=False) -> DistArray:
     """Variance of the non-NaN elements (two-pass), divided by ``count - ddof``."""
-    from . import reductions
+    from .. import reductions
     axes = _nan_prep("nanvar", x, axis, keepdims, dtype=dtype_key(dtype), ddof=ddof)
     if x.dtype.kind not in "fc":
         return reductions.var(x, axes, dtype, ddof, keepdims)
@@ -747,7 +747,7 @@ def nanstd(x: DistArray, axis=None, dtype=None, ddof=0, keepdims=False) -> DistA
 
 
 def _nanminmax(call, x, axis, keepdims, op):
-    from . import reductions
+    from .. import reductions
     axes = _nan_prep(call, x, axis, keepdims)
     if x.dtype.kind not in "fc":
         return getattr(reductions, op)(x, axes, keepdims)
@@ -774,8 +774,8 @@ def nanmax(x: DistArray, axis=None, keepdims=False) -> DistArray:
 
 
 def _nanarg(call, x, axis, keepdims, op):
-    from . import reductions
-    from ..core.comm import allreduce
+    from .. import reductions
+    from ...core.comm import allreduce
     _nan_prep(call, x, None if axis is None else axis, keepdims)
     if x.dtype.kind not in "fc":
         return getattr(reductions, "arg" + op)(x, axis, keepdims)
