@@ -430,7 +430,7 @@ def auto_partition(layers: Sequence, stages: int, sample, chunks: int,
     # every rank); the fixed link_cost() default where there is no second rank to measure
     link = link_cost()
     if comm.size > 1:
-        from .perfmodel import measure_links
+        from .perfmodel.links import measure_links
         link = measure_links(comm, quick=True).p2p
     # identical profiles on every rank: the plan (or the infeasibility error) is the same
     plan = partition_layers(prof, stages, chunks, memory_limit, schedule, boundary_cost=link)

@@ -1,8 +1,38 @@
-"""A performance model of a training step per process grid, and :func:`plan_grid`."""
-from .plan import (OPTIMIZER_STATE, AlphaBeta, GridPlan, GridPrediction, InvalidGrid,
-                   LayerGeometry, LayerPrediction, LayerTimer, LinkModel, allreduce_exposed,
-                   analyze_layers, buckets_of, enumerate_grids, estimate_memory,
-                   measure_links, plan_grid, predict_grid, timing_layer)
+"""A performance model of a training step per process grid, and :func:`plan_grid`.
+
+Following Distconv (Dryden et al.) and Oyama et al., each layer's time under each candidate
+decomposition ``(sample, d, h, w)`` is *predicted* from measurements, and the grid with the
+smallest predicted step that fits in memory is chosen:
+
+* :mod:`.timing` -- **compute** (measured): each layer's forward and backward on the slowest
+  rank's local block, on one rank (:class:`LayerTimer`), and the optimizer step;
+* :mod:`.links` -- **links** (measured): alpha-beta models of neighbour exchange and
+  all-reduce, and the per-op overhead (:func:`measure_links`);
+* :mod:`.geometry` -- what each layer does to the slowest block on a grid, and whether the
+  grid can run the model at all (:func:`analyze_layers`, pure);
+* :mod:`.prediction` -- the step time and memory of one grid from those (:func:`predict_grid`,
+  :func:`estimate_memory`, pure);
+* :mod:`.plan` -- the candidate grids and their ranking (:func:`enumerate_grids`,
+  :func:`plan_grid`, collective; the result is the same on every rank).
+
+Assumptions and limits: a model is modelled layer by layer through
+:func:`~disttensor.nn.module.sequential_layers`; a layer that is not a convolution, pooling,
+pointwise (activation, batch norm, dropout, identity), flatten or linear layer (e.g. the whole
+U-Net, whose skip connections make it one layer) is timed whole on the local block (rounded
+up to a multiple of ``2**levels`` for a model with ``levels``) and its communication
+ignored, and must be the last layer.  Transfers of one rank are assumed not to
+slow each other beyond the fitted model; compute is assumed independent of which spatial axis
+is cut beyond the block shape (on cubic samples permutations of a split are taken as
+equivalent, see :func:`enumerate_grids`).  The loss, the data and the work outside the
+layers (autograd bookkeeping, reducer hooks) are not modelled (a few percent on small
+models); timings taken while other processes load the machine carry their noise.
+"""
+from .geometry import InvalidGrid, LayerGeometry, analyze_layers, timing_layer
+from .links import AlphaBeta, LinkModel, measure_links
+from .plan import GridPlan, enumerate_grids, plan_grid
+from .prediction import (OPTIMIZER_STATE, GridPrediction, LayerPrediction, allreduce_exposed,
+                         buckets_of, estimate_memory, predict_grid)
+from .timing import LayerTimer
 
 __all__ = ["AlphaBeta", "LinkModel", "LayerGeometry", "LayerPrediction", "GridPrediction",
            "InvalidGrid", "timing_layer", "GridPlan", "enumerate_grids", "analyze_layers",
