@@ -41,17 +41,17 @@ from dataclasses import dataclass, field
 import numpy as np
 from mpi4py import MPI
 
-from . import nn
-from .autograd import Tensor, no_grad
-from .core.agreement import agree
-from .core.comm import collective
-from .core.grid import ProcessGrid
-from .io import SampleDataset, load_checkpoint, save_checkpoint
-from .nn import functional as F
-from .nn.models import CosmoFlow, UNet3D
-from .nn.optim import flatten_state, unflatten_state
-from .nn.parallel import check_replicas
-from .ops._spatial import param_comm
+from .. import nn
+from ..autograd import Tensor, no_grad
+from ..core.agreement import agree
+from ..core.comm import collective
+from ..core.grid import ProcessGrid
+from ..io import SampleDataset, load_checkpoint, save_checkpoint
+from ..nn import functional as F
+from ..nn.models import CosmoFlow, UNet3D
+from ..nn.optim import flatten_state, unflatten_state
+from ..nn.parallel import check_replicas
+from ..ops._spatial import param_comm
 
 __all__ = ["main", "run", "parse_args", "choose_grid", "TrainResult"]
 
@@ -276,7 +276,7 @@ def _target_mean(files, stacked: bool, yname: str, comm) -> np.ndarray:
 
 def _segmentation_counts(logits, labels, classes: int) -> np.ndarray:
     """Per class: [true positives, predicted, actual] summed over the distributed batch."""
-    from .core.comm import allreduce
+    from ..core.comm import allreduce
     pred = logits.local.argmax(axis=1)
     lab = labels.local.astype(np.int64, copy=False)
     xp = logits.xp
