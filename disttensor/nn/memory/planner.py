@@ -62,12 +62,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.array import DistArray
-from ..autograd.saved import (OffloadGroup, array_bytes, backward_subgraph, record_node,
+from ...core.array import DistArray
+from ...autograd.saved import (OffloadGroup, array_bytes, backward_subgraph, record_node,
                               record_nodes, run_before_backward, saved_arrays)
-from ..autograd.tensor import Node, Tensor, as_tensor, enable_grad, is_grad_enabled, no_grad
-from ..core.comm import allreduce, collective
-from .module import Module, ModuleList, Sequential, sequential_layers
+from ...autograd.tensor import Node, Tensor, as_tensor, enable_grad, is_grad_enabled, no_grad
+from ...core.comm import allreduce, collective
+from ..module import Module, ModuleList, Sequential, sequential_layers
 
 __all__ = ["checkpoint", "LayerProfile", "MemoryProfile", "profile_memory", "MemoryPlan",
            "plan_memory", "min_peak", "evaluate_plan", "apply_plan", "PlannedModel",
