@@ -1,8 +1,8 @@
-"""Achieved memory bandwidth of the GPU local kernels (CuPy RawKernels of
-``disttensor/ops/local/gpu.py``) against the device's peak and against a device-to-device copy.
+"""Achieved memory bandwidth of the GPU local kernels (CuPy RawKernels of the package
+``disttensor/ops/local/gpu/``) against the device's peak and against a device-to-device copy.
 
 Memory-bound kernels should run near the memory system's speed.  For each kernel this times
-the public function of ``gpu.py`` (launch and output allocation from CuPy's pool included, as
+the public function of ``gpu`` (launch and output allocation from CuPy's pool included, as
 the ops call it) on a tensor much larger than the L2 cache, counts the bytes the kernel must
 move at least (each input read once, each output written once: its compulsory traffic), and
 prints
@@ -241,7 +241,7 @@ def main(argv=None) -> int:
     for mod in ("pool", "pointwise", "im2col"):
         t0 = time.perf_counter()
         try:
-            _, half = gpu._module(mod)
+            _, half = gpu.rawmodules.load_module(mod)
         except Exception as e:  # noqa: BLE001 - a compile error is a finding: report, go on
             print(f"NVRTC {mod}.cu: FAILED ({type(e).__name__}: {e})", flush=True)
             continue

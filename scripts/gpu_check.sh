@@ -303,7 +303,7 @@ bad = 0
 for name in ("pool", "pointwise", "im2col"):
     t0 = time.perf_counter()
     try:
-        _, half = gpu._module(name)
+        _, half = gpu.rawmodules.load_module(name)
         print(f"{name}.cu: compiled in {time.perf_counter() - t0:.1f} s"
               f"{'' if half else '  (WITHOUT __half instances: cuda_fp16.h not found by NVRTC?)'}")
         bad += not half

@@ -12,7 +12,7 @@
 # libraries (nvidia-cudnn-cu13), mpi4py, h5py, numba, numpy, pytest, hypothesis and PyTorch.
 #
 #   build/wheels/required/   installed when missing there:
-#       nvidia-cudnn-frontend 1.28.0   the `cudnn` module disttensor/ops/local/gpu.py imports
+#       nvidia-cudnn-frontend 1.28.0   the `cudnn` module disttensor/ops/local/gpu/ imports
 #                                      (pinned as in pyproject.toml's [gpu] extra)
 #   build/wheels/mpi/        installed only if mpi4py cannot start MPI or mpiexec is missing:
 #       mpich                          libmpi.so.12 + mpiexec (hydra), installed with --prefix

@@ -14,9 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from disttensor.ops.local import cpu_conv, kernels_for
+from disttensor.ops.local import kernels_for
 from disttensor.ops.local import microbatch as mb
-from disttensor.ops.local.conv_plan_cache import PlanCache, fingerprint
+from disttensor.ops.local.cpu import conv_im2col as cpu_conv
+from disttensor.ops.local.microbatch.plan_cache import PlanCache, fingerprint
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import reference as ref  # noqa: E402
@@ -498,8 +499,8 @@ def test_gpu_algorithm_metadata_without_a_gpu():
     plane = small["im2col"].workspace_bytes(*args)
     assert plane == (16 * 27 + 32) * 12 * 12 * 4
     for b in (1, 3, 8):
-        assert [c[1] for c in gpu._chunks(b, 12, 16 * 27 * 144, 4, 2 * 16 * 27 * 1728 * 4)] \
-            == [min(2, b - n0) for n0 in range(0, b, 2)]
+        chunks = gpu.im2col_conv._chunks(b, 12, 16 * 27 * 144, 4, 2 * 16 * 27 * 1728 * 4)
+        assert [c[1] for c in chunks] == [min(2, b - n0) for n0 in range(0, b, 2)]
 
 
 # -- GPU (skipped without CuPy and a CUDA device) --------------------------------------------
@@ -582,7 +583,7 @@ def test_heuristic_mode_models_the_direct_kernels():
     """The cost model (heuristic mode, no timing) sees the register-blocked kernels: they win
     the wide 3x3x3 layers, im2col keeps the backward data of a one-channel input layer (its
     lanes would hold one channel of 16), and 1x1x1 heads go to the BLAS product."""
-    pytest.importorskip("disttensor.ops.local.cpu_conv_direct")
+    pytest.importorskip("disttensor.ops.local.cpu.conv_direct")
     algos = mb.cpu_algorithms(64 << 20)
 
     def best(pass_, xs, ws, pad):
