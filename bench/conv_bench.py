@@ -12,8 +12,8 @@ Every figure is a ratio against a baseline measured in the same run, interleaved
 (median of ``--reps``).  Local layers (k=3 'same', float32, batch ``--batch``): CosmoFlow's
 conv layers on a ``--size``^3 input (default 64: 4->32 on 64^3 ... 256->512 on 4^3) and the
 3D U-Net's (encoder, bottom, decoder, 1x1 head) on a ``--unet-size``^3 input (default 32).
-Our algorithms: ``im2col`` (:mod:`disttensor.ops.local.cpu_conv`, tiled columns + BLAS) and
-every entry of :data:`disttensor.ops.local.cpu_conv_direct.ALGORITHMS`; "best" takes the
+Our algorithms: ``im2col`` (:mod:`disttensor.ops.local.cpu.conv_im2col`, tiled columns + BLAS) and
+every entry of :data:`disttensor.ops.local.cpu.conv_direct.ALGORITHMS`; "best" takes the
 fastest algorithm per pass (forward, backward data, backward filter), as the planner would.
 """
 from __future__ import annotations
@@ -31,7 +31,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _results import record  # noqa: E402
 from _timing import compare, timed, wall  # noqa: E402
-from disttensor.ops.local import cpu_conv, cpu_conv_direct  # noqa: E402
+from disttensor.ops.local.cpu import conv_direct as cpu_conv_direct  # noqa: E402
+from disttensor.ops.local.cpu import conv_im2col as cpu_conv  # noqa: E402
 
 ONE = (1, 1, 1)
 ZERO = (0, 0, 0)

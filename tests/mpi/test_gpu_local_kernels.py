@@ -21,7 +21,10 @@ except Exception:  # noqa: BLE001 - no driver, no device
 if _NDEV == 0:
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from disttensor.ops.local import cpu_conv, cpu_pool, cpu_pointwise, gpu  # noqa: E402
+from disttensor.ops.local import gpu  # noqa: E402
+from disttensor.ops.local.cpu import conv_im2col as cpu_conv  # noqa: E402
+from disttensor.ops.local.cpu import pointwise as cpu_pointwise  # noqa: E402
+from disttensor.ops.local.cpu import pool as cpu_pool  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

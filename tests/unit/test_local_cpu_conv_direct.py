@@ -1,4 +1,4 @@
-"""disttensor.ops.local.cpu_conv_direct: every algorithm and pass against a float64 NumPy
+"""disttensor.ops.local.cpu.conv_direct: every algorithm and pass against a float64 NumPy
 reference (strides, dilations, asymmetric and cropping padding, groups, odd sizes, several
 channel blocks, reductions longer than one block, empty batches), the adjoint identities
 linking the three passes, and the planner interface (supports, workspace_bytes)."""
@@ -9,7 +9,7 @@ import itertools
 import numpy as np
 import pytest
 
-from disttensor.ops.local import cpu_conv_direct as D
+from disttensor.ops.local.cpu import conv_direct as D
 
 ALGOS = sorted(D.ALGORITHMS)
 DIRECT = [a for a in ALGOS if a != "gemm1x1"]

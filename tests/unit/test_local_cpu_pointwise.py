@@ -1,5 +1,5 @@
 """CPU local batch-norm, activation and channel-softmax kernels
-(disttensor.ops.local.cpu_pointwise) against the serial float64 reference (tests/reference.py)
+(disttensor.ops.local.cpu.pointwise) against the serial float64 reference (tests/reference.py)
 and plain float64 NumPy."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from disttensor.ops.local import cpu_pointwise as pw
+from disttensor.ops.local.cpu import pointwise as pw
 from disttensor.ops.norm import _local_moments
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

@@ -1,4 +1,4 @@
-"""CPU local pooling kernels (disttensor.ops.local.cpu_pool) against the serial float64
+"""CPU local pooling kernels (disttensor.ops.local.cpu.pool) against the serial float64
 reference (tests/reference.py) and, for the cases the reference does not cover (windows made
 only of padding, empty inputs), against a brute-force loop per output cell written here."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from disttensor.ops.local.cpu_pool import pool_backward, pool_forward, pool_output_shape
+from disttensor.ops.local.cpu.pool import pool_backward, pool_forward, pool_output_shape
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import reference as ref  # noqa: E402

@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 from disttensor.core.distribution import Distribution, rank_to_coords
 from disttensor.ops._spatial import overlap_regions, window_plan
-from disttensor.ops.local.cpu_conv import conv_forward
+from disttensor.ops.local.cpu.conv_im2col import conv_forward
 from disttensor.ops.window import AxisWindow
 
 from .strategies import compositions

@@ -26,7 +26,7 @@ from ...core.backend import array_module
 
 __all__ = ["kernels_for"]
 
-_CPU_MODULES = ("cpu_conv", "cpu_pool", "cpu_pointwise")
+_CPU_MODULES = ("cpu.conv_im2col", "cpu.pool", "cpu.pointwise")
 # kernel names taken from another module than the first of _CPU_MODULES that defines them
 _CPU_OVERRIDES = {"conv_forward": "microbatch", "conv_backward_data": "microbatch",
                   "conv_backward_filter": "microbatch"}

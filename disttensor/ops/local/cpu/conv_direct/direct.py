@@ -74,7 +74,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
-from .cpu_conv import (check_shapes, conv_out_shape, data_operands, filter_operands,
+from ..conv_im2col import (check_shapes, conv_out_shape, data_operands, filter_operands,
                        forward_operands)
 
 __all__ = ["ALGORITHMS", "pick", "release_scratch", "direct_forward", "direct_backward_data",
@@ -568,7 +568,7 @@ def _lanes_rows_reduction(pass_, x_shape, w_shape, stride, dilation, pad_lo, pad
 
 def _estimate(algo, problem) -> float:
     """Modelled seconds of ``problem`` (a :class:`.microbatch.ConvProblem`) by ``algo``."""
-    from .microbatch import _CALL_S, _GEMM_FLOPS, _MEM_BW
+    from ...microbatch.planner import _CALL_S, _GEMM_FLOPS, _MEM_BW
     item = np.dtype(problem.dtype).itemsize
     c = algo._c(problem.dtype)
     lanes, rows, red, zero_ins = _lanes_rows_reduction(
@@ -948,7 +948,7 @@ class _Gemm1x1:
     def estimate_seconds(self, problem) -> float:
         """Modelled seconds (the planner's heuristic mode): one BLAS GEMM per sample and
         group, as :mod:`.microbatch` models GEMMs."""
-        from .microbatch import _gemm_seconds
+        from ...microbatch.planner import _gemm_seconds
         n_n, cin = problem.x_shape[:2]
         cout, g = problem.w_shape[0], problem.groups
         out_sp = conv_out_shape(problem.x_shape[2:], (1, 1, 1), problem.stride, problem.dilation,

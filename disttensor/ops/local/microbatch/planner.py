@@ -60,8 +60,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import cpu_conv
-from .conv_plan_cache import PlanCache, fingerprint
+from ..cpu import conv_im2col as cpu_conv
+from .plan_cache import PlanCache, fingerprint
 
 __all__ = [
     "PASSES", "POLICIES", "MODES", "ConvProblem", "Plan", "Config",
@@ -400,7 +400,7 @@ def _direct_algorithms() -> dict:
     if "algos" not in _direct_cache:
         algos = {}
         try:
-            from . import cpu_conv_direct
+            from ..cpu import conv_direct as cpu_conv_direct
             algos = dict(getattr(cpu_conv_direct, "ALGORITHMS", {}))
         except ImportError:
             pass
