@@ -2,7 +2,7 @@
 
 Every plan of a small random instance (each of the 3^n keep/offload/recompute assignments,
 with every way of cutting its runs of recompute layers into checkpoint segments) is scored by
-an independent transcription of the model in ``disttensor.nn.memory``'s docstring; the DP's
+an independent transcription of the model in ``disttensor.nn.memory.planner``'s docstring; the DP's
 added time must equal the best feasible one, its peak must respect the budget, and its own
 figures must agree with the transcription.
 """

@@ -1,24 +1,9 @@
-"""Training under a memory budget: keep, offload or recompute each layer's saved activations.
+"""The memory planner: the cost and memory model of keep / offload / recompute, and the exact
+dynamic program that chooses per layer under a budget (:func:`plan_memory`).
 
-A training step keeps, from every layer's forward until its backward, what the layer's
-backward needs (its *saved* state, measured by :mod:`disttensor.autograd.saved`).  For a
-chain of layers (``disttensor.nn.sequential_layers(model)``) this module
-
-* :func:`profile_memory` -- runs one training step and records per layer the saved bytes,
-  the input and output bytes, the forward and backward times, and the host<->device bandwidth
-  (measured with CuPy on a GPU; on CPU an *assumed* bandwidth, 12 GB/s PCIe by default, and
-  reported as assumed);
-* :func:`plan_memory` -- chooses for each layer ``keep`` / ``offload`` / ``recompute`` so that
-  the modelled peak of saved bytes fits a budget at the least added time (an exact dynamic
-  program over the layers with the memory discretised: pseudo-polynomial; the general problem
-  of scheduling data movement is NP-complete);
-* :func:`apply_plan` -- a model whose forward applies a plan: consecutive ``recompute`` layers
-  run as one activation checkpoint (:func:`checkpoint`), ``offload`` layers move their saved
-  arrays to pinned host memory after their forward and prefetch them back while the
-  backward of the next layer runs (:class:`~disttensor.autograd.saved.OffloadGroup`; on CPU
-  offload is simulated: bytes are counted, nothing moves);
-* :func:`measure_step_memory` -- the peak memory a step allocates (``tracemalloc``, to which
-  NumPy reports its buffers, on CPU; the CuPy memory pool's used bytes on GPU).
+Everything here is pure and local except :func:`plan_memory` with ``comm`` (it validates
+collectively).  Its input is a :class:`MemoryProfile` (:func:`~.profiling.profile_memory`),
+its output a :class:`MemoryPlan` (applied by :func:`~.apply.apply_plan`).
 
 The cost and memory model (stated once here; :func:`evaluate_plan` computes it)
 --------------------------------------------------------------------------------
@@ -46,215 +31,28 @@ first layer that saves them.  The model is the planner's; :func:`measure_step_me
 what a step really allocates.
 
 Collective use: :func:`profile_memory` is collective over the input's grid and takes the
-maximum of every figure over the ranks, so every rank plans alike; :func:`plan_memory` with
-``comm`` validates collectively (a budget below the minimum raises the same ``ValueError`` on
-every rank).  Recompute re-runs the same layers on every rank in the same order during
-backward, so collective ops inside stay matched.
+
+Validation is collective: :func:`plan_memory` with ``comm`` raises the same ``ValueError``
+on every rank for a budget below the minimum (the ranks agree on the budget).
 """
 from __future__ import annotations
 
-import gc
 import math
-import weakref
-import time
-import tracemalloc
 from dataclasses import dataclass
 
 import numpy as np
 
-from ...core.array import DistArray
-from ...autograd.saved import (OffloadGroup, array_bytes, backward_subgraph, record_node,
-                              record_nodes, run_before_backward, saved_arrays)
-from ...autograd.tensor import Node, Tensor, as_tensor, enable_grad, is_grad_enabled, no_grad
-from ...core.comm import allreduce, collective
-from ..module import Module, ModuleList, Sequential, sequential_layers
+from ...core.comm import collective
 
-__all__ = ["checkpoint", "LayerProfile", "MemoryProfile", "profile_memory", "MemoryPlan",
-           "plan_memory", "min_peak", "evaluate_plan", "apply_plan", "PlannedModel",
-           "measure_step_memory", "measure_bandwidth", "ASSUMED_BANDWIDTH", "CHOICES"]
+__all__ = ["ASSUMED_BANDWIDTH", "CHOICES", "LayerProfile", "MemoryProfile", "MemoryPlan",
+           "evaluate_plan", "min_peak", "plan_memory"]
 
 #: host<->device bandwidth assumed where none can be measured (PCIe 3.0 x16, bytes/s)
 ASSUMED_BANDWIDTH = 12e9
 CHOICES = ("keep", "offload", "recompute")
 
 
-# -- buffers (running statistics, dropout counters) -------------------------------------------
-def _buffer_slots(module) -> list:
-    """``(buffers dict, name)`` of every buffer of ``module`` (or of a list of modules)."""
-    mods = module if isinstance(module, (list, tuple)) else [module]
-    out, seen = [], set()
-    for top in mods:
-        for m in top.modules():
-            if id(m) in seen:
-                continue
-            seen.add(id(m))
-            for name, b in m._buffers.items():
-                if b is not None:
-                    out.append((m._buffers, name))
-    return out
-
-
-def _snapshot(slots) -> list:
-    return [d[name].copy() for d, name in slots]
-
-
-def _restore(slots, values) -> None:
-    for (d, name), v in zip(slots, values):
-        cur = d[name]
-        if getattr(cur, "shape", None) == v.shape:
-            cur[...] = v
-        else:
-            d[name] = v.copy()
-
-
-# -- recompute ---------------------------------------------------------------------------------
-def checkpoint(module, x) -> Tensor:
-    """``module(x)`` recomputed in backward instead of keeping its saved state (activation
-    checkpointing).
-
-    The forward runs under :func:`~disttensor.autograd.no_grad` and keeps only the input ``x``;
-    the backward re-runs ``module(x)`` with gradients recorded and backpropagates the incoming
-    gradient through it: the parameters' gradients go to them as in an ordinary backward
-    (gradient-ready hooks, data-parallel reducers included), the input's gradient goes on to
-    the rest of the graph.  ``module``: a :class:`~disttensor.nn.Module` (a
-    :class:`~disttensor.nn.Sequential` for a run of layers).
-
-    Buffers are handled so that the result is the plain model's: every buffer of ``module``
-    (dropout counters, batch-norm running statistics and batch counts) is set back to its value
-    before the first forward while the recomputation runs, then to its value after it, so
-    dropout draws the same mask again and running statistics are updated once.  The module's
-    ``training`` mode must not change between forward and backward.  After the recomputation
-    the output tensor's ``data`` is the recomputed array (equal values; the first forward's
-    copy is then freed unless referenced elsewhere).  A parameter used both inside and
-    outside the checkpoint (or in two checkpoints) gets its gradient in two parts, each
-    announced to its gradient-ready hooks: correct in ``.grad``, but a data-parallel reducer
-    expects one announcement per pass, so do not share weights across checkpoints under
-    :class:`~disttensor.nn.DistributedDataParallel`.  Collective exactly when
-    ``module``'s forward is (every rank recomputes the same layers in the same order)."""
-    xt = as_tensor(x)
-    if not is_grad_enabled():
-        return module(xt)
-    slots = _buffer_slots(module)
-    before = _snapshot(slots)
-    with no_grad():
-        y = module(xt)
-    if not isinstance(y, Tensor):
-        raise TypeError(f"checkpoint: the module returned {type(y).__name__}, not a Tensor")
-    needs_params = any(p.requires_grad for p in module.parameters())
-    if not xt.requires_grad and not needs_params:
-        return y
-
-    def backward(g):
-        after = _snapshot(slots)
-        _restore(slots, before)
-        try:
-            xd = Tensor(xt.data, requires_grad=xt.requires_grad)
-            got = []
-            if xd.requires_grad:
-                xd.register_grad_ready_hook(lambda t, gx: got.append(gx) or gx is not None)
-            with enable_grad():
-                y2 = module(xd)
-        finally:
-            _restore(slots, after)
-        res = ref()
-        if res is not None:  # drop the first forward's copy: the recomputed one is equal
-            res.data = y2.data
-        del res
-        backward_subgraph(y2, g)
-        return (got[0] if got else None,)
-
-    out = Tensor(y.data)
-    ref = weakref.ref(out)
-    out.requires_grad = True
-    out.node = Node((xt if xt.requires_grad else None,), backward, "checkpoint")
-    record_node(out.node)
-    return out
-
-
-# -- measurement -------------------------------------------------------------------------------
-def _value_bytes(v) -> int:
-    v = v.data if isinstance(v, Tensor) else v
-    if isinstance(v, DistArray):
-        return array_bytes([v.buffer])
-    if hasattr(v, "nbytes"):
-        return int(v.nbytes)
-    return 0
-
-
-def _is_cuda(v) -> bool:
-    v = v.data if isinstance(v, Tensor) else v
-    return getattr(v, "device", "cpu") == "cuda"
-
-
-def _sync(cuda: bool) -> None:
-    if cuda:
-        import cupy
-        cupy.cuda.get_current_stream().synchronize()
-
-
-def measure_step_memory(fn, device: str = "cpu") -> int:
-    """Peak bytes allocated while ``fn()`` runs, above what was allocated before it.
-
-    ``device='cpu'``: traced by :mod:`tracemalloc` (NumPy reports its array buffers to it;
-    Python objects count too); ``'cuda'``: the CuPy default memory pool's used bytes, sampled
-    at every allocation.  Local (each rank measures its own process)."""
-    if device == "cuda":
-        import cupy
-        pool = cupy.get_default_memory_pool()
-        cupy.cuda.Device().synchronize()
-        base = pool.used_bytes()
-        peak = [base]
-
-        def malloc(size):
-            mem = pool.malloc(size)
-            peak[0] = max(peak[0], pool.used_bytes())
-            return mem
-        cupy.cuda.set_allocator(malloc)
-        try:
-            fn()
-            cupy.cuda.Device().synchronize()
-        finally:
-            cupy.cuda.set_allocator(pool.malloc)
-        return int(peak[0] - base)
-    gc.collect()
-    started = not tracemalloc.is_tracing()
-    if started:
-        tracemalloc.start()
-    try:
-        base = tracemalloc.get_traced_memory()[0]
-        tracemalloc.reset_peak()
-        fn()
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        if started:
-            tracemalloc.stop()
-    return int(peak - base)
-
-
-def measure_bandwidth(nbytes: int = 64 << 20, repeat: int = 3) -> float:
-    """Host<->device copy bandwidth in bytes/s (pinned host memory, the slower of the two
-    directions, best of ``repeat``).  Needs CuPy and a GPU.  Local."""
-    import cupy
-    import cupyx
-    n = max(1, nbytes // 4)
-    dev = cupy.empty(n, dtype=np.float32)
-    host = cupyx.empty_pinned(n, dtype=np.float32)
-    host[...] = 1
-    s = cupy.cuda.Stream(non_blocking=True)
-    best = [math.inf, math.inf]
-    for _ in range(repeat):
-        s.synchronize()
-        t0 = time.perf_counter()
-        dev.set(host, stream=s)
-        s.synchronize()
-        t1 = time.perf_counter()
-        dev.get(stream=s, out=host)
-        s.synchronize()
-        t2 = time.perf_counter()
-        best = [min(best[0], t1 - t0), min(best[1], t2 - t1)]
-    return float(n * 4 / max(best))
-
-
+# -- what the planner takes: per-layer figures of one step ------------------------------------
 @dataclass
 class LayerProfile:
     """What one layer costs in a training step (see the module docstring's model)."""
@@ -295,119 +93,6 @@ class MemoryProfile:
                          f"{lp.backward_time * 1e3:>8.2f}")
         lines.append(f"keep-all saved peak {self.keep_all_peak / 1e6:.3f} MB")
         return "\n".join(lines)
-
-
-def _layer_list(layers) -> list:
-    if isinstance(layers, Module):
-        return sequential_layers(layers)
-    return list(layers)
-
-
-def _exclude_ids(layers) -> set:
-    """Ids of parameter and buffer arrays (they live anyway: never counted or moved)."""
-    out = set()
-    for layer in layers:
-        for p in layer.parameters():
-            out.add(id(p.data))
-        for b in layer.buffers():
-            out.add(id(b))
-    return out
-
-
-def _timed(node: Node, acc: list, i: int, cuda: bool) -> None:
-    inner = node.backward
-    if inner is None:
-        return
-
-    def backward(g):
-        _sync(cuda)
-        t0 = time.perf_counter()
-        out = inner(g)
-        _sync(cuda)
-        acc[i] += time.perf_counter() - t0
-        return out
-    node.backward = backward
-
-
-def _profile_step(layers, xt, y, loss_fn, exclude, cuda):
-    """One step, timed and measured per layer: ``(saved, in, out, fwd, bwd)`` lists."""
-    n = len(layers)
-    fwd, bwd = [0.0] * n, [0.0] * n
-    in_b, out_b, groups = [], [], []
-    h = xt
-    for i, layer in enumerate(layers):
-        in_b.append(_value_bytes(h))
-        _sync(cuda)
-        t0 = time.perf_counter()
-        with record_nodes() as nodes:
-            h = layer(h)
-        _sync(cuda)
-        fwd[i] = time.perf_counter() - t0
-        out_b.append(_value_bytes(h))
-        groups.append(nodes)
-    seen: set = set()
-    saved = [array_bytes(saved_arrays(nodes, exclude), seen) for nodes in groups]
-    for i, nodes in enumerate(groups):
-        for node in nodes:
-            _timed(node, bwd, i, cuda)
-    del nodes, groups
-    loss = loss_fn(h, as_tensor(y))
-    del h
-    loss.backward()
-    return saved, in_b, out_b, fwd, bwd
-
-
-def profile_memory(layers, x, y, loss_fn, *, bandwidth: float | None = None,
-                   comm=None, repeat: int = 1) -> MemoryProfile:
-    """Run one training step ``loss_fn(layers[-1](...layers[0](x)), y).backward()`` and record
-    per layer its saved bytes, input/output bytes, forward and backward time (see
-    :class:`LayerProfile`).
-
-    ``layers``: modules in forward order, or a model (:func:`~disttensor.nn.sequential_layers`).
-    ``x``, ``y``: tensors (or DistArrays).  ``bandwidth`` (bytes/s): the host<->device
-    bandwidth to plan with; by default measured on a GPU, else :data:`ASSUMED_BANDWIDTH`
-    (reported as assumed).  ``repeat``: steps to run, keeping each layer's least time (the
-    first step of a process also compiles kernels: warm up, or repeat).  The steps leave no
-    trace: gradients are set back to what they were and buffers (running statistics,
-    dropout counters) restored.  Collective over ``x``'s grid
-    (or ``comm``): every figure is the maximum over the ranks, so all ranks get the same
-    profile."""
-    layers = _layer_list(layers)
-    xt = as_tensor(x)
-    cuda = _is_cuda(xt)
-    if comm is None and isinstance(xt.data, DistArray):
-        comm = xt.data.grid.cart
-    exclude = _exclude_ids(layers)
-    slots = _buffer_slots(layers)
-    before = _snapshot(slots)
-    params = [p for layer in layers for p in layer.parameters()]
-    grads = [p.grad for p in params]
-    n = len(layers)
-    best_f, best_b = [math.inf] * n, [math.inf] * n
-    try:
-        for _ in range(max(1, int(repeat))):
-            saved, in_b, out_b, fwd, bwd = _profile_step(layers, xt, y, loss_fn, exclude, cuda)
-            best_f = [min(u, v) for u, v in zip(best_f, fwd)]
-            best_b = [min(u, v) for u, v in zip(best_b, bwd)]
-            _restore(slots, before)
-    finally:
-        _restore(slots, before)
-        for p, g in zip(params, grads):
-            p.grad = g
-    fwd, bwd = best_f, best_b
-    figures = np.array([saved, in_b, out_b, fwd, bwd], dtype=np.float64)
-    if comm is not None and comm.size > 1:
-        figures = allreduce(comm, figures, "max")
-    assumed = bandwidth is None and not cuda
-    if bandwidth is None:
-        bandwidth = measure_bandwidth() if cuda else ASSUMED_BANDWIDTH
-        if cuda and comm is not None and comm.size > 1:
-            bandwidth = float(allreduce(comm, np.array([-bandwidth]), "max")[0]) * -1
-    names = [type(layer).__name__ for layer in layers]
-    profs = [LayerProfile(names[i], int(figures[0, i]), int(figures[1, i]), int(figures[2, i]),
-                          float(figures[3, i]), float(figures[4, i])) for i in range(n)]
-    return MemoryProfile(profs, float(bandwidth), assumed, "cuda" if cuda else "cpu",
-                         1 if comm is None else comm.size)
 
 
 # -- the model and the planner ------------------------------------------------------------------
@@ -712,70 +397,3 @@ def _knapsack(s, a, o, f, off, T, cap, unit, allow_off, allow_rec):
             segments.append((i, j))
         j, r = i, r - w
     return cost, tuple(choices), segments[::-1]
-
-
-# -- applying a plan ----------------------------------------------------------------------------
-class PlannedModel(Module):
-    """``layers`` applied in order with a :class:`MemoryPlan` (see :func:`apply_plan`).
-
-    Parameters are those of the layers (named ``layers.<i>.<name>``).  ``offload_stats``
-    holds, for the last forward, the bytes moved to the host (``offloaded_bytes``, GPU) and
-    the bytes whose move was simulated (``simulated_bytes``, CPU)."""
-
-    def __init__(self, layers, plan, copy_host: bool = False):
-        super().__init__()
-        self.copy_host = bool(copy_host)
-        plan = plan if isinstance(plan, MemoryPlan) else MemoryPlan(tuple(plan))
-        layers = list(layers)
-        if len(plan.choices) != len(layers):
-            raise ValueError(f"apply_plan: the plan has {len(plan.choices)} choices for "
-                             f"{len(layers)} layers")
-        self.layers = ModuleList(layers)
-        self.plan = plan
-        self.offload_stats = {"offloaded_bytes": 0, "simulated_bytes": 0}
-        segs = {j: Sequential(*layers[j:k]) for j, k in plan.segments}
-        object.__setattr__(self, "_segments", segs)
-
-    def forward(self, x):
-        layers, choices = list(self.layers), self.plan.choices
-        exclude = _exclude_ids(layers) if "offload" in choices else ()
-        stats = {"offloaded_bytes": 0, "simulated_bytes": 0}
-        h = as_tensor(x)
-        pending = None  # the offload group of the previous layer (prefetch in our backward)
-        i, n = 0, len(layers)
-        while i < n:
-            if choices[i] == "recompute":
-                seg = self._segments[i]
-                j = i + len(seg)
-                with record_nodes() as nodes:
-                    h = checkpoint(seg, h)
-            else:
-                j = i + 1
-                with record_nodes() as nodes:
-                    h = layers[i](h)
-            live = [nd for nd in nodes if nd.backward is not None]
-            if pending is not None and live:
-                run_before_backward(max(live, key=lambda nd: nd.seq), pending.prefetch)
-            pending = None
-            if choices[i] == "offload" and is_grad_enabled():
-                grp = OffloadGroup(live, exclude, self.copy_host).offload()
-                stats["offloaded_bytes"] += grp.offloaded_bytes
-                stats["simulated_bytes"] += grp.simulated_bytes
-                pending = grp
-            i = j
-        self.offload_stats = stats
-        return h
-
-
-def apply_plan(layers, plan, *, copy_host: bool = False) -> PlannedModel:
-    """A model computing what ``layers`` (modules in forward order, or a model, expanded by
-    :func:`~disttensor.nn.sequential_layers`) compute, with ``plan`` (a :class:`MemoryPlan`
-    or a sequence of choices) applied in its forward: each segment of ``'recompute'`` layers
-    (``plan.segments``) is one :func:`checkpoint`; each ``'offload'`` layer's saved arrays go
-    to host memory after its forward and are prefetched back when the next layer's backward starts
-    (simulated, counted only, for NumPy blocks); ``'keep'`` layers run as they are.  The
-    layers (and their parameters) are shared with the original model, not copied; a
-    model's own input checks (e.g. CosmoFlow's sample shape) are not run.  ``copy_host``:
-    offload NumPy blocks by copying them out and back like device arrays (relieves nothing;
-    exercises the offload path on CPU).  Collective when the layers are."""
-    return PlannedModel(_layer_list(layers), plan, copy_host)

@@ -131,9 +131,10 @@ def plan_grid(model: Module, input_shape: Sequence[int], batch: int, nranks: int
     machine; the tuned choices are cached on disk).
 
     Every candidate is analysed (:func:`analyze_layers`), its distinct local blocks timed
-    (:class:`LayerTimer`), and predicted (:func:`predict_grid`); see the module docstring
-    for the model and its assumptions.  Raises ``ValueError`` on every rank for bad
-    arguments, a model that cannot be modelled, or when no grid is valid and fits."""
+    (:class:`LayerTimer`), and predicted (:func:`predict_grid`); see the package docstring
+    (:mod:`disttensor.nn.perfmodel`) and :mod:`.prediction` for the model and its
+    assumptions.  Raises ``ValueError`` on every rank for bad arguments, a model that cannot
+    be modelled, or when no grid is valid and fits."""
     comm = MPI.COMM_WORLD if comm is None else comm
     if not isinstance(comm, MPI.Comm) and hasattr(comm, "comm"):  # a ProcessGrid
         comm = comm.comm
