@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 import disttensor as dt
 from disttensor import linalg as L
+from disttensor.linalg import matrix_product as MP, operands as O, summa as S
 from checks import (COMM, SIZE, check_blocks as check, collective_checks, dist, examples, expect,
                     grid, last_rank_only, mismatch)
 from conftest import assert_raises_all
@@ -84,50 +85,50 @@ def test_matmul_every_plan(data, m, k, n, plan):
         b = dist(B, data.draw(layouts((k, n), SIZE, 2)))
     grid_ = a.grid
     shape = (m, n)
-    osplit, osizes = L._output_layout(a, b, shape)
-    out_d = L._dist(shape, grid_, osplit, osizes)
+    osplit, osizes = MP._output_layout(a, b, shape)
+    out_d = O.distribution_on(shape, grid_, osplit, osizes)
     plans = {p[1]: p for p in _all_plans(a, b, grid_, out_d)}
     if plan not in plans:
         return
     c = _run_plan(a, b, grid_, out_d, plans[plan])
     check(c, A @ B, f"plan {plan}", rtol=1e-12, atol=prod_tol(A, B))
     if "summa" in plan:  # narrow panels: several per block, pipelined broadcasts
-        L._PANEL, old = 2, L._PANEL
+        S._PANEL, old = 2, S._PANEL
         try:
             c = _run_plan(a, b, grid_, out_d, plans[plan])
         finally:
-            L._PANEL = old
+            S._PANEL = old
         check(c, A @ B, f"plan {plan} narrow panels", rtol=1e-12, atol=prod_tol(A, B))
 
 
 def _all_plans(a, b, g, out_d):
-    """Every candidate of L._plan_2d (it returns the cheapest; collect all by masking)."""
+    """Every candidate of MP._plan_2d (it returns the cheapest; collect all by masking)."""
     found, seen = [], set()
     orig_min = min
 
     def capture(plans, key):
         found.extend(plans)
         return orig_min(plans, key=key)
-    L.min = capture
+    MP.min = capture
     try:
-        L._plan_2d(a, b, g, out_d)
+        MP._plan_2d(a, b, g, out_d)
     finally:
-        del L.min
+        del MP.min
     return [p for p in found if not (p[1] in seen or seen.add(p[1]))]
 
 
 def _run_plan(a, b, g, out_d, pl):
     _, name, arg = pl
     if name == "aligned":
-        c = L._aligned_product(a, b, g, L._aligned_layout(a, b))
+        c = MP._aligned_product(a, b, g, MP._aligned_layout(a, b))
     elif name == "summa":
-        c = L._summa(a, b, g)
+        c = S.summa(a, b, g)
     else:
         g2, da, db = arg
-        a2, b2 = L._move(a, g2, da), L._move(b, g2, db)
-        c = L._summa(a2, b2, g2) if name == "summa-after-move" else \
-            L._aligned_product(a2, b2, g2, L._aligned_layout(a2, b2))
-    return L._move(c, g, out_d)
+        a2, b2 = O.laid_out(a, g2, da), O.laid_out(b, g2, db)
+        c = S.summa(a2, b2, g2) if name == "summa-after-move" else \
+            MP._aligned_product(a2, b2, g2, MP._aligned_layout(a2, b2))
+    return O.laid_out(c, g, out_d)
 
 
 @settings(max_examples=examples(25))
