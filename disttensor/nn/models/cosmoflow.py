@@ -8,8 +8,9 @@ sizes and outputs are arguments, so a 32^3 model trains in minutes on a CPU.
 """
 from __future__ import annotations
 
-from ..layers import Conv3d, Dropout, Flatten, LeakyReLU, Linear, MaxPool3d, ScaledTanh
+from ..layers import Conv3d, LeakyReLU, MaxPool3d, ScaledTanh
 from ..module import Module, Sequential
+from .blocks import check_pool_stages, check_samples, dense_head, spatial_size
 
 __all__ = ["CosmoFlow", "cosmoflow"]
 
@@ -23,14 +24,11 @@ class CosmoFlow(Module):
                  negative_slope: float = 0.3, dropout: float = 0.0, output_scale: float = 1.2,
                  *, dtype="float32", device: str = "cpu", rng=None, seed: int = 0):
         super().__init__()
-        size = tuple(input_size) if isinstance(input_size, (tuple, list)) else (input_size,) * 3
+        size = spatial_size(input_size)
         widths = tuple(int(w) for w in widths)
         if len(size) != 3 or not widths:
             raise ValueError("CosmoFlow needs a 3-d input_size and at least one stage")
-        need = 2 ** len(widths)
-        if any(n < need for n in size):
-            raise ValueError(f"CosmoFlow: input of spatial size {size} is too small for "
-                             f"{len(widths)} pooling stages (each extent must be >= {need})")
+        check_pool_stages("CosmoFlow", size, len(widths))
         self.input_shape = (in_channels,) + size
         kw = dict(dtype=dtype, device=device, rng=rng)
         convs = []
@@ -40,20 +38,12 @@ class CosmoFlow(Module):
                       MaxPool3d(2)]
             c, s = w, tuple(n // 2 for n in s)
         self.features = Sequential(*convs)
-        head = [Flatten()]
-        f = c * s[0] * s[1] * s[2]
-        for i, d in enumerate(dense):
-            head += [Linear(f, d, **kw), LeakyReLU(negative_slope)]
-            if dropout:
-                head.append(Dropout(dropout, seed=seed + i))
-            f = d
-        head += [Linear(f, outputs, **kw), ScaledTanh(output_scale)]
-        self.head = Sequential(*head)
+        head = dense_head(c, s, dense, outputs, lambda: LeakyReLU(negative_slope), dropout,
+                          seed, **kw)
+        self.head = Sequential(*head, ScaledTanh(output_scale))
 
     def forward(self, x):
-        if tuple(x.shape[1:]) != self.input_shape:
-            raise ValueError(f"CosmoFlow expects samples of shape {self.input_shape} "
-                             f"(C, D, H, W), got {tuple(x.shape[1:])}")
+        check_samples("CosmoFlow", x, self.input_shape)
         return self.head(self.features(x))
 
     def pipeline_layers(self) -> list:

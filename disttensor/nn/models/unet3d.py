@@ -13,6 +13,7 @@ from __future__ import annotations
 from ..layers import BatchNorm3d, Conv3d, ConvTranspose3d, LeakyReLU, MaxPool3d
 from ..module import Module, ModuleList, Sequential
 from .. import functional as F
+from .blocks import spatial_size
 
 __all__ = ["UNet3D", "unet3d"]
 
@@ -34,8 +35,7 @@ class UNet3D(Module):
         super().__init__()
         kw = dict(dtype=dtype, device=device, rng=rng)
         self.in_channels, self.classes, self.levels = in_channels, classes, len(encoder)
-        self.input_size = None if input_size is None else (
-            tuple(input_size) if isinstance(input_size, (tuple, list)) else (input_size,) * 3)
+        self.input_size = None if input_size is None else spatial_size(input_size)
         if self.input_size is not None:
             self._check_size(self.input_size)
         self.down = ModuleList()

@@ -14,10 +14,9 @@ CosmoFlow's) or with cross-entropy on class indices.
 """
 from __future__ import annotations
 
-import math
-
-from ..layers import BatchNorm3d, Conv3d, Dropout, Flatten, Linear, MaxPool3d, ReLU
+from ..layers import BatchNorm3d, Conv3d, MaxPool3d, ReLU
 from ..module import Module, Sequential
+from .blocks import check_pool_stages, check_samples, dense_head, spatial_size
 
 __all__ = ["VGG3D", "vgg3d"]
 
@@ -33,7 +32,7 @@ class VGG3D(Module):
                  dropout: float = 0.0, batch_norm: bool = False, *, dtype="float32",
                  device: str = "cpu", rng=None, seed: int = 0):
         super().__init__()
-        size = tuple(input_size) if isinstance(input_size, (tuple, list)) else (input_size,) * 3
+        size = spatial_size(input_size)
         widths = tuple(int(w) for w in widths)
         if isinstance(convs_per_stage, int):
             convs_per_stage = (convs_per_stage,) * len(widths)
@@ -43,10 +42,7 @@ class VGG3D(Module):
         if len(convs_per_stage) != len(widths) or any(c < 1 for c in convs_per_stage):
             raise ValueError(f"VGG3D: convs_per_stage {convs_per_stage} must give one count "
                              f">= 1 per stage of widths {widths}")
-        need = 2 ** len(widths)
-        if any(n < need for n in size):
-            raise ValueError(f"VGG3D: input of spatial size {size} is too small for "
-                             f"{len(widths)} pooling stages (each extent must be >= {need})")
+        check_pool_stages("VGG3D", size, len(widths))
         self.input_shape = (in_channels,) + size
         kw = dict(dtype=dtype, device=device, rng=rng)
         feats = []
@@ -61,20 +57,10 @@ class VGG3D(Module):
             feats.append(MaxPool3d(2))
             s = tuple(n // 2 for n in s)
         self.features = Sequential(*feats)
-        head = [Flatten()]
-        f = c * math.prod(s)
-        for i, d in enumerate(dense):
-            head += [Linear(f, d, **kw), ReLU()]
-            if dropout:
-                head.append(Dropout(dropout, seed=seed + i))
-            f = d
-        head.append(Linear(f, outputs, **kw))
-        self.head = Sequential(*head)
+        self.head = Sequential(*dense_head(c, s, dense, outputs, ReLU, dropout, seed, **kw))
 
     def forward(self, x):
-        if tuple(x.shape[1:]) != self.input_shape:
-            raise ValueError(f"VGG3D expects samples of shape {self.input_shape} "
-                             f"(C, D, H, W), got {tuple(x.shape[1:])}")
+        check_samples("VGG3D", x, self.input_shape)
         return self.head(self.features(x))
 
     def pipeline_layers(self) -> list:
