@@ -97,17 +97,24 @@ from ._h5file import (BACKGROUND, drain_background_reads, h5py_has_mpi, probe, r
 from ._sessions import ReadSession
 from .layout import batch_indices, check_dataset_name
 
-__all__ = ["SampleDataset", "drain_background_reads"]
+__all__ = ["SampleDataset", "list_sample_files", "drain_background_reads"]
 
 _EXTENSIONS = (".h5", ".hdf5", ".hdf")
+
+
+def list_sample_files(directory) -> list[str]:
+    """The sample files of ``directory``: its HDF5 files (``.h5``, ``.hdf5``, ``.hdf``) sorted
+    by name, without dot-files (the temporary files of interrupted writes).  Serial."""
+    d = os.fspath(directory)
+    return sorted(os.path.join(d, f) for f in os.listdir(d)
+                  if f.lower().endswith(_EXTENSIONS) and not f.startswith("."))
 
 
 def _list_files(source) -> list[str]:
     if isinstance(source, (str, os.PathLike)):
         p = os.fspath(source)
         if os.path.isdir(p):
-            files = sorted(os.path.join(p, f) for f in os.listdir(p)
-                           if f.lower().endswith(_EXTENSIONS) and not f.startswith("."))
+            files = list_sample_files(p)
             if not files:
                 raise FileNotFoundError(f"no HDF5 files ({', '.join(_EXTENSIONS)}) in "
                                         f"directory {p!r}")

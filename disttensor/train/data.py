@@ -13,6 +13,7 @@ import os
 import numpy as np
 
 from ..io._h5file import root_call
+from ..io.dataset import list_sample_files
 
 __all__ = ["split_files", "num_classes", "target_mean", "batches"]
 
@@ -25,8 +26,7 @@ def split_files(data: str, val: str | None, fraction: float):
         return data, val
     if not os.path.isdir(data):
         raise ValueError(f"--data {data!r} is one file: give validation samples with --val")
-    files = sorted(os.path.join(data, f) for f in os.listdir(data)
-                   if f.lower().endswith((".h5", ".hdf5", ".hdf")) and not f.startswith("."))
+    files = list_sample_files(data)
     nval = max(1, int(round(len(files) * fraction)))
     if len(files) - nval < 1:
         raise ValueError(f"--data {data!r} holds {len(files)} sample files: too few to keep "
