@@ -1,7 +1,7 @@
 // im2col / col2im for 3-D grouped, strided, dilated, (asymmetrically) padded convolution: the
 // column transforms behind disttensor's im2col + cuBLAS convolution fallback
-// (disttensor/ops/local/gpu.py; loaded with cupy.RawModule, kernels looked up by name
-// expression, e.g. "im2col3d<float>").
+// (disttensor/ops/local/gpu/im2col_conv.py; gpu/rawmodules.py loads this file with
+// cupy.RawModule, kernels looked up by name expression, e.g. "im2col3d<float>").
 //
 // x: (nb, C, D, H, W) C-contiguous, C = G*Cg (the caller passes a pointer to the first sample
 // of a batch chunk).  The column matrix covers the output-depth planes [od0, od0 + ndp) of
@@ -15,39 +15,11 @@
 // (deterministic, no atomics) and ADDED into dx, so chunks over output planes accumulate.
 // Every index is 64-bit (long long).
 //
-// Standalone: includes only CUDA headers; compiles with `nvcc -std=c++17 -c`.  Define
-// DISTTENSOR_NO_HALF to leave out the __half instantiations.
+// Includes only common.cuh (Num<T> load/store traits, DTK_GRID_STRIDE) and CUDA headers;
+// compiles with `nvcc -std=c++17 -c`.  Define DISTTENSOR_NO_HALF to leave out the __half
+// instantiations.
 
-#ifndef DISTTENSOR_NO_HALF
-#include <cuda_fp16.h>
-#endif
-
-namespace dtk_col {
-
-template <typename T> struct Num;
-template <> struct Num<float> {
-    typedef float acc;
-    __device__ static __forceinline__ float load(float v) { return v; }
-    __device__ static __forceinline__ float store(float v) { return v; }
-};
-template <> struct Num<double> {
-    typedef double acc;
-    __device__ static __forceinline__ double load(double v) { return v; }
-    __device__ static __forceinline__ double store(double v) { return v; }
-};
-#ifndef DISTTENSOR_NO_HALF
-template <> struct Num<__half> {
-    typedef float acc;
-    __device__ static __forceinline__ float load(__half v) { return __half2float(v); }
-    __device__ static __forceinline__ __half store(float v) { return __float2half(v); }
-};
-#endif
-
-}  // namespace dtk_col
-
-#define DTK_GRID_STRIDE(i, n)                                                        \
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n);   \
-         i += (long long)gridDim.x * blockDim.x)
+#include "common.cuh"
 
 template <typename T>
 __global__ void im2col3d(const T* __restrict__ x, T* __restrict__ col,
@@ -63,7 +35,7 @@ __global__ void im2col3d(const T* __restrict__ x, T* __restrict__ col,
     const long long K = Cg * kD * kH * kW;
     const long long Q = ndp * oH * oW;
     const long long total = nb * G * K * Q;
-    const T zero = dtk_col::Num<T>::store(typename dtk_col::Num<T>::acc(0));
+    const T zero = dtk::Num<T>::store(typename dtk::Num<T>::acc(0));
     DTK_GRID_STRIDE(i, total) {
         long long t = i, k, q;
         if (transposed) {
@@ -107,7 +79,7 @@ __global__ void col2im3d(const T* __restrict__ col, T* __restrict__ dx,
                          long long sD, long long sH, long long sW,
                          long long dD, long long dH, long long dW,
                          long long pD, long long pH, long long pW) {
-    typedef typename dtk_col::Num<T>::acc acc;
+    typedef typename dtk::Num<T>::acc acc;
     const long long C = G * Cg;
     const long long K = Cg * kD * kH * kW;
     const long long Q = ndp * oH * oW;
@@ -145,16 +117,14 @@ __global__ void col2im3d(const T* __restrict__ col, T* __restrict__ dx,
                     if (ow >= oW) continue;
                     const long long k = ((ci * kD + kd) * kH + kh) * kW + kw;
                     const long long q = ((od - od0) * oH + oh) * oW + ow;
-                    s += dtk_col::Num<T>::load(colp[k * Q + q]);
+                    s += dtk::Num<T>::load(colp[k * Q + q]);
                 }
             }
         }
         const long long xi = (((n * C + c) * D + id) * H + ih) * W + iw;
-        dx[xi] = dtk_col::Num<T>::store(dtk_col::Num<T>::load(dx[xi]) + s);
+        dx[xi] = dtk::Num<T>::store(dtk::Num<T>::load(dx[xi]) + s);
     }
 }
-
-#undef DTK_GRID_STRIDE
 
 // Explicit instantiations: `nvcc -c` then checks every kernel body, and NVRTC finds the same
 // instances through RawModule's name_expressions.

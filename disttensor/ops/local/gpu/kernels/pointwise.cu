@@ -1,6 +1,7 @@
 // Per-channel reductions, batch-norm apply, activations and channel softmax for disttensor's GPU
-// local kernels (disttensor/ops/local/gpu.py loads this file with cupy.RawModule and looks the
-// kernels up by name expression, e.g. "bn_forward_apply<float>").
+// local kernels (disttensor/ops/local/gpu/batchnorm.py and activations.py; gpu/rawmodules.py
+// loads this file with cupy.RawModule, kernels looked up by name expression, e.g.
+// "bn_forward_apply<float>").
 //
 // Layout: any (N, C, *spatial) C-contiguous array viewed as (N, C, S), S = prod(spatial)
 // (S = 1 for 2-D input); element i has channel (i / S) % C.  Every index is 64-bit.
@@ -9,33 +10,13 @@
 // sums, then one thread per channel adds its partials in block order), so they are
 // deterministic run to run.  Per-channel parameters arrive as float64 arrays.
 //
-// Standalone: includes only CUDA headers; compiles with `nvcc -std=c++17 -c`.  Define
-// DISTTENSOR_NO_HALF to leave out the __half instantiations.
+// Includes only common.cuh (Num<T> load/store traits, DTK_GRID_STRIDE) and CUDA headers;
+// compiles with `nvcc -std=c++17 -c`.  Define DISTTENSOR_NO_HALF to leave out the __half
+// instantiations.
 
-#ifndef DISTTENSOR_NO_HALF
-#include <cuda_fp16.h>
-#endif
+#include "common.cuh"
 
 namespace dtk_pw {
-
-template <typename T> struct Num;
-template <> struct Num<float> {
-    typedef float acc;
-    __device__ static __forceinline__ float load(float v) { return v; }
-    __device__ static __forceinline__ float store(float v) { return v; }
-};
-template <> struct Num<double> {
-    typedef double acc;
-    __device__ static __forceinline__ double load(double v) { return v; }
-    __device__ static __forceinline__ double store(double v) { return v; }
-};
-#ifndef DISTTENSOR_NO_HALF
-template <> struct Num<__half> {
-    typedef float acc;
-    __device__ static __forceinline__ float load(__half v) { return __half2float(v); }
-    __device__ static __forceinline__ __half store(float v) { return __float2half(v); }
-};
-#endif
 
 __device__ __forceinline__ float ex(float v) { return expf(v); }
 __device__ __forceinline__ double ex(double v) { return exp(v); }
@@ -46,16 +27,12 @@ __device__ __forceinline__ double lg(double v) { return log(v); }
 __device__ __forceinline__ float th(float v) { return tanhf(v); }
 __device__ __forceinline__ double th(double v) { return tanh(v); }
 
-// activation codes (gpu.py _ACTIVATIONS)
+// activation codes (gpu/activations.py _ACTIVATIONS)
 enum { RELU = 0, LEAKY_RELU = 1, ELU = 2, SIGMOID = 3, TANH = 4 };
 
-const int REDUCE_BLOCK = 256;  // blockDim.x of channel_partial (gpu.py launches exactly this)
+const int REDUCE_BLOCK = 256;  // blockDim.x of channel_partial (gpu/batchnorm.py launches this)
 
 }  // namespace dtk_pw
-
-#define DTK_GRID_STRIDE(i, n)                                                        \
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n);   \
-         i += (long long)gridDim.x * blockDim.x)
 
 // Stage 1 of the per-channel sums.  Grid (B, min(C, 65535)), block REDUCE_BLOCK threads.
 // Block (b, c) sums its grid-stride share of channel c's M = N*S elements and writes
@@ -82,12 +59,12 @@ __global__ void channel_partial(const T* __restrict__ a, const T* __restrict__ b
              j += B * blockDim.x) {
             const long long n = j / S;
             const long long idx = (n * C + c) * S + (j - n * S);
-            const double va = (double)dtk_pw::Num<T>::load(a[idx]);
+            const double va = (double)dtk::Num<T>::load(a[idx]);
             if (MODE == 0) {
                 s1 += va;
                 s2 += va * va;
             } else {
-                const double xh = ((double)dtk_pw::Num<T>::load(b[idx]) - mu) * is;
+                const double xh = ((double)dtk::Num<T>::load(b[idx]) - mu) * is;
                 s1 += va;
                 s2 += va * xh;
             }
@@ -131,10 +108,10 @@ __global__ void bn_forward_apply(const T* __restrict__ x, T* __restrict__ y,
                                  const double* __restrict__ scale,
                                  const double* __restrict__ shift,
                                  long long C, long long S, long long total) {
-    typedef typename dtk_pw::Num<T>::acc acc;
+    typedef typename dtk::Num<T>::acc acc;
     DTK_GRID_STRIDE(i, total) {
         const long long c = (i / S) % C;
-        y[i] = dtk_pw::Num<T>::store(dtk_pw::Num<T>::load(x[i]) * (acc)scale[c] + (acc)shift[c]);
+        y[i] = dtk::Num<T>::store(dtk::Num<T>::load(x[i]) * (acc)scale[c] + (acc)shift[c]);
     }
 }
 
@@ -148,24 +125,24 @@ __global__ void bn_backward_apply(const T* __restrict__ dy, const T* __restrict_
                                   const double* __restrict__ mean_dy,
                                   const double* __restrict__ mean_dy_xhat,
                                   long long C, long long S, long long total) {
-    typedef typename dtk_pw::Num<T>::acc acc;
+    typedef typename dtk::Num<T>::acc acc;
     DTK_GRID_STRIDE(i, total) {
         const long long c = (i / S) % C;
         const acc is = (acc)invstd[c];
-        const acc xh = (dtk_pw::Num<T>::load(x[i]) - (acc)mean[c]) * is;
-        const acc g = dtk_pw::Num<T>::load(dy[i]) - (acc)mean_dy[c] - xh * (acc)mean_dy_xhat[c];
-        dx[i] = dtk_pw::Num<T>::store((acc)gamma[c] * is * g);
+        const acc xh = (dtk::Num<T>::load(x[i]) - (acc)mean[c]) * is;
+        const acc g = dtk::Num<T>::load(dy[i]) - (acc)mean_dy[c] - xh * (acc)mean_dy_xhat[c];
+        dx[i] = dtk::Num<T>::store((acc)gamma[c] * is * g);
     }
 }
 
 template <typename T>
 __global__ void activation_forward(const T* __restrict__ x, T* __restrict__ y, long long n,
                                    int mode, double alpha_) {
-    typedef typename dtk_pw::Num<T>::acc acc;
+    typedef typename dtk::Num<T>::acc acc;
     const acc alpha = (acc)alpha_;
     const acc one = acc(1), zero = acc(0);
     DTK_GRID_STRIDE(i, n) {
-        const acc v = dtk_pw::Num<T>::load(x[i]);
+        const acc v = dtk::Num<T>::load(x[i]);
         acc r;
         switch (mode) {
             case dtk_pw::RELU: r = (v > zero || v != v) ? v : zero; break;  // NaN propagates
@@ -179,45 +156,46 @@ __global__ void activation_forward(const T* __restrict__ x, T* __restrict__ y, l
             }
             default: r = dtk_pw::th(v); break;  // TANH
         }
-        y[i] = dtk_pw::Num<T>::store(r);
+        y[i] = dtk::Num<T>::store(r);
     }
 }
 
 // PyTorch gradient conventions: relu (x > 0), leaky_relu 1 if x > 0 else alpha, elu 1 if x > 0
-// else y + alpha, sigmoid y*(1 - y), tanh 1 - y^2.  x / y are read only by the modes that use them.
+// else y + alpha, sigmoid y*(1 - y), tanh 1 - y^2.  x / y are read only by the modes that use
+// them.
 template <typename T>
 __global__ void activation_backward(const T* __restrict__ dy, const T* __restrict__ x,
                                     const T* __restrict__ y, T* __restrict__ dx, long long n,
                                     int mode, double alpha_) {
-    typedef typename dtk_pw::Num<T>::acc acc;
+    typedef typename dtk::Num<T>::acc acc;
     const acc alpha = (acc)alpha_;
     const acc one = acc(1), zero = acc(0);
     DTK_GRID_STRIDE(i, n) {
-        const acc g = dtk_pw::Num<T>::load(dy[i]);
+        const acc g = dtk::Num<T>::load(dy[i]);
         acc r;
         switch (mode) {
             case dtk_pw::RELU:
-                r = dtk_pw::Num<T>::load(x[i]) > zero ? g : zero;
+                r = dtk::Num<T>::load(x[i]) > zero ? g : zero;
                 break;
             case dtk_pw::LEAKY_RELU:
-                r = dtk_pw::Num<T>::load(x[i]) > zero ? g : alpha * g;
+                r = dtk::Num<T>::load(x[i]) > zero ? g : alpha * g;
                 break;
             case dtk_pw::ELU:
-                r = dtk_pw::Num<T>::load(x[i]) > zero ? g
-                                                      : g * (dtk_pw::Num<T>::load(y[i]) + alpha);
+                r = dtk::Num<T>::load(x[i]) > zero ? g
+                                                      : g * (dtk::Num<T>::load(y[i]) + alpha);
                 break;
             case dtk_pw::SIGMOID: {
-                const acc s = dtk_pw::Num<T>::load(y[i]);
+                const acc s = dtk::Num<T>::load(y[i]);
                 r = g * s * (one - s);
                 break;
             }
             default: {  // TANH
-                const acc t = dtk_pw::Num<T>::load(y[i]);
+                const acc t = dtk::Num<T>::load(y[i]);
                 r = g * (one - t * t);
                 break;
             }
         }
-        dx[i] = dtk_pw::Num<T>::store(r);
+        dx[i] = dtk::Num<T>::store(r);
     }
 }
 
@@ -225,26 +203,27 @@ __global__ void activation_backward(const T* __restrict__ dy, const T* __restric
 template <typename T>
 __global__ void softmax_channels(const T* __restrict__ x, T* __restrict__ y,
                                  long long C, long long S, long long P, int log_softmax) {
-    typedef typename dtk_pw::Num<T>::acc acc;
+    typedef typename dtk::Num<T>::acc acc;
     DTK_GRID_STRIDE(p, P) {
         const long long n = p / S;
         const long long base = n * C * S + (p - n * S);
-        acc m = dtk_pw::Num<T>::load(x[base]);
+        acc m = dtk::Num<T>::load(x[base]);
         for (long long c = 1; c < C; ++c) {
-            const acc v = dtk_pw::Num<T>::load(x[base + c * S]);
+            const acc v = dtk::Num<T>::load(x[base + c * S]);
             if (v > m) m = v;
         }
         acc s = acc(0);
-        for (long long c = 0; c < C; ++c) s += dtk_pw::ex(dtk_pw::Num<T>::load(x[base + c * S]) - m);
+        for (long long c = 0; c < C; ++c) s += dtk_pw::ex(dtk::Num<T>::load(x[base + c * S]) - m);
         if (log_softmax) {
             const acc lse = m + dtk_pw::lg(s);
             for (long long c = 0; c < C; ++c)
-                y[base + c * S] = dtk_pw::Num<T>::store(dtk_pw::Num<T>::load(x[base + c * S]) - lse);
+                y[base + c * S] =
+                    dtk::Num<T>::store(dtk::Num<T>::load(x[base + c * S]) - lse);
         } else {
             const acc inv = acc(1) / s;
             for (long long c = 0; c < C; ++c)
                 y[base + c * S] =
-                    dtk_pw::Num<T>::store(dtk_pw::ex(dtk_pw::Num<T>::load(x[base + c * S]) - m) * inv);
+                    dtk::Num<T>::store(dtk_pw::ex(dtk::Num<T>::load(x[base + c * S]) - m) * inv);
         }
     }
 }
@@ -254,22 +233,20 @@ template <typename T>
 __global__ void softmax_channels_backward(const T* __restrict__ dy, const T* __restrict__ y,
                                           T* __restrict__ dx, long long C, long long S,
                                           long long P) {
-    typedef typename dtk_pw::Num<T>::acc acc;
+    typedef typename dtk::Num<T>::acc acc;
     DTK_GRID_STRIDE(p, P) {
         const long long n = p / S;
         const long long base = n * C * S + (p - n * S);
         acc s = acc(0);
         for (long long c = 0; c < C; ++c)
-            s += dtk_pw::Num<T>::load(dy[base + c * S]) * dtk_pw::Num<T>::load(y[base + c * S]);
+            s += dtk::Num<T>::load(dy[base + c * S]) * dtk::Num<T>::load(y[base + c * S]);
         for (long long c = 0; c < C; ++c) {
             const long long k = base + c * S;
-            dx[k] = dtk_pw::Num<T>::store(dtk_pw::Num<T>::load(y[k]) *
-                                          (dtk_pw::Num<T>::load(dy[k]) - s));
+            dx[k] = dtk::Num<T>::store(dtk::Num<T>::load(y[k]) *
+                                          (dtk::Num<T>::load(dy[k]) - s));
         }
     }
 }
-
-#undef DTK_GRID_STRIDE
 
 // Explicit instantiations: `nvcc -c` then checks every kernel body, and NVRTC finds the same
 // instances through RawModule's name_expressions.

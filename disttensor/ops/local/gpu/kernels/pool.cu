@@ -1,6 +1,6 @@
 // 3-D max / average pooling, forward and backward (the exact adjoint), for disttensor's GPU
-// local kernels (disttensor/ops/local/gpu.py loads this file with cupy.RawModule and looks the
-// kernels up by name expression, e.g. "max_pool3d_forward<float>").
+// local kernels (disttensor/ops/local/gpu/pooling.py; gpu/rawmodules.py loads this file with
+// cupy.RawModule, kernels looked up by name expression, e.g. "max_pool3d_forward<float>").
 //
 // Layout: x (N, C, D, H, W) C-contiguous, viewed as NC = N*C planes of D*H*W.  Every index is
 // 64-bit (long long): N*C*D*H*W may exceed 2^31.  Window of output (od, oh, ow) along an axis:
@@ -15,33 +15,13 @@
 // non-padding cells of the window (a window with none of those gives 0).
 // Backward kernels gather per input cell (deterministic, no atomics; overlapping windows add).
 //
-// Standalone: includes only CUDA headers; compiles with `nvcc -std=c++17 -c`.  Define
-// DISTTENSOR_NO_HALF to leave out the __half instantiations.
+// Includes only common.cuh (Num<T> load/store traits, DTK_GRID_STRIDE) and CUDA headers;
+// compiles with `nvcc -std=c++17 -c`.  Define DISTTENSOR_NO_HALF to leave out the __half
+// instantiations.
 
-#ifndef DISTTENSOR_NO_HALF
-#include <cuda_fp16.h>
-#endif
+#include "common.cuh"
 
 namespace dtk_pool {
-
-template <typename T> struct Num;
-template <> struct Num<float> {
-    typedef float acc;
-    __device__ static __forceinline__ float load(float v) { return v; }
-    __device__ static __forceinline__ float store(float v) { return v; }
-};
-template <> struct Num<double> {
-    typedef double acc;
-    __device__ static __forceinline__ double load(double v) { return v; }
-    __device__ static __forceinline__ double store(double v) { return v; }
-};
-#ifndef DISTTENSOR_NO_HALF
-template <> struct Num<__half> {
-    typedef float acc;
-    __device__ static __forceinline__ float load(__half v) { return __half2float(v); }
-    __device__ static __forceinline__ __half store(float v) { return __float2half(v); }
-};
-#endif
 
 __device__ __forceinline__ float neg_inf(float) { return -__int_as_float(0x7f800000); }
 __device__ __forceinline__ double neg_inf(double) {
@@ -55,11 +35,33 @@ __device__ __forceinline__ long long floordiv(long long a, long long b) {
 __device__ __forceinline__ long long lmax(long long a, long long b) { return a > b ? a : b; }
 __device__ __forceinline__ long long lmin(long long a, long long b) { return a < b ? a : b; }
 
-}  // namespace dtk_pool
+// Cell (nc, d, h, w) of flat index i of a C-contiguous (NC, D, H, W) array.
+struct Cell {
+    long long nc, d, h, w;
+};
+__device__ __forceinline__ Cell cell_of(long long i, long long D, long long H, long long W) {
+    Cell c;
+    c.w = i % W; i /= W;
+    c.h = i % H; i /= H;
+    c.d = i % D;
+    c.nc = i / D;
+    return c;
+}
 
-#define DTK_GRID_STRIDE(i, n)                                                        \
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n);   \
-         i += (long long)gridDim.x * blockDim.x)
+// The outputs o along one axis (extent on) whose window [o*s - p, o*s - p + k) holds input cell
+// i: ceil((i+p-k+1)/s) <= o <= floor((i+p)/s), clipped to [0, on - 1] (none when lo > hi).
+struct Span {
+    long long lo, hi;
+};
+__device__ __forceinline__ Span windows_holding(long long i, long long p, long long k,
+                                                long long s, long long on) {
+    Span r;
+    r.lo = lmax(floordiv(i + p - k + s, s), 0);
+    r.hi = lmin(floordiv(i + p, s), on - 1);
+    return r;
+}
+
+}  // namespace dtk_pool
 
 // y, argmax: (NC, oD, oH, oW); total = NC*oD*oH*oW.
 template <typename T>
@@ -70,15 +72,12 @@ __global__ void max_pool3d_forward(const T* __restrict__ x, T* __restrict__ y,
                                    long long kD, long long kH, long long kW,
                                    long long sD, long long sH, long long sW,
                                    long long pD, long long pH, long long pW) {
-    typedef typename dtk_pool::Num<T>::acc acc;
+    typedef typename dtk::Num<T>::acc acc;
     using dtk_pool::lmax;
     using dtk_pool::lmin;
     DTK_GRID_STRIDE(i, total) {
-        long long t = i;
-        const long long ow = t % oW; t /= oW;
-        const long long oh = t % oH; t /= oH;
-        const long long od = t % oD;
-        const long long nc = t / oD;
+        const dtk_pool::Cell c = dtk_pool::cell_of(i, oD, oH, oW);
+        const long long nc = c.nc, od = c.d, oh = c.h, ow = c.w;
         const T* xp = x + nc * D * H * W;
         const long long d0 = od * sD - pD, h0 = oh * sH - pH, w0 = ow * sW - pW;
         // the real (non-padding) cells of the window, visited in row-major window order:
@@ -93,7 +92,7 @@ __global__ void max_pool3d_forward(const T* __restrict__ x, T* __restrict__ y,
             for (long long kh = kh0; kh < kh1; ++kh) {
                 const long long row = ((d0 + kd) * H + (h0 + kh)) * W + w0;
                 for (long long kw = kw0; kw < kw1; ++kw) {
-                    const acc v = dtk_pool::Num<T>::load(xp[row + kw]);
+                    const acc v = dtk::Num<T>::load(xp[row + kw]);
                     if (!have) {
                         best = v;
                         besti = (kd * kH + kh) * kW + kw;
@@ -107,7 +106,7 @@ __global__ void max_pool3d_forward(const T* __restrict__ x, T* __restrict__ y,
                 }
             }
         }
-        y[i] = dtk_pool::Num<T>::store(best);
+        y[i] = dtk::Num<T>::store(best);
         argmax[i] = (int)besti;
     }
 }
@@ -120,15 +119,12 @@ __global__ void avg_pool3d_forward(const T* __restrict__ x, T* __restrict__ y, l
                                    long long sD, long long sH, long long sW,
                                    long long pD, long long pH, long long pW,
                                    int count_include_pad) {
-    typedef typename dtk_pool::Num<T>::acc acc;
+    typedef typename dtk::Num<T>::acc acc;
     using dtk_pool::lmax;
     using dtk_pool::lmin;
     DTK_GRID_STRIDE(i, total) {
-        long long t = i;
-        const long long ow = t % oW; t /= oW;
-        const long long oh = t % oH; t /= oH;
-        const long long od = t % oD;
-        const long long nc = t / oD;
+        const dtk_pool::Cell c = dtk_pool::cell_of(i, oD, oH, oW);
+        const long long nc = c.nc, od = c.d, oh = c.h, ow = c.w;
         const T* xp = x + nc * D * H * W;
         const long long d0 = od * sD - pD, h0 = oh * sH - pH, w0 = ow * sW - pW;
         // the non-padding part of the window: [a, b) along each axis
@@ -139,10 +135,10 @@ __global__ void avg_pool3d_forward(const T* __restrict__ x, T* __restrict__ y, l
         for (long long id = da; id < db; ++id)
             for (long long ih = ha; ih < hb; ++ih)
                 for (long long iw = wa; iw < wb; ++iw)
-                    s += dtk_pool::Num<T>::load(xp[(id * H + ih) * W + iw]);
+                    s += dtk::Num<T>::load(xp[(id * H + ih) * W + iw]);
         const long long cnt = lmax(db - da, 0) * lmax(hb - ha, 0) * lmax(wb - wa, 0);
         const long long div = count_include_pad ? kD * kH * kW : cnt;
-        y[i] = dtk_pool::Num<T>::store(div > 0 ? s / acc(div) : acc(0));
+        y[i] = dtk::Num<T>::store(div > 0 ? s / acc(div) : acc(0));
     }
 }
 
@@ -155,37 +151,28 @@ __global__ void max_pool3d_backward(const T* __restrict__ dy, const int* __restr
                                     long long kD, long long kH, long long kW,
                                     long long sD, long long sH, long long sW,
                                     long long pD, long long pH, long long pW) {
-    typedef typename dtk_pool::Num<T>::acc acc;
-    using dtk_pool::floordiv;
-    using dtk_pool::lmax;
-    using dtk_pool::lmin;
+    typedef typename dtk::Num<T>::acc acc;
     DTK_GRID_STRIDE(i, total) {
-        long long t = i;
-        const long long iw = t % W; t /= W;
-        const long long ih = t % H; t /= H;
-        const long long id = t % D;
-        const long long nc = t / D;
-        // windows o with o*s - p <= i <= o*s - p + k - 1, i.e. ceil((i+p-k+1)/s) <= o <= floor((i+p)/s)
-        const long long od0 = lmax(floordiv(id + pD - kD + sD, sD), 0);
-        const long long od1 = lmin(floordiv(id + pD, sD), oD - 1);
-        const long long oh0 = lmax(floordiv(ih + pH - kH + sH, sH), 0);
-        const long long oh1 = lmin(floordiv(ih + pH, sH), oH - 1);
-        const long long ow0 = lmax(floordiv(iw + pW - kW + sW, sW), 0);
-        const long long ow1 = lmin(floordiv(iw + pW, sW), oW - 1);
+        const dtk_pool::Cell c = dtk_pool::cell_of(i, D, H, W);
+        const long long nc = c.nc, id = c.d, ih = c.h, iw = c.w;
+        // the windows holding cell (id, ih, iw), per axis
+        const dtk_pool::Span wd = dtk_pool::windows_holding(id, pD, kD, sD, oD);
+        const dtk_pool::Span wh = dtk_pool::windows_holding(ih, pH, kH, sH, oH);
+        const dtk_pool::Span ww = dtk_pool::windows_holding(iw, pW, kW, sW, oW);
         acc s = acc(0);
-        for (long long od = od0; od <= od1; ++od) {
+        for (long long od = wd.lo; od <= wd.hi; ++od) {
             const long long kd = id + pD - od * sD;
-            for (long long oh = oh0; oh <= oh1; ++oh) {
+            for (long long oh = wh.lo; oh <= wh.hi; ++oh) {
                 const long long kh = ih + pH - oh * sH;
-                for (long long ow = ow0; ow <= ow1; ++ow) {
+                for (long long ow = ww.lo; ow <= ww.hi; ++ow) {
                     const long long kw = iw + pW - ow * sW;
                     const long long o = ((nc * oD + od) * oH + oh) * oW + ow;
                     if ((long long)argmax[o] == (kd * kH + kh) * kW + kw)
-                        s += dtk_pool::Num<T>::load(dy[o]);
+                        s += dtk::Num<T>::load(dy[o]);
                 }
             }
         }
-        dx[i] = dtk_pool::Num<T>::store(s);
+        dx[i] = dtk::Num<T>::store(s);
     }
 }
 
@@ -197,44 +184,36 @@ __global__ void avg_pool3d_backward(const T* __restrict__ dy, T* __restrict__ dx
                                     long long sD, long long sH, long long sW,
                                     long long pD, long long pH, long long pW,
                                     int count_include_pad) {
-    typedef typename dtk_pool::Num<T>::acc acc;
-    using dtk_pool::floordiv;
+    typedef typename dtk::Num<T>::acc acc;
     using dtk_pool::lmax;
     using dtk_pool::lmin;
     DTK_GRID_STRIDE(i, total) {
-        long long t = i;
-        const long long iw = t % W; t /= W;
-        const long long ih = t % H; t /= H;
-        const long long id = t % D;
-        const long long nc = t / D;
-        const long long od0 = lmax(floordiv(id + pD - kD + sD, sD), 0);
-        const long long od1 = lmin(floordiv(id + pD, sD), oD - 1);
-        const long long oh0 = lmax(floordiv(ih + pH - kH + sH, sH), 0);
-        const long long oh1 = lmin(floordiv(ih + pH, sH), oH - 1);
-        const long long ow0 = lmax(floordiv(iw + pW - kW + sW, sW), 0);
-        const long long ow1 = lmin(floordiv(iw + pW, sW), oW - 1);
+        const dtk_pool::Cell c = dtk_pool::cell_of(i, D, H, W);
+        const long long nc = c.nc, id = c.d, ih = c.h, iw = c.w;
+        // the windows holding cell (id, ih, iw), per axis
+        const dtk_pool::Span wd = dtk_pool::windows_holding(id, pD, kD, sD, oD);
+        const dtk_pool::Span wh = dtk_pool::windows_holding(ih, pH, kH, sH, oH);
+        const dtk_pool::Span ww = dtk_pool::windows_holding(iw, pW, kW, sW, oW);
         acc s = acc(0);
-        for (long long od = od0; od <= od1; ++od) {
+        for (long long od = wd.lo; od <= wd.hi; ++od) {
             const long long d0 = od * sD - pD;
             const long long cd = lmin(d0 + kD, D) - lmax(d0, 0);
-            for (long long oh = oh0; oh <= oh1; ++oh) {
+            for (long long oh = wh.lo; oh <= wh.hi; ++oh) {
                 const long long h0 = oh * sH - pH;
                 const long long ch = lmin(h0 + kH, H) - lmax(h0, 0);
-                for (long long ow = ow0; ow <= ow1; ++ow) {
+                for (long long ow = ww.lo; ow <= ww.hi; ++ow) {
                     const long long w0 = ow * sW - pW;
                     const long long cw = lmin(w0 + kW, W) - lmax(w0, 0);
                     // this cell is inside the window, so cd, ch, cw >= 1 here
                     const long long div = count_include_pad ? kD * kH * kW : cd * ch * cw;
                     const long long o = ((nc * oD + od) * oH + oh) * oW + ow;
-                    s += dtk_pool::Num<T>::load(dy[o]) / acc(div);
+                    s += dtk::Num<T>::load(dy[o]) / acc(div);
                 }
             }
         }
-        dx[i] = dtk_pool::Num<T>::store(s);
+        dx[i] = dtk::Num<T>::store(s);
     }
 }
-
-#undef DTK_GRID_STRIDE
 
 // Explicit instantiations: `nvcc -c` then checks every kernel body, and NVRTC finds the same
 // instances through RawModule's name_expressions.
