@@ -226,9 +226,13 @@ class BatchNorm3d(_BatchNorm):
 
 
 class _Activation(Module):
-    def __init__(self, fn, **kw):
+    """An activation: ``forward(x)`` is ``_fn(x, **kw)``, ``_fn`` the subclass's function of
+    :mod:`disttensor.nn.functional`, ``kw`` the keyword arguments it was built with."""
+    _fn = None
+
+    def __init__(self, **kw):
         super().__init__()
-        self._fn, self._kw = fn, kw
+        self._kw = kw
 
     def extra_repr(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self._kw.items())
@@ -238,47 +242,52 @@ class _Activation(Module):
 
 
 class ReLU(_Activation):
-    def __init__(self):
-        super().__init__(F.relu)
+    _fn = staticmethod(F.relu)
 
 
 class LeakyReLU(_Activation):
+    _fn = staticmethod(F.leaky_relu)
+
     def __init__(self, negative_slope: float = 0.01):
-        super().__init__(F.leaky_relu, negative_slope=negative_slope)
+        super().__init__(negative_slope=negative_slope)
 
 
 class ELU(_Activation):
+    _fn = staticmethod(F.elu)
+
     def __init__(self, alpha: float = 1.0):
-        super().__init__(F.elu, alpha=alpha)
+        super().__init__(alpha=alpha)
 
 
 class Sigmoid(_Activation):
-    def __init__(self):
-        super().__init__(F.sigmoid)
+    _fn = staticmethod(F.sigmoid)
 
 
 class Tanh(_Activation):
-    def __init__(self):
-        super().__init__(F.tanh)
+    _fn = staticmethod(F.tanh)
 
 
 class ScaledTanh(_Activation):
     """``scale * tanh(x)`` (CosmoFlow's output: scale 1.2)."""
+    _fn = staticmethod(F.scaled_tanh)
 
     def __init__(self, scale: float = 1.2):
-        super().__init__(F.scaled_tanh, scale=scale)
+        super().__init__(scale=scale)
 
 
 class Softmax(_Activation):
     """Softmax over the channel axis (``dim=1``)."""
+    _fn = staticmethod(F.softmax)
 
     def __init__(self, dim: int = 1):
-        super().__init__(F.softmax, dim=dim)
+        super().__init__(dim=dim)
 
 
 class LogSoftmax(_Activation):
+    _fn = staticmethod(F.log_softmax)
+
     def __init__(self, dim: int = 1):
-        super().__init__(F.log_softmax, dim=dim)
+        super().__init__(dim=dim)
 
 
 class Dropout(Module):
