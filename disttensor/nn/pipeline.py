@@ -348,16 +348,20 @@ class Pipeline(Module):
             self._sends.clear()
 
     # -- micro-batches --------------------------------------------------------------------------
+    def _check_on_stage_grid(self, a, where: str, what: str) -> None:
+        """Raise unless ``a`` is a DistArray on :attr:`stage_grid` (local: the caller runs it
+        inside its collective entry)."""
+        if not isinstance(a, DistArray):
+            raise TypeError(f"{where}: {what} must be a DistArray on the stage grid, got "
+                            f"{type(a).__name__}")
+        if not a.grid.same_as(self.stage_grid):
+            raise ValueError(f"{where}: {what} lives on a grid of dims {a.grid.dims}, not on "
+                             f"the stage grid {self.stage_grid.dims} (pipe.stage_grid)")
+
     def _split_info(self, a: DistArray, what: str, batch: int | None = None):
         """Number of sample blocks ``P`` of ``a`` (validated: equal blocks, divisible by
         ``P * chunks``, on the stage grid)."""
-        if not isinstance(a, DistArray):
-            raise TypeError(f"Pipeline.train_step: {what} must be a DistArray on the stage "
-                            f"grid, got {type(a).__name__}")
-        if not a.grid.same_as(self.stage_grid):
-            raise ValueError(f"Pipeline.train_step: {what} lives on a grid of dims "
-                             f"{a.grid.dims}, not on the stage grid {self.stage_grid.dims} "
-                             "(pipe.stage_grid)")
+        self._check_on_stage_grid(a, "Pipeline.train_step", what)
         if a.ndim < 1:
             raise ValueError(f"Pipeline.train_step: {what} needs a sample axis")
         n = a.shape[0]
@@ -513,13 +517,7 @@ class Pipeline(Module):
         xa = x.data if isinstance(x, Tensor) else x
         with collective(self.grid.cart, "Pipeline.forward"):
             if s == 0:
-                if not isinstance(xa, DistArray):
-                    raise TypeError(f"Pipeline.forward: x must be a DistArray on the stage "
-                                    f"grid, got {type(xa).__name__}")
-                if not xa.grid.same_as(self.stage_grid):
-                    raise ValueError(f"Pipeline.forward: x lives on a grid of dims "
-                                     f"{xa.grid.dims}, not on the stage grid "
-                                     f"{self.stage_grid.dims}")
+                self._check_on_stage_grid(xa, "Pipeline.forward", "x")
         with no_grad():
             if s == 0:
                 inp = xa if xa.grid is self.stage_grid else \
