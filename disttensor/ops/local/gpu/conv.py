@@ -115,7 +115,7 @@ def _gpu_fingerprint():
             import cudnn
             info.update(cudnn=int(cudnn.backend_version()),
                         cudnn_frontend=str(getattr(cudnn, "__version__", "")))
-        from ..conv_plan_cache import fingerprint
+        from ..microbatch.plan_cache import fingerprint
         _fp[dev] = fingerprint("gpu", info)
     return _fp[dev]
 
