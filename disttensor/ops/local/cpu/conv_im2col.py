@@ -24,48 +24,28 @@ price of a workspace that grows with N (:func:`batched_workspace_bytes`).  The p
 """
 from __future__ import annotations
 
+import math
 import os
-import threading
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit, prange
 
+from .conv_cost import MEM_BW, gemm_seconds
+from .conv_operands import conv_out_shape, data_operands, filter_operands, forward_operands
+from .scratch import ScratchBuffers
+
 __all__ = ["conv_forward", "conv_backward_data", "conv_backward_filter", "conv_out_shape",
            "conv_forward_batched", "conv_backward_data_batched", "conv_backward_filter_batched",
-           "tiled_workspace_bytes", "batched_workspace_bytes"]
+           "tiled_workspace_bytes", "batched_workspace_bytes", "tiled_seconds",
+           "batched_seconds"]
 
 
 def _workspace_bytes() -> int:
     return int(float(os.environ.get("DISTTENSOR_CONV_WORKSPACE_MB", "64")) * 2**20)
 
 
-_scratch = threading.local()
-
-
-def _workspace(nelems: int, dtype) -> np.ndarray:
-    """A reusable 1-d scratch buffer of at least ``nelems`` (per thread and dtype): a fresh
-    64 MiB buffer per call costs its page faults every time (~25 ms here)."""
-    key = np.dtype(dtype).str
-    bufs = getattr(_scratch, "bufs", None)
-    if bufs is None:
-        bufs = _scratch.bufs = {}
-    buf = bufs.get(key)
-    if buf is None or buf.size < nelems:
-        buf = bufs[key] = np.empty(nelems, dtype=dtype)
-    return buf[:nelems]
-
-
-def conv_out_shape(in_spatial, kernel, stride, dilation, pad_lo, pad_hi) -> tuple[int, ...]:
-    out = []
-    for n, k, s, d, lo, hi in zip(in_spatial, kernel, stride, dilation, pad_lo, pad_hi):
-        if s < 1 or d < 1 or k < 1:
-            raise ValueError(f"stride {s}, dilation {d} and kernel extent {k} must be >= 1")
-        span = d * (k - 1) + 1
-        if n + lo + hi < span:
-            raise ValueError(f"input extent {n} padded by ({lo}, {hi}) is shorter than the "
-                             f"kernel span {span}")
-        out.append((n + lo + hi - span) // s + 1)
-    return tuple(out)
+_scratch = ScratchBuffers()   # the column tiles (slot "columns", shared by all tiles)
 
 
 @njit(cache=True, inline="always")
@@ -159,77 +139,6 @@ def _col2im(cols, dx, d0, d1, oh_n, ow_n, kd_n, kh_n, kw_n, sd, sh, sw, dd, dh, 
                     p += ow_n
 
 
-def float_dtype(*arrays) -> np.dtype:
-    """The common dtype of the operands, which the CPU kernels take as float32 or float64."""
-    dtype = np.result_type(*(a.dtype for a in arrays))
-    if dtype not in (np.float32, np.float64):
-        raise TypeError(f"CPU convolution kernels take float32 or float64 arrays, got "
-                        f"{', '.join(str(a.dtype) for a in arrays)} (use astype; float16 and "
-                        "bfloat16 are for GPU blocks)")
-    return dtype
-
-
-def check_shapes(x_shape, w_shape, groups) -> None:
-    """Raise ``ValueError`` unless ``x_shape`` is ``(N, C, D, H, W)``, ``w_shape`` a 5-d
-    ``(Cout, C // groups, kD, kH, kW)`` and ``groups`` divides both channel counts."""
-    if len(x_shape) != 5 or len(w_shape) != 5:
-        raise ValueError(f"local conv kernels take (N, C, D, H, W) inputs and 5-d weights, got "
-                         f"{tuple(x_shape)} and {tuple(w_shape)}")
-    if groups < 1 or x_shape[1] % groups or w_shape[0] % groups:
-        raise ValueError(f"groups={groups} must divide the input channels {x_shape[1]} and the "
-                         f"output channels {w_shape[0]}")
-    if w_shape[1] * groups != x_shape[1]:
-        raise ValueError(f"weight {tuple(w_shape)} expects {w_shape[1] * groups} input channels "
-                         f"with groups={groups}, input has {x_shape[1]}")
-
-
-def _ints(*tuples) -> tuple:
-    return tuple(tuple(int(v) for v in t) for t in tuples)
-
-
-def forward_operands(x, w, stride, dilation, pad_lo, pad_hi, groups):
-    """The checked operands of a forward call, shared by every CPU algorithm:
-    ``(x, w, dtype, (stride, dilation, pad_lo, pad_hi), out_spatial)`` with ``x`` and ``w``
-    C-contiguous in their common float dtype and the geometry as int tuples."""
-    check_shapes(x.shape, w.shape, groups)
-    dtype = float_dtype(x, w)
-    x = np.ascontiguousarray(x, dtype=dtype)
-    w = np.ascontiguousarray(w, dtype=dtype)
-    geo = _ints(stride, dilation, pad_lo, pad_hi)
-    return x, w, dtype, geo, conv_out_shape(x.shape[2:], w.shape[2:], *geo)
-
-
-def data_operands(dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, groups):
-    """The checked operands of a backward-data call: ``(dy, w, dtype, in_spatial, geo)``
-    (``dy`` must have the convolution's output extent)."""
-    dtype = float_dtype(dy, w)
-    dy = np.ascontiguousarray(dy, dtype=dtype)
-    w = np.ascontiguousarray(w, dtype=dtype)
-    in_spatial, = _ints(in_spatial)
-    geo = _ints(stride, dilation, pad_lo, pad_hi)
-    check_shapes((dy.shape[0], w.shape[1] * groups) + in_spatial, w.shape, groups)
-    out_sp = conv_out_shape(in_spatial, w.shape[2:], *geo)
-    if tuple(dy.shape[2:]) != out_sp:
-        raise ValueError(f"dy has spatial shape {dy.shape[2:]}, the convolution gives {out_sp}")
-    return dy, w, dtype, in_spatial, geo
-
-
-def filter_operands(x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups):
-    """The checked operands of a backward-filter call: ``(x, dy, dtype, kernel, geo,
-    out_spatial)`` (``dy`` must be ``(N, Cout) + out_spatial``)."""
-    dtype = float_dtype(x, dy)
-    x = np.ascontiguousarray(x, dtype=dtype)
-    dy = np.ascontiguousarray(dy, dtype=dtype)
-    kernel, = _ints(kernel)
-    geo = _ints(stride, dilation, pad_lo, pad_hi)
-    n_n, cin = x.shape[:2]
-    cout = dy.shape[1]
-    check_shapes(x.shape, (cout, cin // max(groups, 1)) + kernel, groups)
-    out_sp = conv_out_shape(x.shape[2:], kernel, *geo)
-    if tuple(dy.shape[2:]) != out_sp or dy.shape[0] != n_n:
-        raise ValueError(f"dy has shape {dy.shape}, the convolution gives {(n_n, cout) + out_sp}")
-    return x, dy, dtype, kernel, geo, out_sp
-
 
 def _tile_planes(out_spatial, k_rows: int, dtype, workspace_bytes=None) -> int:
     """Output depth planes per tile: as many as fit ``workspace_bytes`` (None: the
@@ -249,40 +158,89 @@ def _column_tiles(out_spatial, k_rows: int, dtype, workspace_bytes=None) -> list
     od_n, oh_n, ow_n = out_spatial
     plane = oh_n * ow_n
     step = _tile_planes(out_spatial, k_rows, dtype, workspace_bytes)
-    buf = _workspace(k_rows * step * plane, dtype)
+    buf = _scratch.get("columns", (k_rows * step * plane,), dtype)
     return [((d0, d1), slice(d0 * plane, d1 * plane),
              buf[:k_rows * (d1 - d0) * plane].reshape(k_rows, (d1 - d0) * plane))
             for d0, d1 in ((d0, min(d0 + step, od_n)) for d0 in range(0, od_n, step))]
 
 
-def _geometry(kernel, stride, dilation, pad_lo):
-    return (*kernel, *stride, *dilation, *pad_lo)
+# -- the three passes' operands ---------------------------------------------------------------
+class _Sizes(NamedTuple):
+    """One convolution's sizes as the im2col kernels use them."""
+
+    n_n: int        # samples
+    cg: int         # input channels per group
+    cog: int        # output channels per group
+    k_rows: int     # rows of the column matrix, cg * prod(kernel)
+    out_sp: tuple   # output spatial extent
+    geo: tuple      # kernel, stride, dilation, pad_lo: the geometry arguments of _im2col/_col2im
 
 
+def _sizes(n_n, cin, cout, groups, kernel, out_sp, stride, dilation, pad_lo) -> _Sizes:
+    cg, cog = cin // groups, cout // groups
+    return _Sizes(n_n, cg, cog, cg * int(np.prod(kernel)), tuple(out_sp),
+                  (*kernel, *stride, *dilation, *pad_lo))
+
+
+def _forward_setup(x, w, stride, dilation, pad_lo, pad_hi, groups):
+    """``(x, w, y, sizes)``: the checked operands, the uninitialised output and the sizes."""
+    x, w, dtype, (stride, dilation, pad_lo, pad_hi), out_sp = forward_operands(
+        x, w, stride, dilation, pad_lo, pad_hi, groups)
+    n_n, cin = x.shape[:2]
+    cout = w.shape[0]
+    y = np.empty((n_n, cout) + out_sp, dtype=dtype)
+    return x, w, y, _sizes(n_n, cin, cout, groups, w.shape[2:], out_sp, stride, dilation, pad_lo)
+
+
+def _data_setup(dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, groups):
+    """``(dy, w, dx, sizes)``: the checked operands, the zeroed input gradient and the sizes."""
+    dy, w, dtype, in_spatial, (stride, dilation, pad_lo, pad_hi) = data_operands(
+        dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, groups)
+    n_n, cout = dy.shape[:2]
+    cin = w.shape[1] * groups
+    dx = np.zeros((n_n, cin) + in_spatial, dtype=dtype)
+    return dy, w, dx, _sizes(n_n, cin, cout, groups, w.shape[2:], dy.shape[2:], stride,
+                             dilation, pad_lo)
+
+
+def _filter_setup(x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups):
+    """``(x, dy, dw, sizes)``: the checked operands, the zeroed filter gradient as ``(groups,
+    Cout/groups, K)`` and the sizes."""
+    x, dy, dtype, kernel, (stride, dilation, pad_lo, pad_hi), out_sp = filter_operands(
+        x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups)
+    n_n, cin = x.shape[:2]
+    s = _sizes(n_n, cin, dy.shape[1], groups, kernel, out_sp, stride, dilation, pad_lo)
+    return x, dy, np.zeros((groups, s.cog, s.k_rows), dtype=dtype), s
+
+
+def _filter_result(dw, dy, kernel, s: _Sizes):
+    """``dw`` of :func:`_filter_setup` as ``(Cout, Cin // groups, *kernel)``."""
+    return dw.reshape((dy.shape[1], s.cg) + tuple(int(k) for k in kernel))
+
+
+def _transposed_weights(w, groups, s: _Sizes):
+    """``w`` as ``(groups, K, Cout/groups)`` matrices, C-contiguous (backward data's GEMM)."""
+    return np.ascontiguousarray(w.reshape(groups, s.cog, s.k_rows).transpose(0, 2, 1))
+
+
+# -- tiled im2col: one GEMM per sample, group and column tile ---------------------------------
 def conv_forward(x, w, stride, dilation, pad_lo, pad_hi, groups=1, *, workspace_bytes=None):
     """``y[n, co] = sum_{ci in group(co), k} w[co, ci, k] * xpad[n, ci, o*stride + k*dilation]``.
 
     ``workspace_bytes``: bound on the column tile (None: ``DISTTENSOR_CONV_WORKSPACE_MB``);
     a tile holds at least one output depth plane, whatever the bound."""
-    x, w, dtype, (stride, dilation, pad_lo, pad_hi), out_sp = forward_operands(
-        x, w, stride, dilation, pad_lo, pad_hi, groups)
-    n_n, cin = x.shape[:2]
-    cout = w.shape[0]
-    kernel = w.shape[2:]
-    y = np.empty((n_n, cout) + out_sp, dtype=dtype)
+    x, w, y, s = _forward_setup(x, w, stride, dilation, pad_lo, pad_hi, groups)
     if y.size == 0:
         return y
-    cg, cog = cin // groups, cout // groups
-    k_rows = cg * int(np.prod(kernel))
-    wmat = w.reshape(groups, cog, k_rows)
-    geo = _geometry(kernel, stride, dilation, pad_lo)
-    ymat = y.reshape(n_n, groups, cog, -1)
-    tiles = _column_tiles(out_sp, k_rows, dtype, workspace_bytes)
-    for n in range(n_n):
+    cg, cog, out_sp = s.cg, s.cog, s.out_sp
+    wmat = w.reshape(groups, cog, s.k_rows)
+    ymat = y.reshape(s.n_n, groups, cog, -1)
+    tiles = _column_tiles(out_sp, s.k_rows, y.dtype, workspace_bytes)
+    for n in range(s.n_n):
         for g in range(groups):
             xg = x[n, g * cg:(g + 1) * cg]
             for (d0, d1), cs, cols in tiles:
-                _im2col(xg, cols, d0, d1, out_sp[1], out_sp[2], *geo)
+                _im2col(xg, cols, d0, d1, out_sp[1], out_sp[2], *s.geo)
                 np.matmul(wmat[g], cols, out=ymat[n, g, :, cs])
     return y
 
@@ -291,27 +249,19 @@ def conv_backward_data(dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, grou
                        workspace_bytes=None):
     """Gradient of ``sum(conv_forward(x, w) * dy)`` with respect to ``x`` (N, Cin, *in_spatial).
     ``workspace_bytes`` as in :func:`conv_forward`."""
-    dy, w, dtype, in_spatial, (stride, dilation, pad_lo, pad_hi) = data_operands(
-        dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, groups)
-    n_n, cout = dy.shape[:2]
-    cg, cog = w.shape[1], cout // groups
-    cin = cg * groups
-    kernel = w.shape[2:]
-    out_sp = tuple(dy.shape[2:])
-    dx = np.zeros((n_n, cin) + in_spatial, dtype=dtype)
+    dy, w, dx, s = _data_setup(dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, groups)
     if dy.size == 0 or dx.size == 0:
         return dx
-    k_rows = cg * int(np.prod(kernel))
-    wmat_t = np.ascontiguousarray(w.reshape(groups, cog, k_rows).transpose(0, 2, 1))
-    geo = _geometry(kernel, stride, dilation, pad_lo)
-    dymat = dy.reshape(n_n, groups, cog, -1)
-    tiles = _column_tiles(out_sp, k_rows, dtype, workspace_bytes)
-    for n in range(n_n):
+    cg, cog, out_sp = s.cg, s.cog, s.out_sp
+    wmat_t = _transposed_weights(w, groups, s)
+    dymat = dy.reshape(s.n_n, groups, cog, -1)
+    tiles = _column_tiles(out_sp, s.k_rows, dx.dtype, workspace_bytes)
+    for n in range(s.n_n):
         for g in range(groups):
             dxg = dx[n, g * cg:(g + 1) * cg]
             for (d0, d1), cs, cols in tiles:
                 np.matmul(wmat_t[g], dymat[n, g, :, cs], out=cols)
-                _col2im(cols, dxg, d0, d1, out_sp[1], out_sp[2], *geo)
+                _col2im(cols, dxg, d0, d1, out_sp[1], out_sp[2], *s.geo)
     return dx
 
 
@@ -319,29 +269,87 @@ def conv_backward_filter(x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups
                          workspace_bytes=None):
     """Gradient of ``sum(conv_forward(x, w) * dy)`` with respect to ``w``
     (Cout, Cin // groups, *kernel).  ``workspace_bytes`` as in :func:`conv_forward`."""
-    x, dy, dtype, kernel, (stride, dilation, pad_lo, pad_hi), out_sp = filter_operands(
-        x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups)
-    n_n, cin = x.shape[:2]
-    cout = dy.shape[1]
-    cg, cog = cin // groups, cout // groups
-    k_rows = cg * int(np.prod(kernel))
-    dw = np.zeros((groups, cog, k_rows), dtype=dtype)
+    x, dy, dw, s = _filter_setup(x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups)
     if dy.size and x.size:
-        geo = _geometry(kernel, stride, dilation, pad_lo)
-        dymat = dy.reshape(n_n, groups, cog, -1)
-        tiles = _column_tiles(out_sp, k_rows, dtype, workspace_bytes)
-        part = np.empty((cog, k_rows), dtype=dtype)
-        for n in range(n_n):
+        cg, cog, out_sp = s.cg, s.cog, s.out_sp
+        dymat = dy.reshape(s.n_n, groups, cog, -1)
+        tiles = _column_tiles(out_sp, s.k_rows, dw.dtype, workspace_bytes)
+        part = np.empty((cog, s.k_rows), dtype=dw.dtype)
+        for n in range(s.n_n):
             for g in range(groups):
                 xg = x[n, g * cg:(g + 1) * cg]
                 for (d0, d1), cs, cols in tiles:
-                    _im2col(xg, cols, d0, d1, out_sp[1], out_sp[2], *geo)
+                    _im2col(xg, cols, d0, d1, out_sp[1], out_sp[2], *s.geo)
                     np.matmul(dymat[n, g, :, cs], cols.T, out=part)
                     dw[g] += part
-    return dw.reshape((cout, cg) + kernel)
+    return _filter_result(dw, dy, kernel, s)
 
 
-# -- workspace sizes -------------------------------------------------------------------------
+# -- batched im2col: one GEMM per group over all samples --------------------------------------
+def _batched_buffers(s: _Sizes, dtype):
+    """Views ``cols (k_rows, N*P)`` and ``packed (cog, N*P)`` of this thread's scratch."""
+    cols = s.n_n * int(np.prod(s.out_sp))
+    buf = _scratch.get("columns", ((s.k_rows + s.cog) * cols,), dtype)
+    split = s.k_rows * cols
+    return buf[:split].reshape(s.k_rows, cols), buf[split:].reshape(s.cog, cols)
+
+
+def conv_forward_batched(x, w, stride, dilation, pad_lo, pad_hi, groups=1):
+    """:func:`conv_forward` with the columns of all samples in one GEMM per group."""
+    x, w, y, s = _forward_setup(x, w, stride, dilation, pad_lo, pad_hi, groups)
+    if y.size == 0:
+        return y
+    cg, cog, out_sp, n_n = s.cg, s.cog, s.out_sp, s.n_n
+    p_n = int(np.prod(out_sp))
+    wmat = w.reshape(groups, cog, s.k_rows)
+    cols, packed = _batched_buffers(s, y.dtype)
+    yv = y.reshape(n_n, groups, cog, p_n)
+    for g in range(groups):
+        for n in range(n_n):
+            _im2col(x[n, g * cg:(g + 1) * cg], cols[:, n * p_n:(n + 1) * p_n], 0, out_sp[0],
+                    out_sp[1], out_sp[2], *s.geo)
+        np.matmul(wmat[g], cols, out=packed)
+        yv[:, g] = packed.reshape(cog, n_n, p_n).transpose(1, 0, 2)
+    return y
+
+
+def conv_backward_data_batched(dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, groups=1):
+    """:func:`conv_backward_data` with one ``w^T @ dy`` GEMM per group over all samples."""
+    dy, w, dx, s = _data_setup(dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, groups)
+    if dy.size == 0 or dx.size == 0:
+        return dx
+    cg, cog, out_sp, n_n = s.cg, s.cog, s.out_sp, s.n_n
+    p_n = int(np.prod(out_sp))
+    wmat_t = _transposed_weights(w, groups, s)
+    cols, packed = _batched_buffers(s, dx.dtype)
+    dyv = dy.reshape(n_n, groups, cog, p_n)
+    for g in range(groups):
+        packed.reshape(cog, n_n, p_n)[...] = dyv[:, g].transpose(1, 0, 2)
+        np.matmul(wmat_t[g], packed, out=cols)
+        for n in range(n_n):
+            _col2im(cols[:, n * p_n:(n + 1) * p_n], dx[n, g * cg:(g + 1) * cg], 0, out_sp[0],
+                    out_sp[1], out_sp[2], *s.geo)
+    return dx
+
+
+def conv_backward_filter_batched(x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups=1):
+    """:func:`conv_backward_filter` with one ``dy @ cols^T`` GEMM per group over all samples."""
+    x, dy, dw, s = _filter_setup(x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups)
+    if dy.size and x.size:
+        cg, cog, out_sp, n_n = s.cg, s.cog, s.out_sp, s.n_n
+        p_n = int(np.prod(out_sp))
+        cols, packed = _batched_buffers(s, dw.dtype)
+        dyv = dy.reshape(n_n, groups, cog, p_n)
+        for g in range(groups):
+            for n in range(n_n):
+                _im2col(x[n, g * cg:(g + 1) * cg], cols[:, n * p_n:(n + 1) * p_n], 0,
+                        out_sp[0], out_sp[1], out_sp[2], *s.geo)
+            packed.reshape(cog, n_n, p_n)[...] = dyv[:, g].transpose(1, 0, 2)
+            np.matmul(packed, cols.T, out=dw[g])
+    return _filter_result(dw, dy, kernel, s)
+
+
+# -- workspace sizes and modelled times (the planner's view) ----------------------------------
 def _geometry_sizes(x_shape, w_shape, stride, dilation, pad_lo, pad_hi, groups):
     """``(k_rows, cog, out_spatial)`` of a convolution (k_rows = Cin/groups * prod(kernel))."""
     kernel = tuple(int(k) for k in w_shape[2:])
@@ -363,6 +371,20 @@ def tiled_workspace_bytes(pass_, x_shape, w_shape, stride, dilation, pad_lo, pad
     return (k_rows * planes * out_sp[1] * out_sp[2] + extra) * item
 
 
+def tiled_seconds(pass_, x_shape, w_shape, stride, dilation, pad_lo, pad_hi, groups, dtype,
+                  workspace_bytes=None) -> float:
+    """Modelled seconds of the tiled kernels (:mod:`.conv_cost` units): per sample and group,
+    one GEMM per column tile plus packing the columns."""
+    k_rows, cog, out_sp = _geometry_sizes(x_shape, w_shape, stride, dilation, pad_lo, pad_hi,
+                                          groups)
+    plane = out_sp[1] * out_sp[2]
+    planes = _tile_planes(out_sp, k_rows, np.dtype(dtype), workspace_bytes)
+    tiles = -(-out_sp[0] // planes)
+    per_tile = gemm_seconds(cog, k_rows, planes * plane)
+    pack = k_rows * out_sp[0] * plane * np.dtype(dtype).itemsize / MEM_BW
+    return int(x_shape[0]) * groups * (tiles * per_tile + pack)
+
+
 def batched_workspace_bytes(pass_, x_shape, w_shape, stride, dilation, pad_lo, pad_hi, groups,
                             dtype) -> int:
     """Scratch bytes of the ``*_batched`` kernels for ``x_shape`` (its N samples at once): the
@@ -373,85 +395,12 @@ def batched_workspace_bytes(pass_, x_shape, w_shape, stride, dilation, pad_lo, p
     return (k_rows + cog) * cols * np.dtype(dtype).itemsize
 
 
-# -- batched im2col: one GEMM per group over all samples --------------------------------------
-def _batched_buffers(n_n, k_rows, cog, p_n, dtype):
-    """Views ``cols (k_rows, N*P)`` and ``packed (cog, N*P)`` of this thread's scratch."""
-    buf = _workspace((k_rows + cog) * n_n * p_n, dtype)
-    split = k_rows * n_n * p_n
-    return buf[:split].reshape(k_rows, n_n * p_n), buf[split:].reshape(cog, n_n * p_n)
-
-
-def conv_forward_batched(x, w, stride, dilation, pad_lo, pad_hi, groups=1):
-    """:func:`conv_forward` with the columns of all samples in one GEMM per group."""
-    x, w, dtype, (stride, dilation, pad_lo, pad_hi), out_sp = forward_operands(
-        x, w, stride, dilation, pad_lo, pad_hi, groups)
-    n_n, cin = x.shape[:2]
-    cout = w.shape[0]
-    kernel = w.shape[2:]
-    y = np.empty((n_n, cout) + out_sp, dtype=dtype)
-    if y.size == 0:
-        return y
-    cg, cog = cin // groups, cout // groups
-    k_rows = cg * int(np.prod(kernel))
-    p_n = int(np.prod(out_sp))
-    wmat = w.reshape(groups, cog, k_rows)
-    geo = _geometry(kernel, stride, dilation, pad_lo)
-    cols, packed = _batched_buffers(n_n, k_rows, cog, p_n, dtype)
-    yv = y.reshape(n_n, groups, cog, p_n)
-    for g in range(groups):
-        for n in range(n_n):
-            _im2col(x[n, g * cg:(g + 1) * cg], cols[:, n * p_n:(n + 1) * p_n], 0, out_sp[0],
-                    out_sp[1], out_sp[2], *geo)
-        np.matmul(wmat[g], cols, out=packed)
-        yv[:, g] = packed.reshape(cog, n_n, p_n).transpose(1, 0, 2)
-    return y
-
-
-def conv_backward_data_batched(dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, groups=1):
-    """:func:`conv_backward_data` with one ``w^T @ dy`` GEMM per group over all samples."""
-    dy, w, dtype, in_spatial, (stride, dilation, pad_lo, pad_hi) = data_operands(
-        dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, groups)
-    n_n, cout = dy.shape[:2]
-    cg, cog = w.shape[1], cout // groups
-    cin = cg * groups
-    kernel = w.shape[2:]
-    out_sp = tuple(dy.shape[2:])
-    dx = np.zeros((n_n, cin) + in_spatial, dtype=dtype)
-    if dy.size == 0 or dx.size == 0:
-        return dx
-    k_rows = cg * int(np.prod(kernel))
-    p_n = int(np.prod(out_sp))
-    wmat_t = np.ascontiguousarray(w.reshape(groups, cog, k_rows).transpose(0, 2, 1))
-    geo = _geometry(kernel, stride, dilation, pad_lo)
-    cols, packed = _batched_buffers(n_n, k_rows, cog, p_n, dtype)
-    dyv = dy.reshape(n_n, groups, cog, p_n)
-    for g in range(groups):
-        packed.reshape(cog, n_n, p_n)[...] = dyv[:, g].transpose(1, 0, 2)
-        np.matmul(wmat_t[g], packed, out=cols)
-        for n in range(n_n):
-            _col2im(cols[:, n * p_n:(n + 1) * p_n], dx[n, g * cg:(g + 1) * cg], 0, out_sp[0],
-                    out_sp[1], out_sp[2], *geo)
-    return dx
-
-
-def conv_backward_filter_batched(x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups=1):
-    """:func:`conv_backward_filter` with one ``dy @ cols^T`` GEMM per group over all samples."""
-    x, dy, dtype, kernel, (stride, dilation, pad_lo, pad_hi), out_sp = filter_operands(
-        x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups)
-    n_n, cin = x.shape[:2]
-    cout = dy.shape[1]
-    cg, cog = cin // groups, cout // groups
-    k_rows = cg * int(np.prod(kernel))
-    dw = np.zeros((groups, cog, k_rows), dtype=dtype)
-    if dy.size and x.size:
-        p_n = int(np.prod(out_sp))
-        geo = _geometry(kernel, stride, dilation, pad_lo)
-        cols, packed = _batched_buffers(n_n, k_rows, cog, p_n, dtype)
-        dyv = dy.reshape(n_n, groups, cog, p_n)
-        for g in range(groups):
-            for n in range(n_n):
-                _im2col(x[n, g * cg:(g + 1) * cg], cols[:, n * p_n:(n + 1) * p_n], 0,
-                        out_sp[0], out_sp[1], out_sp[2], *geo)
-            packed.reshape(cog, n_n, p_n)[...] = dyv[:, g].transpose(1, 0, 2)
-            np.matmul(packed, cols.T, out=dw[g])
-    return dw.reshape((cout, cg) + kernel)
+def batched_seconds(pass_, x_shape, w_shape, stride, dilation, pad_lo, pad_hi, groups,
+                    dtype) -> float:
+    """Modelled seconds of the ``*_batched`` kernels (:mod:`.conv_cost` units): one GEMM per
+    group over the columns of all samples, plus packing columns and output."""
+    k_rows, cog, out_sp = _geometry_sizes(x_shape, w_shape, stride, dilation, pad_lo, pad_hi,
+                                          groups)
+    cols = int(x_shape[0]) * math.prod(out_sp)
+    pack = (k_rows + 2 * cog) * cols * np.dtype(dtype).itemsize / MEM_BW
+    return groups * (gemm_seconds(cog, k_rows, cols) + pack)

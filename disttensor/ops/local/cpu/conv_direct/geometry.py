@@ -1,0 +1,163 @@
+"""Offset tables, padding and scratch buffers of the direct convolutions (per rank, no MPI),
+and which problems they support.
+
+The gathered GEMM addresses the flat padded operand through int64 offset tables:
+:func:`position_offsets` (one entry per output position ``(n, od, oh, ow)``) and
+:func:`tap_offsets` (one per kernel tap ``(ci, kd, kh, kw)``).  :func:`embed` writes an
+operand into zeros of the padded (or zero-inserted) extent.  The padded operand, the packed
+blocks and the blocked output live in per-thread scratch buffers (:func:`scratch`) kept
+between calls; :func:`release_scratch` drops this thread's.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..conv_operands import check_shapes, conv_out_shape
+from ..scratch import ScratchBuffers
+
+__all__ = ["scratch", "release_scratch", "embed", "position_offsets", "tap_offsets",
+           "gather_offsets", "padded_offsets", "round_up", "gemm_extents", "padded_elements",
+           "shapes_supported", "unpadded_1x1"]
+
+_buffers = ScratchBuffers()
+
+
+def scratch(slot: str, shape, dtype) -> np.ndarray:
+    """An uninitialised array of ``shape`` backed by this thread's reusable buffer ``slot``
+    (one per slot and dtype, grown as needed): fresh large arrays cost their page faults on
+    every call.  Valid until the next call with the same slot in this thread."""
+    return _buffers.get(slot, shape, dtype)
+
+
+def release_scratch() -> None:
+    """Drop this thread's scratch buffers (they are kept between calls and grow to the
+    largest layer seen)."""
+    _buffers.release()
+
+
+def embed(x, lo, size, step=(1, 1, 1)):
+    """Zeros of spatial ``size`` with ``x[..., i]`` at ``lo + i*step`` per axis (positions
+    outside are dropped: negative ``lo`` crops), in the ``"padded"`` scratch buffer."""
+    out = scratch("padded", x.shape[:2] + tuple(size), x.dtype)
+    out[...] = 0
+    src, dst = [slice(None)] * 2, [slice(None)] * 2
+    for n, l, sz, s in zip(x.shape[2:], lo, size, step):
+        i0 = 0 if l >= 0 else (-l + s - 1) // s          # first i with l + i*s >= 0
+        i1 = min(n, (sz - 1 - l) // s + 1) if sz - 1 - l >= 0 else 0
+        if i1 <= i0:
+            return out
+        src.append(slice(i0, i1))
+        dst.append(slice(l + i0 * s, l + (i1 - 1) * s + 1, s))
+    out[tuple(dst)] = x[tuple(src)]
+    return out
+
+
+def position_offsets(n_n, sample, out_sp, stride, strides3):
+    """Flat offsets ``n*sample + sum_a o_a*stride_a*strides3_a`` of every output position."""
+    od, oh, ow = out_sp
+    sd, sh, sw = (s * t for s, t in zip(stride, strides3))
+    off = (np.arange(n_n, dtype=np.int64)[:, None, None, None] * sample
+           + np.arange(od, dtype=np.int64)[:, None, None] * sd
+           + np.arange(oh, dtype=np.int64)[:, None] * sh + np.arange(ow, dtype=np.int64) * sw)
+    return off.reshape(-1)
+
+
+def tap_offsets(cg, chan, kernel, dilation, strides3):
+    """Flat offsets ``ci*chan + sum_a k_a*dilation_a*strides3_a`` over ``(ci, kd, kh, kw)``."""
+    kd, kh, kw = kernel
+    dd, dh, dw = (d * t for d, t in zip(dilation, strides3))
+    off = (np.arange(cg, dtype=np.int64)[:, None, None, None] * chan
+           + np.arange(kd, dtype=np.int64)[:, None, None] * dd
+           + np.arange(kh, dtype=np.int64)[:, None] * dh + np.arange(kw, dtype=np.int64) * dw)
+    return off.reshape(-1)
+
+
+def gather_offsets(xp, kernel, out_sp, stride, dilation, groups):
+    """``(positions, taps, chan)`` for the padded operand ``xp`` ``(N, C, *spatial)``
+    (C-contiguous): :func:`position_offsets` of the output positions ``out_sp`` (every sample),
+    :func:`tap_offsets` of one group's ``(C // groups, *kernel)`` taps and ``chan``, the
+    elements of one channel (a group ``g`` adds ``g * C // groups * chan`` to the taps)."""
+    n_n, cin = xp.shape[:2]
+    sp = xp.shape[2:]
+    strides3 = (sp[1] * sp[2], sp[2], 1)
+    chan = sp[0] * sp[1] * sp[2]
+    return (position_offsets(n_n, cin * chan, out_sp, stride, strides3),
+            tap_offsets(cin // groups, chan, kernel, dilation, strides3), chan)
+
+
+def padded_offsets(off, multiple):
+    """``off`` extended to a multiple of ``multiple`` entries (micro-tile rows or lanes) by
+    repeating its last entry (the padding rows/lanes read real data and are dropped)."""
+    n = off.size
+    pad = (-n) % multiple
+    if pad:
+        off = np.concatenate([off, np.full(pad, off[-1], dtype=np.int64)])
+    return off
+
+
+def shapes_supported(pass_, x_shape, w_shape, stride, dilation, pad_lo, pad_hi, groups,
+                     dtype) -> bool:
+    """Whether the direct kernels run the pass for these shapes (float32/float64, 5-d shapes
+    whose groups divide the channels, an input no shorter than the dilated kernel)."""
+    if pass_ not in ("forward", "backward_data", "backward_filter"):
+        return False
+    if np.dtype(dtype) not in (np.float32, np.float64):
+        return False
+    try:
+        check_shapes(x_shape, w_shape, groups)
+        conv_out_shape(tuple(x_shape[2:]), tuple(w_shape[2:]), stride, dilation, pad_lo,
+                       pad_hi)
+    except ValueError:
+        return False
+    return True
+
+
+def unpadded_1x1(kernel, pad_lo, pad_hi) -> bool:
+    """A 1x1x1 kernel with zero padding on every side (what ``gemm1x1`` takes)."""
+    return (tuple(int(k) for k in kernel) == (1, 1, 1)
+            and all(int(v) == 0 for v in tuple(pad_lo) + tuple(pad_hi)))
+
+
+def round_up(v: int, m: int) -> int:
+    """The smallest multiple of ``m`` that is ``>= v``."""
+    return -(-v // m) * m
+
+
+def gemm_extents(pass_, x_shape, w_shape, stride, dilation, pad_lo, pad_hi, groups,
+                 weights_on_rows: bool):
+    """``(lane_items, row_items, reduction, zero_inserted)`` of one group's gathered GEMM:
+    what the ``C`` lanes, the micro-tile rows and the reduction run over (``weights_on_rows``:
+    the weight-broadcast roles), and the work factor of a zero-inserted ``dy`` (backward data
+    with stride > 1)."""
+    n_n, cin = int(x_shape[0]), int(x_shape[1])
+    cout = int(w_shape[0])
+    kernel = tuple(int(k) for k in w_shape[2:])
+    kk = int(np.prod(kernel))
+    in_sp = tuple(int(v) for v in x_shape[2:])
+    p_n = n_n * int(np.prod(conv_out_shape(in_sp, kernel, stride, dilation, pad_lo, pad_hi)))
+    i_n = n_n * int(np.prod(in_sp))
+    cg, cog = cin // groups, cout // groups
+    zero_ins = 1
+    if pass_ == "forward":
+        chans, pos, red = cog, p_n, cg * kk
+    elif pass_ == "backward_data":
+        chans, pos, red = cg, i_n, cog * kk
+        zero_ins = int(np.prod([max(1, int(s)) for s in stride]))
+    else:
+        # backward filter: the direct kernel has output channels on the lanes and taps on the
+        # rows; the weight-broadcast one taps on the lanes, channels on the rows
+        return ((cg * kk, cog) if weights_on_rows else (cog, cg * kk)) + (p_n, 1)
+    return ((pos, chans) if weights_on_rows else (chans, pos)) + (red, zero_ins)
+
+
+def padded_elements(pass_, x_shape, w_shape, dilation, pad_lo, pad_hi) -> int:
+    """Elements of the pass's padded operand: the input padded by ``pad_lo``/``pad_hi``
+    (forward, backward filter) or, for backward data, ``dy`` zero-inserted into the input
+    extent widened by ``dilation*(k-1)``."""
+    n_n, in_sp = int(x_shape[0]), tuple(int(v) for v in x_shape[2:])
+    if pass_ == "backward_data":
+        kernel = tuple(int(k) for k in w_shape[2:])
+        return n_n * int(w_shape[0]) * int(np.prod([n + d * (k - 1) for n, k, d in
+                                                     zip(in_sp, kernel, dilation)]))
+    return n_n * int(x_shape[1]) * int(np.prod([n + lo + hi for n, lo, hi in
+                                                zip(in_sp, pad_lo, pad_hi)]))
