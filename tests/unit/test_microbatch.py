@@ -330,7 +330,7 @@ def test_limit_nothing_fits_falls_back_to_smallest_workspace():
     x, w, dy, geo = _data(CASES[1])
     prob = mb.ConvProblem.make("forward", x.shape, w.shape, *geo, x.dtype)
     algos = mb.cpu_algorithms(1)
-    mb._warned.clear()  # warnings are once per process
+    mb.timing._warned.clear()  # warnings are once per process
     with pytest.warns(RuntimeWarning, match="no convolution algorithm fits"):
         plan = mb.plan_problem(prob, algos, 1, "powerOfTwo", "heuristic")
     assert "raised" in plan.note
@@ -359,7 +359,7 @@ def test_pareto_set_and_plan_network(monkeypatch):
         assert all(p.workspace <= budget for p in wr.values())
         # WR may use the whole budget per layer: never slower than WD
         assert sum(p.seconds for p in wr.values()) <= sum(p.seconds for p in wd.values()) + 1e-12
-        assert mb._limit_overrides[probs[0]] == budget
+        assert mb.planner._limit_overrides[probs[0]] == budget
     finally:
         mb.clear_limit_overrides()
 
@@ -465,7 +465,7 @@ def test_measure_times_budget_and_failures():
         if alg == "bad":
             raise RuntimeError("boom")
     algos = {"a": "a", "b": "b", "bad": "bad"}
-    mb._warned.clear()  # warnings are once per process
+    mb.timing._warned.clear()  # warnings are once per process
     cands = {("a", 1): 0, ("b", 1): 0, ("a", 4): 0, ("bad", 1): 0}
     with pytest.warns(RuntimeWarning, match="failed while being timed"):
         got = mb.measure_times(prob, cands, algos, runner, budget_s=0.0, reps=3, always=())

@@ -1,14 +1,16 @@
 """Per-rank (no MPI) kernels behind the distributed ops, chosen by the block's device.
 
-CPU: :mod:`.cpu_conv`, :mod:`.cpu_pool`, :mod:`.cpu_pointwise` (NumPy + Numba).  GPU:
-:mod:`.gpu` (cuDNN through NVIDIA's cuDNN frontend, CuPy RawModule kernels, im2col + cuBLAS
-fallback).  Every backend implements the same functions with the same contracts; conv and
-pooling kernels take exactly three spatial axes (callers lift 1-D/2-D inputs).
+CPU: the package :mod:`.cpu` (NumPy + Numba): :mod:`.cpu.conv_im2col` and
+:mod:`.cpu.conv_direct` (convolution), :mod:`.cpu.pool`, :mod:`.cpu.pointwise`.  GPU: the
+package :mod:`.gpu` (cuDNN through NVIDIA's cuDNN frontend, CuPy RawModule kernels, im2col +
+cuBLAS fallback).  Every backend implements the same functions with the same contracts; conv
+and pooling kernels take exactly three spatial axes (callers lift 1-D/2-D inputs).
 
 The CPU convolutions (``conv_forward``, ``conv_backward_data``, ``conv_backward_filter``) come
-from :mod:`.microbatch`, which splits the mini-batch into micro-batches and picks an algorithm
-per micro-batch under a workspace limit (``DISTTENSOR_CONV_TUNE``,
-``DISTTENSOR_CONV_WORKSPACE_MB``); the GPU ones do the same inside :mod:`.gpu`."""
+from the micro-batch planner (:mod:`.microbatch`, its :mod:`.microbatch.cpu_entry`), which
+splits the mini-batch into micro-batches and picks an algorithm per micro-batch under a
+workspace limit (``DISTTENSOR_CONV_TUNE``, ``DISTTENSOR_CONV_WORKSPACE_MB``); the GPU ones do
+the same inside :mod:`.gpu`."""
 from __future__ import annotations
 
 import importlib
@@ -28,8 +30,9 @@ __all__ = ["kernels_for"]
 
 _CPU_MODULES = ("cpu.conv_im2col", "cpu.pool", "cpu.pointwise")
 # kernel names taken from another module than the first of _CPU_MODULES that defines them
-_CPU_OVERRIDES = {"conv_forward": "microbatch", "conv_backward_data": "microbatch",
-                  "conv_backward_filter": "microbatch"}
+_CPU_OVERRIDES = {"conv_forward": "microbatch.cpu_entry",
+                  "conv_backward_data": "microbatch.cpu_entry",
+                  "conv_backward_filter": "microbatch.cpu_entry"}
 
 
 class _Kernels:

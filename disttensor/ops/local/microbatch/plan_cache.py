@@ -1,4 +1,4 @@
-"""On-disk cache of the micro-batch convolution plans chosen by :mod:`.microbatch`.
+"""On-disk cache of the micro-batch convolution plans chosen by :mod:`.planner`.
 
 One JSON file, ``conv_plans.json`` in ``$DISTTENSOR_CACHE_DIR`` (default
 ``~/.cache/disttensor``), maps a key (a SHA-256 of the canonical JSON of everything the choice

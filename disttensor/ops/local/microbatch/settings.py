@@ -1,0 +1,63 @@
+"""The planner's settings, read from the environment at each call (no MPI, no state).
+
+* ``DISTTENSOR_CONV_TUNE`` (:func:`tune_mode`): ``benchmark`` (default), ``heuristic`` or
+  ``off``;
+* ``DISTTENSOR_CONV_WORKSPACE_MB`` (:func:`workspace_limit`): the per-layer workspace limit,
+  default 64 MiB;
+* ``DISTTENSOR_CONV_POLICY`` (:func:`policy`): ``powerOfTwo`` (default), ``all`` or
+  ``undivided``;
+* ``DISTTENSOR_CONV_TUNE_BUDGET_S`` (:func:`budget_s`, default 2 s per layer-pass),
+  ``DISTTENSOR_CONV_TUNE_REPS`` (:func:`reps`, default 2) and
+  ``DISTTENSOR_CONV_TUNE_MARGIN`` (:func:`undivided_margin`, default 0.10): how candidates
+  are timed and how much a measured division must win by.
+
+Invalid names raise ``ValueError``.
+"""
+from __future__ import annotations
+
+import os
+
+__all__ = ["PASSES", "POLICIES", "MODES", "UNDIVIDED_MARGIN", "tune_mode", "workspace_limit",
+           "policy", "budget_s", "reps", "undivided_margin"]
+
+PASSES = ("forward", "backward_data", "backward_filter")
+POLICIES = ("powerOfTwo", "all", "undivided")
+MODES = ("benchmark", "heuristic", "off")
+UNDIVIDED_MARGIN = 0.10
+
+
+def tune_mode() -> str:
+    """``DISTTENSOR_CONV_TUNE`` (default ``benchmark``)."""
+    m = os.environ.get("DISTTENSOR_CONV_TUNE", "benchmark").strip().lower() or "benchmark"
+    if m not in MODES:
+        raise ValueError(f"DISTTENSOR_CONV_TUNE must be one of {MODES}, got {m!r}")
+    return m
+
+
+def workspace_limit() -> int:
+    """``DISTTENSOR_CONV_WORKSPACE_MB`` (default 64) in bytes."""
+    return int(float(os.environ.get("DISTTENSOR_CONV_WORKSPACE_MB", "64")) * 2**20)
+
+
+def policy() -> str:
+    """``DISTTENSOR_CONV_POLICY`` (default ``powerOfTwo``)."""
+    p = os.environ.get("DISTTENSOR_CONV_POLICY", "powerOfTwo").strip() or "powerOfTwo"
+    if p not in POLICIES:
+        raise ValueError(f"DISTTENSOR_CONV_POLICY must be one of {POLICIES}, got {p!r}")
+    return p
+
+
+def budget_s() -> float:
+    """``DISTTENSOR_CONV_TUNE_BUDGET_S`` (default 2): seconds of timing per layer-pass."""
+    return float(os.environ.get("DISTTENSOR_CONV_TUNE_BUDGET_S", "2"))
+
+
+def reps() -> int:
+    """``DISTTENSOR_CONV_TUNE_REPS`` (default 2, at least 1): timed runs per candidate."""
+    return max(1, int(os.environ.get("DISTTENSOR_CONV_TUNE_REPS", "2")))
+
+
+def undivided_margin() -> float:
+    """``DISTTENSOR_CONV_TUNE_MARGIN`` (default 0.10): how much faster a measured division
+    must be than the undivided plan to be taken."""
+    return float(os.environ.get("DISTTENSOR_CONV_TUNE_MARGIN", str(UNDIVIDED_MARGIN)))
