@@ -23,7 +23,8 @@ from _results import record  # noqa: E402
 from _timing import compare  # noqa: E402
 
 import disttensor as dt  # noqa: E402
-from disttensor import agreement, nn  # noqa: E402
+from disttensor import nn  # noqa: E402
+from disttensor.core import agreement  # noqa: E402
 from disttensor.autograd import Tensor  # noqa: E402
 from disttensor.nn import functional as F  # noqa: E402
 

@@ -11,7 +11,7 @@ import pytest
 from mpi4py import MPI
 
 import disttensor as dt
-from disttensor import agreement
+from disttensor.core import agreement
 from disttensor.core.comm import PieceExchange, private_comm
 from disttensor.ops import convolution as C
 from disttensor.core.redistribute import (ScratchPool, redistribute_adjoint_blocks,

@@ -16,7 +16,7 @@ from mpi4py import MPI
 import disttensor as dt
 from checks import different_calls, last_rank_only, mismatch  # noqa: F401
 from conftest import assert_all_ranks
-from disttensor import agreement
+from disttensor.core import agreement
 
 COMM = MPI.COMM_WORLD
 SIZE = COMM.Get_size()

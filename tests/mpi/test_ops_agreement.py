@@ -18,7 +18,8 @@ import pytest
 from mpi4py import MPI
 
 import disttensor as dt
-from disttensor import agreement, ops
+from disttensor import ops
+from disttensor.core import agreement
 from checks import different_calls, last_rank_only, mismatch  # noqa: F401
 from conftest import assert_all_ranks
 

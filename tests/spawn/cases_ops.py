@@ -10,7 +10,8 @@ silently with inconsistent global metadata); with it every rank raises
 import numpy as np
 
 import disttensor as dt
-from disttensor import agreement, ops
+from disttensor import ops
+from disttensor.core import agreement
 from disttensor.core.agreement import ArgumentMismatchError
 
 from .registry import case

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from disttensor import agreement
+from disttensor.core import agreement
 from disttensor.core.agreement import describe, digest, token
 from disttensor.core.distribution import Distribution
 
