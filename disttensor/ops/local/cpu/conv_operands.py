@@ -61,14 +61,18 @@ def _ints(*tuples) -> tuple:
     return tuple(tuple(int(v) for v in t) for t in tuples)
 
 
+def _common_float(a, b):
+    """``(a, b, dtype)``: both operands C-contiguous in their common float dtype."""
+    dtype = float_dtype(a, b)
+    return np.ascontiguousarray(a, dtype=dtype), np.ascontiguousarray(b, dtype=dtype), dtype
+
+
 def forward_operands(x, w, stride, dilation, pad_lo, pad_hi, groups):
     """The checked operands of a forward call, shared by every CPU algorithm:
     ``(x, w, dtype, (stride, dilation, pad_lo, pad_hi), out_spatial)`` with ``x`` and ``w``
     C-contiguous in their common float dtype and the geometry as int tuples."""
     check_shapes(x.shape, w.shape, groups)
-    dtype = float_dtype(x, w)
-    x = np.ascontiguousarray(x, dtype=dtype)
-    w = np.ascontiguousarray(w, dtype=dtype)
+    x, w, dtype = _common_float(x, w)
     geo = _ints(stride, dilation, pad_lo, pad_hi)
     return x, w, dtype, geo, conv_out_shape(x.shape[2:], w.shape[2:], *geo)
 
@@ -76,9 +80,7 @@ def forward_operands(x, w, stride, dilation, pad_lo, pad_hi, groups):
 def data_operands(dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, groups):
     """The checked operands of a backward-data call: ``(dy, w, dtype, in_spatial, geo)``
     (``dy`` must have the convolution's output extent)."""
-    dtype = float_dtype(dy, w)
-    dy = np.ascontiguousarray(dy, dtype=dtype)
-    w = np.ascontiguousarray(w, dtype=dtype)
+    dy, w, dtype = _common_float(dy, w)
     in_spatial, = _ints(in_spatial)
     geo = _ints(stride, dilation, pad_lo, pad_hi)
     check_shapes((dy.shape[0], w.shape[1] * groups) + in_spatial, w.shape, groups)
@@ -91,9 +93,7 @@ def data_operands(dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, groups):
 def filter_operands(x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups):
     """The checked operands of a backward-filter call: ``(x, dy, dtype, kernel, geo,
     out_spatial)`` (``dy`` must be ``(N, Cout) + out_spatial``)."""
-    dtype = float_dtype(x, dy)
-    x = np.ascontiguousarray(x, dtype=dtype)
-    dy = np.ascontiguousarray(dy, dtype=dtype)
+    x, dy, dtype = _common_float(x, dy)
     kernel, = _ints(kernel)
     geo = _ints(stride, dilation, pad_lo, pad_hi)
     n_n, cin = x.shape[:2]

@@ -235,16 +235,21 @@ def bn_forward_apply(x, scale, shift):
     return y
 
 
-def channel_sums_backward(dy, x, mean, invstd):
-    """Per-channel ``(sum(dy), sum(dy * xhat))``, ``xhat = (x - mean[c]) * invstd[c]``, float64
-    ``(C,)`` each (the second is accumulated as ``invstd[c] * sum(dy * (x - mean[c]))``)."""
+def _bn_backward_operands(dy, x, mean, invstd):
+    """``(dy, x3, C, mean, invstd)``: the checked operands of the batch-norm backward
+    functions, ``x`` as an ``(N, C, S)`` view and the statistics as float64 ``(C,)``."""
     dy = _data("dy", dy)
     x = _data("x", x)
     _same_shape("dy", dy, "x", x)
     x3 = _as3d(x)
     c = x3.shape[1]
-    mean = _chan("mean", mean, c)
-    invstd = _chan("invstd", invstd, c)
+    return dy, x3, c, _chan("mean", mean, c), _chan("invstd", invstd, c)
+
+
+def channel_sums_backward(dy, x, mean, invstd):
+    """Per-channel ``(sum(dy), sum(dy * xhat))``, ``xhat = (x - mean[c]) * invstd[c]``, float64
+    ``(C,)`` each (the second is accumulated as ``invstd[c] * sum(dy * (x - mean[c]))``)."""
+    dy, x3, c, mean, invstd = _bn_backward_operands(dy, x, mean, invstd)
     part = _sums_bwd_kernel(_as3d(dy), x3, mean, _BLOCK)
     return part[..., 0].sum(axis=(0, 2)), invstd * part[..., 1].sum(axis=(0, 2))
 
@@ -253,13 +258,7 @@ def bn_backward_apply(dy, x, mean, invstd, gamma, mean_dy, mean_dy_xhat):
     """``dx = gamma[c] * invstd[c] * (dy - mean_dy[c] - xhat * mean_dy_xhat[c])`` with
     ``xhat = (x - mean[c]) * invstd[c]``; ``dy.dtype`` result.  ``mean_dy`` and
     ``mean_dy_xhat`` are the (globally reduced) per-channel means of ``dy`` and ``dy*xhat``."""
-    dy = _data("dy", dy)
-    x = _data("x", x)
-    _same_shape("dy", dy, "x", x)
-    x3 = _as3d(x)
-    c = x3.shape[1]
-    mean = _chan("mean", mean, c)
-    invstd = _chan("invstd", invstd, c)
+    dy, x3, c, mean, invstd = _bn_backward_operands(dy, x, mean, invstd)
     coef = _chan("gamma", gamma, c) * invstd
     dx = np.empty(dy.shape, dtype=dy.dtype)
     _bn_bwd_kernel(_as3d(dy), x3, mean, invstd, coef, _chan("mean_dy", mean_dy, c),
@@ -456,24 +455,24 @@ def _softmax_bwd_kernel(dy, y, dx, block):
                 ds[j] = np.float64(ys[j]) * (np.float64(gs[j]) - dot[j])
 
 
+def _softmax(x, log: bool):
+    x = _data("x", x)
+    x3 = _as3d(x)
+    y = np.empty(x.shape, dtype=x.dtype)
+    _softmax_kernel(x3, y.reshape(x3.shape), _SBLOCK, log)
+    return y
+
+
 def softmax_channels(x):
     """Softmax over axis 1, ``exp(x - max_c x) / sum_c exp(x - max_c x)`` (``x.dtype``).
 
     A NaN in any channel makes every channel of that position NaN."""
-    x = _data("x", x)
-    x3 = _as3d(x)
-    y = np.empty(x.shape, dtype=x.dtype)
-    _softmax_kernel(x3, y.reshape(x3.shape), _SBLOCK, False)
-    return y
+    return _softmax(x, False)
 
 
 def log_softmax_channels(x):
     """Log-softmax over axis 1, ``x - max_c x - log(sum_c exp(x - max_c x))`` (``x.dtype``)."""
-    x = _data("x", x)
-    x3 = _as3d(x)
-    y = np.empty(x.shape, dtype=x.dtype)
-    _softmax_kernel(x3, y.reshape(x3.shape), _SBLOCK, True)
-    return y
+    return _softmax(x, True)
 
 
 def softmax_channels_backward(dy, y):

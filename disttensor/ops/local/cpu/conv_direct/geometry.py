@@ -52,24 +52,25 @@ def embed(x, lo, size, step=(1, 1, 1)):
     return out
 
 
+def _grid_offsets(extents, steps):
+    """``sum_a i_a * steps[a]`` over the 4-d grid ``i < extents``, flattened (C order, int64)."""
+    (a, b, c, d), (sa, sb, sc, sd) = extents, steps
+    off = (np.arange(a, dtype=np.int64)[:, None, None, None] * sa
+           + np.arange(b, dtype=np.int64)[:, None, None] * sb
+           + np.arange(c, dtype=np.int64)[:, None] * sc + np.arange(d, dtype=np.int64) * sd)
+    return off.reshape(-1)
+
+
 def position_offsets(n_n, sample, out_sp, stride, strides3):
     """Flat offsets ``n*sample + sum_a o_a*stride_a*strides3_a`` of every output position."""
-    od, oh, ow = out_sp
-    sd, sh, sw = (s * t for s, t in zip(stride, strides3))
-    off = (np.arange(n_n, dtype=np.int64)[:, None, None, None] * sample
-           + np.arange(od, dtype=np.int64)[:, None, None] * sd
-           + np.arange(oh, dtype=np.int64)[:, None] * sh + np.arange(ow, dtype=np.int64) * sw)
-    return off.reshape(-1)
+    return _grid_offsets((n_n,) + tuple(out_sp),
+                         (sample,) + tuple(s * t for s, t in zip(stride, strides3)))
 
 
 def tap_offsets(cg, chan, kernel, dilation, strides3):
     """Flat offsets ``ci*chan + sum_a k_a*dilation_a*strides3_a`` over ``(ci, kd, kh, kw)``."""
-    kd, kh, kw = kernel
-    dd, dh, dw = (d * t for d, t in zip(dilation, strides3))
-    off = (np.arange(cg, dtype=np.int64)[:, None, None, None] * chan
-           + np.arange(kd, dtype=np.int64)[:, None, None] * dd
-           + np.arange(kh, dtype=np.int64)[:, None] * dh + np.arange(kw, dtype=np.int64) * dw)
-    return off.reshape(-1)
+    return _grid_offsets((cg,) + tuple(kernel),
+                         (chan,) + tuple(d * t for d, t in zip(dilation, strides3)))
 
 
 def gather_offsets(xp, kernel, out_sp, stride, dilation, groups):
