@@ -1,8 +1,8 @@
 """CPU convolution kernels (per rank, no MPI): im2col + BLAS GEMM in bounded tiles, Numba packs.
 
-Contract (shared with :mod:`.gpu`): exactly three spatial axes, layout ``(N, C, D, H, W)``;
-``stride``, ``dilation``, ``pad_lo``, ``pad_hi`` are 3-tuples of ints, padding may be
-asymmetric and is zero; cross-correlation as in PyTorch, ``w`` of shape
+Contract (shared with :mod:`disttensor.ops.local.gpu`): exactly three spatial axes, layout
+``(N, C, D, H, W)``; ``stride``, ``dilation``, ``pad_lo``, ``pad_hi`` are 3-tuples of ints,
+padding may be asymmetric and is zero; cross-correlation as in PyTorch, ``w`` of shape
 ``(Cout, Cin // groups, kD, kH, kW)``; output extent per axis
 ``(n + lo + hi - dilation*(k-1) - 1) // stride + 1``.  Results have the input's dtype
 (float32 or float64).
@@ -20,7 +20,7 @@ The ``*_batched`` variants (same contracts) pack the columns of all N samples of
 by side into one ``(K, N*P)`` column matrix and run one GEMM per group: for layers with few
 output positions ``P`` per sample and many channels one big GEMM beats N small ones, at the
 price of a workspace that grows with N (:func:`batched_workspace_bytes`).  The planner in
-:mod:`.microbatch` chooses between them per layer, pass and micro-batch.
+:mod:`disttensor.ops.local.microbatch` chooses between them per layer, pass and micro-batch.
 """
 from __future__ import annotations
 
