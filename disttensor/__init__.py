@@ -24,22 +24,32 @@ from numpy import (absolute, abs, add, arccos, arcsin, arctan, arctan2, ceil, cl
 
 from . import random
 from .core.array import DistArray
-from .routines.creation import (arange, empty, empty_like, from_global, full, full_like, linspace, ones,
-                       ones_like, zeros, zeros_like)
+from .routines.creation import (arange, empty, empty_like, eye, from_global, full, full_like,
+                                linspace, meshgrid, ones, ones_like, tril, triu, zeros,
+                                zeros_like)
 from .core.agreement import ArgumentMismatchError
 from .core.comm import CollectiveError
 from .core import watchdog as _watchdog  # noqa: F401  (DISTTENSOR_COLLECTIVE_TIMEOUT, at import)
 from .core.distribution import Distribution
 from .core.grid import ProcessGrid, get_default_grid, set_default_grid
 from .core.halo import HaloExchange
-from .routines.indexing import flip
-from .routines.manipulation import concatenate, moveaxis, reshape, swapaxes, transpose, where
-from .routines.reductions import all, any, argmax, argmin, max, mean, min, prod, std, sum, var
-from .routines.manipulation.dims import (allclose, array_equal, broadcast_arrays, broadcast_to, expand_dims, eye, isclose, meshgrid, nanargmax, nanargmin, nanmax, nanmean, nanmin, nanprod, nanstd, nansum, nanvar, pad, repeat, roll, squeeze, stack, tile, tril, triu, unstack)  # noqa: E501
+from .routines.logic import allclose, array_equal, isclose
+from .routines.manipulation import (broadcast_arrays, broadcast_to, concatenate, expand_dims,
+                                    flip, moveaxis, repeat, reshape, roll, squeeze, stack,
+                                    swapaxes, tile, transpose, unstack)
+from .routines.padding import pad
+from .routines.reductions import (all, any, max, mean, min, nanmax, nanmean, nanmin, nanprod,
+                                  nanstd, nansum, nanvar, prod, std, sum, var)
+from .routines.scans import cumprod, cumsum, cumulative_prod, cumulative_sum
+from .routines.searching import (argmax, argmin, argwhere, count_nonzero, nanargmax, nanargmin,
+                                 nonzero, searchsorted, where)
+from .routines.sets import unique, unique_all, unique_counts, unique_inverse, unique_values
+from .routines.sorting import argsort, sort
+from .routines.statistics import (bincount, histogram, median, nanmedian, nanpercentile,
+                                  nanquantile, percentile, quantile)
 from .linalg import einsum, matmul, tensordot, vecdot  # noqa: E402  (also binds disttensor.linalg)
 from . import fft  # noqa: E402  (disttensor.fft: distributed FFTs)
 from .routines import npyio  # noqa: E402  (parallel .npy: dt.npyio.save / dt.npyio.load)
-from .routines.sorting import (argsort, argwhere, bincount, count_nonzero, cumprod, cumsum, cumulative_prod, cumulative_sum, histogram, median, nanmedian, nanpercentile, nanquantile, nonzero, percentile, quantile, searchsorted, sort, unique, unique_all, unique_counts, unique_inverse, unique_values)  # noqa: E402,E501
 
 __version__ = "0.1.0"
 

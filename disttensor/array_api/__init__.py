@@ -8,11 +8,11 @@ creation functions) and keeps the contracts of the modules it wraps: creation
 (:mod:`._creation`), elementwise (:mod:`._elementwise`), statistical, manipulation, utility,
 indexing and searching (:mod:`._functions`), data types (:mod:`._dtypes`).  Sorting, set,
 scan, ``nonzero``/``searchsorted``, linear algebra (``matmul``, ``tensordot``, ``vecdot``
-and the ``linalg`` extension) and the ``fft`` extension come from :mod:`disttensor.routines.sorting`
-(and its ``scans``/``setfuncs`` companions), :mod:`disttensor.linalg` and
-:mod:`disttensor.fft`, looked up when first used: a name whose provider is missing raises
-``AttributeError`` naming the module that would provide it.  :func:`coverage` lists what is
-provided.
+and the ``linalg`` extension) and the ``fft`` extension come from
+:mod:`disttensor.routines.sorting`, ``.searching``, ``.sets`` and ``.scans``,
+:mod:`disttensor.linalg` and :mod:`disttensor.fft`, looked up when first used: a name whose
+provider is missing raises ``AttributeError`` naming the module that would provide it.
+:func:`coverage` lists what is provided.
 
 Extensions beyond the standard (keyword-only, so portable code never sees them):
 ``grid``/``split``/``sizes`` on creation functions and ``asarray``.  Mixed-kind promotion
@@ -41,12 +41,13 @@ e, inf, nan, pi, newaxis = _np.e, _np.inf, _np.nan, _np.pi, None
 globals().update(_ELEMENTWISE)
 
 #: names of the standard provided by other modules (first module that has it wins)
-_SORTING = ("disttensor.routines.sorting", "disttensor.routines.scans", "disttensor.routines.sets")
+_SORT, _SEARCH, _SETS, _SCANS = (("disttensor.routines." + m,)
+                                  for m in ("sorting", "searching", "sets", "scans"))
 _LAZY = {
-    "argsort": _SORTING, "sort": _SORTING, "searchsorted": _SORTING, "nonzero": _SORTING,
-    "unique_all": _SORTING, "unique_counts": _SORTING, "unique_inverse": _SORTING,
-    "unique_values": _SORTING, "isin": _SORTING + ("disttensor.routines.manipulation.dims",), "cumulative_sum": _SORTING,
-    "cumulative_prod": _SORTING,
+    "argsort": _SORT, "sort": _SORT, "searchsorted": _SEARCH, "nonzero": _SEARCH,
+    "unique_all": _SETS, "unique_counts": _SETS, "unique_inverse": _SETS,
+    "unique_values": _SETS, "isin": _SETS, "cumulative_sum": _SCANS,
+    "cumulative_prod": _SCANS,
     "matmul": ("disttensor.linalg",), "tensordot": ("disttensor.linalg",),
     "vecdot": ("disttensor.linalg",),
 }

@@ -14,7 +14,6 @@ import builtins
 import numpy as np
 
 from ..routines import creation as _c
-from ..routines.manipulation import dims as _s
 from ..core.array import DistArray
 from ._dtypes import as_dtype, float64, int64
 
@@ -148,7 +147,7 @@ def full_like(x, /, fill_value, *, dtype=None, device=None):
 
 def eye(n_rows, n_cols=None, /, *, k=0, dtype=None, device=None, grid=None, split=None,
         sizes=None):
-    return _s.eye(n_rows, n_cols, k=k, dtype=_dt(dtype), grid=grid,
+    return _c.eye(n_rows, n_cols, k=k, dtype=_dt(dtype), grid=grid,
                   split=_layout((n_rows, n_rows), split), sizes=sizes, device=_dev(device))
 
 
@@ -183,15 +182,15 @@ def linspace(start, stop, /, num, *, dtype=None, device=None, endpoint=True, gri
 
 
 def meshgrid(*arrays, indexing="xy"):
-    return _s.meshgrid(*arrays, indexing=indexing)
+    return _c.meshgrid(*arrays, indexing=indexing)
 
 
 def tril(x, /, *, k=0):
-    return _s.tril(x, k)
+    return _c.tril(x, k)
 
 
 def triu(x, /, *, k=0):
-    return _s.triu(x, k)
+    return _c.triu(x, k)
 
 
 def from_dlpack(x, /, *, device=None, copy=None):

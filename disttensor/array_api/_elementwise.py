@@ -4,16 +4,17 @@ Each maps to a NumPy ufunc applied through :meth:`DistArray.__array_ufunc__` (th
 rule of :mod:`disttensor.core.array`: the result takes the layout of the first DistArray operand
 of the full result shape, the other operands are redistributed; Python scalars are weak, as
 in the standard and NumPy 2).  ``real``, ``imag``, ``clip`` and ``round`` go through
-:func:`disttensor.routines.manipulation.dims.elementwise`.  Every call is collective over the operands' grid.
-``ceil``/``floor``/``trunc``/``round`` of an integer array return a copy of the same dtype
-(the standard's rule).  Special cases (NaN, infinities, signed zeros) are NumPy's, which
+:func:`disttensor.routines.ufuncs.elementwise`.  Every call is collective over the operands'
+grid.  ``ceil``/``floor``/``trunc``/``round`` of an integer array return a copy of the same
+dtype (the standard's rule).  Special cases (NaN, infinities, signed zeros) are NumPy's, which
 follow the standard's tables for the functions tested in ``tests/mpi/test_array_api.py``.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ..routines.manipulation import dims as _s
+from ..routines import mathematical as _math
+from ..routines.ufuncs import elementwise as _elementwise
 from ..core.array import DistArray
 from ..core.backend import array_module
 
@@ -78,20 +79,20 @@ FUNCTIONS.update({n: _binary(n, u) for n, u in BINARY.items()})
 def real(x, /):
     """Real part (a real dtype; a copy for real input)."""
     _check_array(x, "real")
-    return _s.elementwise(lambda u: u.real.copy(), "real", (x,))
+    return _elementwise(lambda u: u.real.copy(), "real", (x,))
 
 
 def imag(x, /):
     """Imaginary part (a real dtype; zeros for real input)."""
     _check_array(x, "imag")
-    return _s.elementwise(lambda u: u.imag.copy() if u.dtype.kind == "c"
+    return _elementwise(lambda u: u.imag.copy() if u.dtype.kind == "c"
                           else np.zeros_like(u), "imag", (x,))
 
 
 def clip(x, /, min=None, max=None):  # noqa: A002
     """``x`` limited to ``[min, max]`` (scalars or DistArrays; the dtype of ``x``)."""
     _check_array(x, "clip")
-    return _s.clip(x, min, max)
+    return _math.clip(x, min, max)
 
 
 def round(x, /):  # noqa: A001
@@ -99,7 +100,7 @@ def round(x, /):  # noqa: A001
     _check_array(x, "round")
     if x.dtype.kind in "biu":
         return x.copy()
-    return _s.round(x, 0)
+    return _math.round(x, 0)
 
 
 def sign(x, /):
@@ -113,7 +114,7 @@ def sign(x, /):
     def f(u):
         xp = array_module(u)
         return u / xp.abs(xp.where(u != 0, u, xp.asarray(1.0, dtype=u.dtype)))
-    return _s.elementwise(f, "sign", (x,))
+    return _elementwise(f, "sign", (x,))
 
 
 FUNCTIONS.update(real=real, imag=imag, clip=clip, round=round, sign=sign)

@@ -1,16 +1,18 @@
 """Statistical, manipulation, utility, indexing, searching and data type functions of the
 array API namespace: thin keyword-only wrappers of :mod:`disttensor.routines.reductions`,
-:mod:`disttensor.routines.manipulation`, :mod:`disttensor.routines.manipulation.dims` and :mod:`disttensor.routines.indexing`
-(see those modules for output distributions and algorithms).  All collective."""
+:mod:`disttensor.routines.manipulation`, :mod:`disttensor.routines.indexing`,
+:mod:`disttensor.routines.searching` and :mod:`disttensor.routines.mathematical` (see those
+modules for output distributions and algorithms).  All collective."""
 from __future__ import annotations
 
 import numpy as np
 
+from ..routines import indexing as _i
 from ..routines import manipulation as _m
+from ..routines import mathematical as _math
 from ..routines import reductions as _r
-from ..routines.manipulation import dims as _s
+from ..routines import searching as _search
 from ..core.array import DistArray
-from ..routines.indexing import flip as _flip
 from ._dtypes import as_dtype
 
 __all__ = ["max", "mean", "min", "prod", "std", "sum", "var", "all", "any", "diff",
@@ -67,16 +69,16 @@ def any(x, /, *, axis=None, keepdims=False):  # noqa: A001
 
 
 def diff(x, /, *, axis=-1, n=1, prepend=None, append=None):
-    return _s.diff(x, n, axis, prepend, append)
+    return _math.diff(x, n, axis, prepend, append)
 
 
 # -- manipulation ------------------------------------------------------------------------------
 def broadcast_arrays(*arrays):
-    return _s.broadcast_arrays(*arrays)
+    return _m.broadcast_arrays(*arrays)
 
 
 def broadcast_to(x, /, shape):
-    return _s.broadcast_to(x, shape)
+    return _m.broadcast_to(x, shape)
 
 
 def concat(arrays, /, *, axis=0):
@@ -84,13 +86,13 @@ def concat(arrays, /, *, axis=0):
 
 
 def expand_dims(x, /, axis=0):
-    return _s.expand_dims(x, axis)
+    return _m.expand_dims(x, axis)
 
 
 def flip(x, /, *, axis=None):
     if not isinstance(x, DistArray):
         raise TypeError(f"flip: expected a DistArray, got {type(x).__name__}")
-    return _flip(x, tuple(range(x.ndim)) if axis is None else axis)
+    return _m.flip(x, tuple(range(x.ndim)) if axis is None else axis)
 
 
 def moveaxis(x, source, destination, /):
@@ -102,7 +104,7 @@ def permute_dims(x, /, axes):
 
 
 def repeat(x, repeats, /, *, axis=None):
-    return _s.repeat(x, repeats, axis)
+    return _m.repeat(x, repeats, axis)
 
 
 def reshape(x, /, shape, *, copy=None):
@@ -114,42 +116,42 @@ def reshape(x, /, shape, *, copy=None):
 
 
 def roll(x, /, shift, *, axis=None):
-    return _s.roll(x, shift, axis)
+    return _m.roll(x, shift, axis)
 
 
 def squeeze(x, /, axis):
-    return _s.squeeze(x, axis)
+    return _m.squeeze(x, axis)
 
 
 def stack(arrays, /, *, axis=0):
-    return _s.stack(arrays, axis)
+    return _m.stack(arrays, axis)
 
 
 def tile(x, repetitions, /):
-    return _s.tile(x, repetitions)
+    return _m.tile(x, repetitions)
 
 
 def unstack(x, /, *, axis=0):
-    return _s.unstack(x, axis)
+    return _m.unstack(x, axis)
 
 
 # -- indexing and searching ---------------------------------------------------------------------
 def take(x, indices, /, *, axis=None):
     if axis is None and x.ndim != 1:
         raise ValueError("take: axis is required for arrays of more than one dimension")
-    return _s.take(x, indices, 0 if axis is None else axis)
+    return _i.take(x, indices, 0 if axis is None else axis)
 
 
 def take_along_axis(x, indices, /, *, axis=-1):
-    return _s.take_along_axis(x, indices, axis)
+    return _i.take_along_axis(x, indices, axis)
 
 
 def argmax(x, /, *, axis=None, keepdims=False):
-    return _r.argmax(x, axis=axis, keepdims=keepdims)
+    return _search.argmax(x, axis=axis, keepdims=keepdims)
 
 
 def argmin(x, /, *, axis=None, keepdims=False):
-    return _r.argmin(x, axis=axis, keepdims=keepdims)
+    return _search.argmin(x, axis=axis, keepdims=keepdims)
 
 
 def count_nonzero(x, /, *, axis=None, keepdims=False):
@@ -158,7 +160,7 @@ def count_nonzero(x, /, *, axis=None, keepdims=False):
 
 
 def where(condition, x1, x2, /):
-    return _m.where(condition, x1, x2)
+    return _search.where(condition, x1, x2)
 
 
 # -- data types and linear algebra basics ---------------------------------------------------------

@@ -16,7 +16,7 @@ class Info:
 
     def capabilities(self) -> dict:
         """Boolean-mask indexing (``x[mask]``, ``x[mask] = v`` with a full-shape mask,
-        :mod:`disttensor.routines.sorting`) and data-dependent output shapes (``nonzero``,
+        :mod:`disttensor.routines.indexing`) and data-dependent output shapes (``nonzero``,
         ``unique_*``: results with an explicit uneven distribution) are supported; arrays may
         have any number of dimensions NumPy allows."""
         return {"boolean indexing": True, "data-dependent shapes": True,

@@ -403,8 +403,8 @@ class DistArray:
         return array_ufunc(ufunc, method, inputs, kwargs)
 
     def __array_function__(self, func, types, args, kwargs):
-        from ..routines.array_function import HANDLED
-        impl = HANDLED.get(func)
+        from ..routines.array_function import implementation
+        impl = implementation(func)
         if impl is None:
             raise TypeError(f"numpy.{func.__name__} is not supported for DistArray; "
                             "use x.to_numpy() for a global NumPy copy")
@@ -440,12 +440,12 @@ class DistArray:
         return reductions.max(self, axis=axis, keepdims=keepdims)
 
     def argmin(self, axis=None, keepdims=False):
-        from ..routines import reductions
-        return reductions.argmin(self, axis=axis, keepdims=keepdims)
+        from ..routines import searching
+        return searching.argmin(self, axis=axis, keepdims=keepdims)
 
     def argmax(self, axis=None, keepdims=False):
-        from ..routines import reductions
-        return reductions.argmax(self, axis=axis, keepdims=keepdims)
+        from ..routines import searching
+        return searching.argmax(self, axis=axis, keepdims=keepdims)
 
     def any(self, axis=None, keepdims=False):
         from ..routines import reductions
@@ -455,7 +455,7 @@ class DistArray:
         from ..routines import reductions
         return reductions.all(self, axis=axis, keepdims=keepdims)
 
-    # -- sorting and scans (disttensor.routines.sorting, disttensor.routines.scans) ------------------------------
+    # -- sorting, searching, scans (disttensor.routines.sorting, .searching, .scans) ----------
     def sort(self, axis=-1) -> None:
         """Sort in place along ``axis`` (as ``ndarray.sort``; collective)."""
         from ..routines import sorting
@@ -474,8 +474,8 @@ class DistArray:
         return scans.cumprod(self, axis=axis, dtype=dtype)
 
     def nonzero(self):
-        from ..routines import sorting
-        return sorting.nonzero(self)
+        from ..routines import searching
+        return searching.nonzero(self)
 
     # -- shape manipulation -------------------------------------------------------------------
     def transpose(self, *axes):

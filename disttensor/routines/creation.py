@@ -1,20 +1,38 @@
-"""Creation functions.  All are collective over the grid and take
+"""Array creation routines (NumPy's "Array creation routines").
+
+* From shape or value: ``empty``, ``zeros``, ``ones``, ``full``, ``eye`` and the ``*_like``
+  forms (the ``*_like`` forms take the layout of their operand).
+* From existing data: ``from_global``.
+* Numerical ranges: ``arange``, ``linspace``, ``meshgrid``.
+* Building matrices: ``tril``, ``triu`` (masks from global indices of the last two axes; the
+  result has the operand's layout, no messages).
+
+All are collective over the grid.  Those that create an array from nothing take
 ``grid=None`` (default grid), ``split=None`` (default split, see
 :func:`disttensor.core.layout.default_split`), ``sizes=None`` (balanced ownership),
-``device='cpu'`` and ``halo=None`` (no halo cells)."""
+``device='cpu'`` and (the "from shape or value" ones) ``halo=None`` (no halo cells); values
+come from global indices, so nothing moves.  ``meshgrid`` outputs have the result shape in
+the default layout of ``grid`` (default: the first operand's grid); only aligning the 1-D
+inputs moves data.
+"""
 from __future__ import annotations
+
+import operator
 
 import numpy as np
 
 from ..core.array import DistArray
 from ..core.layout import make_distribution, normalize_halo
 from ..core.entry import (agreed, canon, collective_entry, device_key, dtype_key, halo_key,
-    split_key)
+    operand_key, split_key)
 from ..core.backend import normalize_device, to_host, xp_for
 from ..core.grid import ProcessGrid, get_default_grid
+from ._operands import anchor, check_array
+from .ufuncs import align
 
-__all__ = ["empty", "zeros", "ones", "full", "empty_like", "zeros_like", "ones_like",
-           "full_like", "arange", "linspace", "from_global", "local_index_grid"]
+__all__ = ["empty", "zeros", "ones", "full", "eye", "empty_like", "zeros_like", "ones_like",
+           "full_like", "arange", "linspace", "meshgrid", "from_global", "tril", "triu",
+           "local_index_grid"]
 
 
 def _grid(grid) -> ProcessGrid:
@@ -73,17 +91,20 @@ def _alloc(call, shape, dtype, grid, split, sizes, device, halo, fill, fill_valu
 
 
 @collective_entry
-def empty(shape, dtype=None, grid=None, split=None, sizes=None, device="cpu", halo=None) -> DistArray:
+def empty(shape, dtype=None, grid=None, split=None, sizes=None, device="cpu",
+          halo=None) -> DistArray:
     return _alloc("empty", shape, dtype, grid, split, sizes, device, halo, None)
 
 
 @collective_entry
-def zeros(shape, dtype=None, grid=None, split=None, sizes=None, device="cpu", halo=None) -> DistArray:
+def zeros(shape, dtype=None, grid=None, split=None, sizes=None, device="cpu",
+          halo=None) -> DistArray:
     return _alloc("zeros", shape, dtype, grid, split, sizes, device, halo, 0)
 
 
 @collective_entry
-def ones(shape, dtype=None, grid=None, split=None, sizes=None, device="cpu", halo=None) -> DistArray:
+def ones(shape, dtype=None, grid=None, split=None, sizes=None, device="cpu",
+         halo=None) -> DistArray:
     return _alloc("ones", shape, dtype, grid, split, sizes, device, halo, 1)
 
 
@@ -201,7 +222,8 @@ def linspace(start, stop, num=50, endpoint=True, dtype=None, grid=None, split=No
 
 
 @collective_entry
-def from_global(a, grid=None, split=None, sizes=None, root=None, device="cpu", halo=None) -> DistArray:
+def from_global(a, grid=None, split=None, sizes=None, root=None, device="cpu",
+                halo=None) -> DistArray:
     """Distribute a global array (collective).
 
     With ``root=None`` every rank passes the same global array and keeps its block (no
@@ -256,7 +278,8 @@ def from_global(a, grid=None, split=None, sizes=None, root=None, device="cpu", h
             psizes = [0] * comm.size
             psizes[root] = shape[0]
             src = Distribution(shape, (comm.size,), (0,), [psizes] + [None] * (len(shape) - 1))
-            mine = np.ascontiguousarray(host) if comm.rank == root else np.empty((0,) + tuple(shape[1:]), dtype)
+            mine = (np.ascontiguousarray(host) if comm.rank == root
+                    else np.empty((0,) + tuple(shape[1:]), dtype))
             local = redistribute_blocks(comm, mine, src, dist)
     x = DistArray(local, dist, grid_)
     if device != "cpu":
@@ -264,3 +287,79 @@ def from_global(a, grid=None, split=None, sizes=None, root=None, device="cpu", h
     if halo is not None:
         x = x.with_halo(halo)
     return x
+
+
+@collective_entry
+def eye(n_rows, n_cols=None, k=0, dtype=None, grid=None, split=None, sizes=None,
+        device="cpu") -> DistArray:
+    """The 2-D array with ones on diagonal ``k`` (``n_rows x n_cols``), in the given layout."""
+    g = _grid(grid)
+    m = n_rows if n_cols is None else n_cols
+    with agreed(g.cart, "eye", n_rows=canon(n_rows), n_cols=canon(m), k=canon(k),
+                dtype=dtype_key(dtype, float),
+                **layout_args((n_rows, m), g, split, sizes, device)):
+        n_rows, m, k = operator.index(n_rows), operator.index(m), operator.index(k)
+        if n_rows < 0 or m < 0:
+            raise ValueError("negative dimensions are not allowed")
+    x = zeros((n_rows, m), dtype=dtype, grid=g, split=split, sizes=sizes, device="cpu")
+    i, j = local_index_grid(x)
+    x.local[...] = (j - i == k)
+    return x.to_device(device) if device != "cpu" else x
+
+
+@collective_entry
+def meshgrid(*arrays, indexing="xy", grid=None, split=None) -> tuple:
+    """Coordinate matrices from 1-D DistArrays (``indexing`` ``'xy'`` or ``'ij'``).  Every
+    output has the result shape in the default layout of ``grid`` (default: the first
+    operand's grid; ``split`` as in :func:`disttensor.zeros`)."""
+    first = anchor(arrays)
+    with agreed(None if first is None else first.grid.cart, "meshgrid",
+                arrays=tuple(operand_key(a) for a in arrays), indexing=indexing,
+                grid=grid, split=canon(split)):
+        for a in arrays:
+            check_array(a, "every operand")
+            if a.ndim != 1:
+                raise ValueError("meshgrid needs 1-D arrays")
+        if indexing not in ("xy", "ij"):
+            raise ValueError("Valid values for `indexing` are 'xy' and 'ij'.")
+        g = first.grid if (grid is None and first is not None) else grid
+        shape = [a.shape[0] for a in arrays]
+        if indexing == "xy" and len(shape) >= 2:
+            shape[0], shape[1] = shape[1], shape[0]
+        g, dist = make_distribution(tuple(shape), g, split) if arrays else (None, None)
+    out = []
+    for k, a in enumerate(arrays):
+        pos = k
+        if indexing == "xy" and len(arrays) >= 2 and k < 2:
+            pos = 1 - k
+        shp = [1] * len(shape)
+        shp[pos] = shape[pos]
+        loc = align(a.reshape(shp), g, dist, a.device)
+        out.append(DistArray(a.xp.broadcast_to(loc, dist.block_shape(g.coords)).copy(), dist, g))
+    return tuple(out)
+
+
+def _tri(call, x, k, lower: bool):
+    check_array(x)
+    with agreed(x.grid.cart, call, x=x, k=canon(k)):
+        if x.ndim < 2:
+            raise ValueError(f"{call} needs an array of at least 2 dimensions")
+        k = operator.index(k)
+    idx = local_index_grid(x)
+    i, j = idx[-2], idx[-1]
+    keep = (j - i <= k) if lower else (j - i >= k)
+    xp = x.xp
+    loc = xp.where(xp.asarray(keep), x.local, xp.zeros((), x.dtype))
+    return DistArray(loc.astype(x.dtype, copy=False), x.distribution, x.grid)
+
+
+@collective_entry
+def tril(x: DistArray, k=0) -> DistArray:
+    """Zero the elements above diagonal ``k`` of the last two axes (no messages)."""
+    return _tri("tril", x, k, True)
+
+
+@collective_entry
+def triu(x: DistArray, k=0) -> DistArray:
+    """Zero the elements below diagonal ``k`` of the last two axes (no messages)."""
+    return _tri("triu", x, k, False)

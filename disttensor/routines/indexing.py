@@ -1,13 +1,27 @@
-"""Basic global indexing of DistArrays: integers, slices (any step), ``...`` and ``None``.
+"""Indexing of DistArrays (NumPy's "Indexing routines"): ``x[key]`` / ``x[key] = value`` with
+integers, slices (any step), ``...``, ``None`` and full-shape boolean masks, and ``take`` /
+``take_along_axis``.  Every function is collective over the grid of ``x`` (the ranks agree on
+the key; a rank-dependent index raises).
 
-``x[key]`` returns a new DistArray (a copy, unlike NumPy's view).  Slices with a positive step
-need no communication: every rank keeps the selected elements it owns, and the result gets
-explicit (possibly uneven or empty) ownership sizes.  A negative step is the positive-step
-selection followed by a flip (each block goes to the mirrored grid coordinate).  An integer
-index drops its axis; the element row is sent from its owner to the ranks that now replicate
-it.  ``x[key] = value`` writes a scalar, a NumPy array (replicated) or a DistArray (aligned
-to the selection by the rule of :mod:`disttensor.core.array`).  The key logic is pure
-(:func:`normalize_key`).
+Basic indexing: ``x[key]`` returns a new DistArray (a copy, unlike NumPy's view).  Slices with
+a positive step need no communication: every rank keeps the selected elements it owns, and the
+result gets explicit (possibly uneven or empty) ownership sizes.  A negative step is the
+positive-step selection followed by a flip (each block goes to the mirrored grid coordinate).
+An integer index drops its axis; the element row is sent from its owner to the ranks that now
+replicate it.  ``x[key] = value`` writes a scalar, a NumPy array (replicated) or a DistArray
+(aligned to the selection by the rule of :mod:`disttensor.core.array`).  The key logic is
+pure (:func:`normalize_key`).
+
+Boolean masks: ``x[mask]`` (``mask`` a DistArray or NumPy array of ``x``'s shape) returns the
+selected elements in row-major order, 1-D, split over the grid axis of the flattened ``x``
+with explicit uneven ownership: rank ``c`` along it owns the hits of its own flat block
+(:func:`disttensor.routines.searching.hits_distribution`).  ``x[mask] = v`` writes in place
+(``v`` a scalar, a NumPy array of length ``count_nonzero(mask)``, or a 1-D DistArray).
+
+``take``: the indices are replicated (a DistArray of indices is gathered), the input is made
+whole along ``axis``, taken locally and cut into balanced blocks again.  ``take_along_axis``:
+both arrays whole along ``axis`` in the layout of ``indices``, taken locally, redistributed
+back to the layout of ``indices``.
 """
 from __future__ import annotations
 
@@ -18,10 +32,16 @@ import numpy as np
 
 from ..core.array import DistArray
 from ..core.entry import agreed, canon, collective_entry, operand_key
-from ..core.backend import array_module, to_host
+from ..core.backend import array_module
+from ..core.comm import collective
 from ..core.distribution import Distribution
+from ._operands import axis_index, check_array, cut_balanced, unsplit
+from .manipulation.rearrange import flip
+from .searching import hits_distribution
+from .ufuncs import align, operand_shape
 
-__all__ = ["AxisSelection", "normalize_key", "getitem", "setitem", "flip"]
+__all__ = ["AxisSelection", "normalize_key", "getitem", "setitem", "mask_getitem",
+           "mask_setitem", "take", "take_along_axis"]
 
 
 @dataclass(frozen=True)
@@ -57,7 +77,8 @@ def normalize_key(key, shape) -> tuple[list[AxisSelection], list[int]]:
         raise IndexError("an index can only have a single ellipsis ('...')")
     used = sum(1 for k in key if k is not None and k is not Ellipsis)
     if used > nd:
-        raise IndexError(f"too many indices for array: array is {nd}-dimensional, but {used} were indexed")
+        raise IndexError(f"too many indices for array: array is {nd}-dimensional, but {used} "
+                         "were indexed")
     if Ellipsis in key:
         i = key.index(Ellipsis)
         key = key[:i] + (slice(None),) * (nd - used) + key[i + 1:]
@@ -83,7 +104,7 @@ def normalize_key(key, shape) -> tuple[list[AxisSelection], list[int]]:
         start, stop, step = k.indices(n)
         cnt = len(range(start, stop, step))
         if step > 0:
-            sels.append(AxisSelection(start, start + (cnt - 1) * step + 1 if cnt else start, step) if cnt
+            sels.append(AxisSelection(start, start + (cnt - 1) * step + 1, step) if cnt
                         else AxisSelection(0, 0, 1))
         else:
             if cnt == 0:
@@ -112,72 +133,29 @@ def _selection(x: DistArray, sels):
     box = dist.block_box(x.grid.coords)
     local = tuple(_local_slice(s, a, b) for s, a, b in zip(sels, box.start, box.stop))
     for t, s in enumerate(sels):
-        dist = dist.slice_axis(t, s.start, s.stop, s.step) if s.count else dist.slice_axis(t, 0, 0, 1)
+        dist = (dist.slice_axis(t, s.start, s.stop, s.step) if s.count
+                else dist.slice_axis(t, 0, 0, 1))
     return local, dist
-
-
-@collective_entry
-def flip(x: DistArray, axis) -> DistArray:
-    """Reverse ``x`` along ``axis`` (int or tuple).  Along a split axis the block of grid
-    coordinate ``c`` goes to ``p-1-c`` and the ownership sizes are reversed."""
-    from numpy.lib.array_utils import normalize_axis_tuple
-    if not isinstance(x, DistArray):
-        raise TypeError(f"expected a DistArray, got {type(x).__name__}")
-    if isinstance(axis, range):
-        axis = tuple(axis)
-    with agreed(x.grid.cart, "flip", x=x, axis=canon(axis)):
-        axes = normalize_axis_tuple(axis, x.ndim)  # AxisError / repeated-axis ValueError as NumPy
-    y = x
-    for t in axes:
-        idx = [slice(None)] * y.ndim
-        idx[t] = slice(None, None, -1)
-        loc = y.local[tuple(idx)]
-        dist = y.distribution
-        g = dist.split[t]
-        if g is None:
-            y = DistArray(loc.copy(), dist, y.grid)
-            continue
-        sizes = dist.sizes(t)[::-1]
-        new = dist.with_sizes(t, sizes)
-        p = y.grid.dims[g]
-        c = y.grid.coords[g]
-        partner = p - 1 - c
-        xp = array_module(loc)
-        sub = y.grid.sub_comm([g])  # collective on first use: every rank, the middle one too
-        if partner == c:
-            out = loc.copy()
-        else:
-            shape = new.block_shape(y.grid.coords)
-            send = np.ascontiguousarray(to_host(loc))
-            recv = np.empty(shape, dtype=y.dtype)
-            sub.Sendrecv(send, dest=partner, sendtag=17, recvbuf=recv, source=partner, recvtag=17)
-            out = recv if xp is np else xp.asarray(recv)
-        y = DistArray(out, new, y.grid)
-    return y
 
 
 @collective_entry
 def getitem(x: DistArray, key) -> DistArray:
     """``x[key]`` (collective: the ranks agree on the key; a rank-dependent index raises).
     A boolean mask (DistArray or NumPy array of ``x``'s shape) selects as
-    :func:`disttensor.routines.sorting.mask_getitem`."""
+    :func:`mask_getitem`."""
     if _is_mask(key):
-        from .sorting import mask_getitem
         return mask_getitem.__wrapped__(x, key)  # this entry point's agreement is its own
     with agreed(x.grid.cart, "getitem", x=x, key=key):
         sels, new_axes = normalize_key(key, x.shape)
     local_sl, dist = _selection(x, sels)
-    y = DistArray(x.local[local_sl + (Ellipsis,)].copy(), dist, x.grid)  # `...`: 0-d stays an array
+    # `...`: a 0-d block stays an array
+    y = DistArray(x.local[local_sl + (Ellipsis,)].copy(), dist, x.grid)
     flips = [t for t, s in enumerate(sels) if s.flip]
     if flips:
         y = flip(y, flips)
     drops = [t for t, s in enumerate(sels) if s.drop]
     if drops:
-        d = y.distribution
-        if any(d.split[t] is not None for t in drops):
-            split = [None if t in drops else g for t, g in enumerate(d.split)]
-            sizes = [None if (t in drops or g is None) else d.sizes(t) for t, g in enumerate(d.split)]
-            y = y.redistribute(distribution=Distribution(d.shape, d.grid_dims, split, sizes))
+        y = unsplit(y, drops)
         keep = [t for t in range(y.ndim) if t not in drops]
         loc = y.local.reshape(tuple(y.local.shape[t] for t in keep))
         y = DistArray(loc, y.distribution.drop_axes(drops), y.grid)
@@ -208,9 +186,7 @@ def setitem(x: DistArray, key, value) -> None:
     """``x[key] = value`` (collective: the ranks agree on the key and on the value's
     metadata; a scalar value is data, agreed by type)."""
     from ..core.array import _check_grids
-    from .ufuncs import align, operand_shape
     if _is_mask(key):
-        from .sorting import mask_setitem
         return mask_setitem.__wrapped__(x, key, value)
     if isinstance(value, (list, tuple)):  # nested sequences are arrays, as in NumPy
         value = np.asarray(value)
@@ -250,3 +226,156 @@ def setitem(x: DistArray, key, value) -> None:
             if s.flip and target[t] > 1:
                 v = array_module(v).flip(v, axis=t)
     x.local[local_sl] = align(v, x.grid, dist, x.device)
+
+
+# -- boolean masks ----------------------------------------------------------------------------
+def _mask_operand(x: DistArray, mask):
+    """Validate a boolean mask of ``x``'s shape; a NumPy mask becomes a DistArray laid out as
+    ``x``."""
+    if isinstance(mask, DistArray):
+        if mask.dtype != np.bool_:
+            raise IndexError("a DistArray index must be a boolean mask")
+        if not mask.grid.compatible(x.grid):
+            raise ValueError("the mask lives on a grid over other ranks")
+    else:
+        mask = np.asarray(mask)
+        if mask.dtype != np.bool_:
+            raise IndexError("arrays used as indices must be boolean masks of the array's shape")
+    if tuple(mask.shape) != x.shape:
+        raise IndexError(f"boolean index of shape {tuple(mask.shape)} does not match the "
+                         f"indexed array of shape {x.shape} (only full-shape masks)")
+    return mask
+
+
+def _aligned_mask(mask, y: DistArray):
+    """The local block of ``mask`` under ``y``'s distribution and grid."""
+    if isinstance(mask, DistArray):
+        m = mask if mask.ndim == y.ndim and mask.shape == y.shape else mask.reshape(y.shape)
+        if m.distribution != y.distribution or m.grid is not y.grid:
+            m = m.redistribute(grid=y.grid, distribution=y.distribution)
+        return m.local
+    return y.xp.asarray(np.asarray(mask).reshape(y.shape)[y.local_slices])
+
+
+@collective_entry
+def mask_getitem(x: DistArray, mask) -> DistArray:
+    """``x[mask]`` for a boolean ``mask`` (DistArray or NumPy) of ``x``'s shape: the selected
+    elements in row-major order, 1-D with uneven distribution (module docstring)."""
+    check_array(x)
+    with agreed(x.grid.cart, "getitem[mask]", x=x, mask=operand_key(mask)):
+        mask = _mask_operand(x, mask)
+    y = x.reshape(-1) if x.ndim != 1 else x
+    m = _aligned_mask(mask, y)
+    loc = y.local[m]
+    return DistArray(loc, hits_distribution(y, int(loc.shape[0])), y.grid)
+
+
+@collective_entry
+def mask_setitem(x: DistArray, mask, value) -> None:
+    """``x[mask] = value`` in place: ``value`` a scalar (or 0-d), or 1-D with one element per
+    selected position (NumPy array, replicated; or a DistArray)."""
+    check_array(x)
+    with agreed(x.grid.cart, "setitem[mask]", x=x, mask=operand_key(mask),
+                value=operand_key(value)):
+        mask = _mask_operand(x, mask)
+        vshape = tuple(getattr(value, "shape", ()))
+        if len(vshape) > 1:
+            raise ValueError(f"NumPy boolean array indexing assignment cannot assign "
+                             f"{len(vshape)}-d input values")
+        if isinstance(value, DistArray) and not value.grid.compatible(x.grid):
+            raise ValueError("the value lives on a grid over other ranks")
+    if len(vshape) == 0 or vshape == (1,):
+        v = value.item() if isinstance(value, DistArray) else np.asarray(value).reshape(())[()]
+        m = _aligned_mask(mask, x) if x.ndim else None
+        if x.ndim == 0:
+            if bool(mask.item() if isinstance(mask, DistArray) else np.asarray(mask)):
+                x.local[...] = v
+        else:
+            x.local[m] = v
+        return
+    y = x.reshape(-1) if x.ndim != 1 else x
+    m = _aligned_mask(mask, y)
+    cnt = int(m.sum())
+    d = hits_distribution(y, cnt)
+    with collective(x.grid.cart):
+        if vshape[0] != d.shape[0]:
+            raise ValueError(f"NumPy boolean array indexing assignment cannot assign "
+                             f"{vshape[0]} input values to the {d.shape[0]} output values "
+                             "where the mask is true")
+    if isinstance(value, DistArray):
+        vl = value.redistribute(grid=y.grid, distribution=d).local
+    else:
+        start = d.offsets[0][d.axis_coord(0, y.grid.coords)]
+        vl = y.xp.asarray(np.asarray(value)[start:start + cnt])
+    y.local[m] = vl
+    if y is not x:
+        back = y.reshape(x.shape)
+        if back.distribution != x.distribution:
+            back = back.redistribute(distribution=x.distribution)
+        x.local[...] = back.local
+
+
+# -- take -------------------------------------------------------------------------------------
+@collective_entry
+def take(x: DistArray, indices, axis=None) -> DistArray:
+    """Elements of ``x`` at integer ``indices`` (replicated; a DistArray is gathered) along
+    ``axis`` (``None``: of the flattened array).  Negative indices count from the end."""
+    check_array(x)
+    if isinstance(indices, DistArray):
+        indices = indices.to_numpy()
+    idx = np.asarray(indices)
+    with agreed(x.grid.cart, "take", x=x, indices=canon(idx), axis=canon(axis)):
+        if idx.dtype.kind not in "iu":
+            raise IndexError("arrays used as indices must be of integer type")
+        ax = None if axis is None else axis_index(axis, x.ndim)
+        n = x.size if ax is None else x.shape[ax]
+        if idx.size and (idx.max() >= n or idx.min() < -n):
+            raise IndexError(f"index out of range for axis of size {n}")
+    if ax is None:
+        return take(x.reshape(-1), idx, 0)
+    g = x.split[ax]
+    y = unsplit(x, (ax,))
+    xp = y.xp
+    loc = xp.take(y.local, xp.asarray(idx.reshape(-1)), axis=ax)
+    loc = loc.reshape(y.local.shape[:ax] + idx.shape + y.local.shape[ax + 1:])
+    d = y.distribution
+    shape = d.shape[:ax] + idx.shape + d.shape[ax + 1:]
+    split = d.split[:ax] + (None,) * idx.ndim + d.split[ax + 1:]
+    sz = [d.sizes(t) if s is not None else None for t, s in enumerate(d.split)]
+    sizes = sz[:ax] + [None] * idx.ndim + sz[ax + 1:]
+    base = Distribution(shape, d.grid_dims, split, sizes)
+    return cut_balanced(loc, shape, base, x.grid, {ax: g} if idx.ndim == 1 else {})
+
+
+@collective_entry
+def take_along_axis(x: DistArray, indices: DistArray, axis=-1) -> DistArray:
+    """``numpy.take_along_axis``: ``indices`` has ``x``'s number of axes and broadcasts
+    against it off ``axis``; the result has the layout of ``indices``."""
+    check_array(x)
+    check_array(indices, "indices")
+    with agreed(x.grid.cart, "take_along_axis", x=x, indices=indices, axis=canon(axis)):
+        if indices.dtype.kind not in "iu":
+            raise IndexError("`indices` must be an integer array")
+        if indices.ndim != x.ndim:
+            raise ValueError("`indices` and `arr` must have the same number of dimensions")
+        ax = axis_index(axis, x.ndim)
+        for t in range(x.ndim):
+            if t != ax and x.shape[t] != indices.shape[t]:
+                raise ValueError("`indices` and `arr` must have the same shape off `axis`")
+    iw = unsplit(indices, (ax,))
+    d = iw.distribution
+    shape = list(d.shape)
+    shape[ax] = x.shape[ax]
+    xd = Distribution(shape, d.grid_dims, d.split,
+                      [d.sizes(t) if g is not None else None for t, g in enumerate(d.split)])
+    xl = align(x, indices.grid, xd, x.device)
+    il = iw.local
+    n = x.shape[ax]
+    bad = bool(il.size and (il.max() >= n or il.min() < -n))
+    with collective(x.grid.cart):
+        if bad:
+            raise IndexError(f"index out of range for axis of size {n}")
+    loc = x.xp.take_along_axis(xl, il % n if n else il, axis=ax)
+    r = DistArray(loc, d, indices.grid)
+    return r if d == indices.distribution else r.redistribute(distribution=indices.distribution)
+

@@ -209,15 +209,3 @@ def load(path, grid=None, split=None, sizes=None) -> DistArray:
         out = np.array(block, dtype=dtype.newbyteorder("="), order="C")
         del m, block
     return DistArray(out, dist, g)
-
-
-def _np_save(file, arr, allow_pickle=True, fix_imports=None):
-    """``numpy.save(path, distarray)``: :func:`save`, with NumPy's ``.npy`` suffix added to a
-    path without it (an open file object raises ``TypeError`` on every rank: the ranks write
-    the file in parallel; ``allow_pickle`` is irrelevant for numeric data)."""
-    if isinstance(file, (str, os.PathLike)) and not os.fspath(file).endswith(".npy"):
-        file = os.fspath(file) + ".npy"
-    return save(file, arr)
-
-
-HANDLED_FUNCTIONS = {np.save: _np_save}

@@ -1,10 +1,19 @@
-"""Reductions over DistArrays: sum, prod, mean, var, std, min, max, argmin, argmax, any, all.
+"""Reductions over DistArrays: sum, prod, mean, var, std, min, max, any, all, and the NaN-skipping
+nansum, nanprod, nanmean, nanvar, nanstd, nanmin, nanmax.  (argmin/argmax and their nan forms
+are in :mod:`disttensor.routines.searching`, on this module's machinery.)
 
 Each reduces its local block, then combines the partial results with one all-reduce over the
 sub-communicator of the grid axes that split the reduced tensor axes (replicas along other grid
 axes are not counted twice).  The result keeps the distribution of the axes that remain; a
 reduced axis kept with ``keepdims`` has length 1 and is not split.  A reduction over all axes
-returns a 0-d DistArray (replicated; ``float(r)``/``r.item()`` give the value).
+returns a 0-d DistArray (replicated; ``float(r)``/``r.item()`` give the value).  Every function
+is collective over the grid of ``x`` (the ranks agree on the axes, dtype and ``ddof``; over the
+whole grid, not only the reduced grid axes).
+
+``var``/``nanvar`` are two-pass (mean, then squared deviations).  Float sums add the ranks'
+partial sums in another order than NumPy's pairwise sum: relative error ``O(n eps)`` in the
+worst case.  The nan forms skip NaN in the local partial results; ``nanmin``/``nanmax`` of an
+all-NaN slice give NaN (NumPy also warns).  For non-float dtypes they are the plain reductions.
 """
 from __future__ import annotations
 
@@ -16,11 +25,13 @@ import numpy as np
 
 from ..core.array import DistArray
 from ..core.entry import agreed, canon, collective_entry, dtype_key
-from ..core.backend import array_module, to_host
-from ..core.comm import allreduce, mpi_type
+from ..core.backend import array_module
+from ..core.comm import allreduce
 from ..core.distribution import Distribution
+from ._operands import check_array
 
-__all__ = ["sum", "prod", "mean", "var", "std", "min", "max", "argmin", "argmax", "any", "all"]
+__all__ = ["sum", "prod", "mean", "var", "std", "min", "max", "any", "all", "nansum", "nanprod",
+           "nanmean", "nanvar", "nanstd", "nanmin", "nanmax"]
 
 
 def _axes(x: DistArray, axis) -> tuple[int, ...]:
@@ -83,16 +94,11 @@ def _sum_prod(x: DistArray, axis, dtype, keepdims, op: str) -> DistArray:
     return r
 
 
-def _check(x) -> None:
-    if not isinstance(x, DistArray):
-        raise TypeError(f"expected a DistArray, got {type(x).__name__}")
-
-
 @contextlib.contextmanager
 def _agreed(call: str, x: DistArray, axis, keepdims, **more):
     """The agreement block of reduction ``call`` (over the whole grid, not only the reduced
     grid axes: ranks reducing different axes would wait on different communicators)."""
-    _check(x)
+    check_array(x, None)
     with agreed(x.grid.cart, call, x=x, axis=canon(axis), keepdims=bool(keepdims), **more):
         yield
 
@@ -221,86 +227,113 @@ def all(x: DistArray, axis=None, keepdims=False) -> DistArray:
     return _reduce(x, axes, "land", x.local.all(axis=axes, keepdims=True), keepdims)
 
 
-def _better(op, v_new, i_new, v_best, i_best):
-    """Where candidate (v_new, i_new) beats the current best: NaN first (as NumPy), then
-    smaller (argmin) / larger (argmax) value, then lower global index; i < 0 is 'none'."""
-    valid = i_new >= 0
-    none_best = i_best < 0
-    if v_new.dtype.kind in "fc":
-        nan_new, nan_best = np.isnan(v_new), np.isnan(v_best)
-    else:
-        nan_new = nan_best = np.zeros(v_new.shape, bool)
-    with np.errstate(invalid="ignore"):
-        strictly = (v_new < v_best) if op == "min" else (v_new > v_best)
-        equal = v_new == v_best
-    plain = ~nan_new & ~nan_best & (strictly | (equal & (i_new < i_best)))
-    nans = nan_new & (~nan_best | (i_new < i_best))
-    return valid & (none_best | nans | plain)
+# -- NaN-skipping reductions ----------------------------------------------------------------
+def _nan_prep(call, x, axis, keepdims, **more):
+    """The agreement block of nan-reduction ``call``; the reduced axes."""
+    check_array(x)
+    with agreed(x.grid.cart, call, x=x, axis=canon(axis), keepdims=bool(keepdims),
+                **{k: canon(v) for k, v in more.items()}):
+        axes = _axes(x, axis)
+    return axes
 
 
-def _arg(x: DistArray, axis, keepdims: bool, op: str) -> DistArray:
-    with _agreed(f"arg{op}", x, axis, keepdims):
-        if axis is not None and not isinstance(axis, (int, np.integer)):
-            raise TypeError(f"'{type(axis).__name__}' object cannot be interpreted as an integer")
-        if axis is not None and x.ndim == 0:
-            _axes(x, axis)  # 0 and -1 are fine (as NumPy), anything else raises AxisError
-            axis = None
-        # NumPy raises only when the reduced axis (or the whole array) is empty; an empty
-        # result along other axes is fine
-        if (x.size == 0) if axis is None else (x.shape[_axes(x, axis)[0]] == 0):
-            raise ValueError(f"attempt to get arg{op} of an empty sequence")
-    loc = to_host(x.local)
-    box = x.distribution.block_box(x.grid.coords)
-    if axis is None:
-        flat = loc.reshape(-1)
-        if flat.size:
-            k = int(np.argmin(flat) if op == "min" else np.argmax(flat))
-            val = flat[k:k + 1]
-            gidx = np.ravel_multi_index(
-                tuple(s + i for s, i in zip(box.start, np.unravel_index(k, loc.shape))), x.shape)
-            idx = np.array([gidx], dtype=np.int64)
-        else:
-            val = np.zeros(1, dtype=x.dtype)
-            idx = np.array([-1], dtype=np.int64)
-        comm = x.grid.cart
-        axes = tuple(range(x.ndim))
-    else:
-        (a,) = _axes(x, axis)
-        axes = (a,)
-        if loc.shape[a]:
-            k = np.argmin(loc, axis=a, keepdims=True) if op == "min" else np.argmax(loc, axis=a, keepdims=True)
-            val = np.take_along_axis(loc, k, axis=a)
-            idx = k.astype(np.int64) + box.start[a]
-        else:
-            shape = tuple(1 if t == a else n for t, n in enumerate(loc.shape))
-            val = np.zeros(shape, dtype=x.dtype)
-            idx = np.full(shape, -1, dtype=np.int64)
-        comm = _comm(x, axes)
-    if comm is not None and comm.size > 1:
-        vals = np.empty((comm.size,) + val.shape, dtype=val.dtype)
-        idxs = np.empty((comm.size,) + idx.shape, dtype=np.int64)
-        vt = mpi_type(val.dtype)  # explicit: MPI has no name for float16 (moved as bytes)
-        comm.Allgather([np.ascontiguousarray(val), vt], [vals, vt])
-        comm.Allgather(np.ascontiguousarray(idx), idxs)
-        bv, bi = vals[0].copy(), idxs[0].copy()
-        for r in range(1, comm.size):
-            upd = _better(op, vals[r], idxs[r], bv, bi)
-            bv[upd] = vals[r][upd]
-            bi[upd] = idxs[r][upd]
-        idx = bi
-    xp = array_module(x.local)
-    if axis is None:
-        res = idx.reshape((1,) * x.ndim) if keepdims else idx.reshape(())
-        d = _result_dist(x, axes, keepdims)
-        return DistArray(xp.asarray(res) if xp is not np else res, d, x.grid)
-    return _finish(x, xp.asarray(idx) if xp is not np else idx, axes, keepdims)
+def _nancount(x, axes):
+    """The number of non-NaN elements along ``axes`` (``int64``, keepdims layout)."""
+    xp = x.xp
+    part = (~xp.isnan(x.local)).sum(axis=axes, keepdims=True, dtype=np.int64)
+    return _reduce(x, axes, "sum", part, True)
+
+
+def _nan_filled(x: DistArray, op: str) -> DistArray:
+    """``x`` with NaN replaced by the identity of ``op`` (``inf`` for ``"min"``, ``-inf`` for
+    ``"max"``), same layout; no messages."""
+    xp = x.xp
+    fill = np.inf if op == "min" else -np.inf
+    return DistArray(xp.where(xp.isnan(x.local), fill, x.local).astype(x.dtype),
+                     x.distribution, x.grid)
+
+
+def _nan_sum_prod(call, x, axis, dtype, keepdims, op: str) -> DistArray:
+    axes = _nan_prep(call, x, axis, keepdims, dtype=dtype_key(dtype))
+    if x.dtype.kind not in "fc":
+        return (sum if op == "sum" else prod)(x, axes, dtype, keepdims)
+    part = getattr(x.xp, "nan" + op)(x.local, axis=axes, dtype=dtype, keepdims=True)
+    return _reduce(x, axes, op, part, keepdims)
 
 
 @collective_entry
-def argmin(x: DistArray, axis=None, keepdims=False) -> DistArray:
-    return _arg(x, axis, keepdims, "min")
+def nansum(x: DistArray, axis=None, dtype=None, keepdims=False) -> DistArray:
+    """Sum treating NaN as zero."""
+    return _nan_sum_prod("nansum", x, axis, dtype, keepdims, "sum")
 
 
 @collective_entry
-def argmax(x: DistArray, axis=None, keepdims=False) -> DistArray:
-    return _arg(x, axis, keepdims, "max")
+def nanprod(x: DistArray, axis=None, dtype=None, keepdims=False) -> DistArray:
+    """Product treating NaN as one."""
+    return _nan_sum_prod("nanprod", x, axis, dtype, keepdims, "prod")
+
+
+@collective_entry
+def nanmean(x: DistArray, axis=None, dtype=None, keepdims=False) -> DistArray:
+    """Mean of the non-NaN elements (NaN where there are none)."""
+    axes = _nan_prep("nanmean", x, axis, keepdims, dtype=dtype_key(dtype))
+    if x.dtype.kind not in "fc":
+        return mean(x, axes, dtype, keepdims)
+    s = nansum(x, axes, dtype, True)
+    c = _nancount(x, axes)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        m = s.local / c.local
+    return _finish(x, m.astype(s.dtype, copy=False), axes, keepdims)
+
+
+@collective_entry
+def nanvar(x: DistArray, axis=None, dtype=None, ddof=0, keepdims=False) -> DistArray:
+    """Variance of the non-NaN elements (two-pass), divided by ``count - ddof``."""
+    axes = _nan_prep("nanvar", x, axis, keepdims, dtype=dtype_key(dtype), ddof=ddof)
+    if x.dtype.kind not in "fc":
+        return var(x, axes, dtype, ddof, keepdims)
+    m = nanmean(x, axes, dtype, True)
+    xp = x.xp
+    dev = x.local.astype(m.dtype, copy=False) - m.local
+    sq = (dev * xp.conj(dev)).real if xp.iscomplexobj(dev) else dev * dev
+    part = xp.nansum(sq, axis=axes, keepdims=True)
+    s = _reduce(x, axes, "sum", part, True)
+    c = _nancount(x, axes)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        v = s.local / xp.maximum(c.local - ddof, 0)
+    return _finish(x, v.astype(part.dtype, copy=False), axes, keepdims)
+
+
+@collective_entry
+def nanstd(x: DistArray, axis=None, dtype=None, ddof=0, keepdims=False) -> DistArray:
+    """Square root of :func:`nanvar`."""
+    _nan_prep("nanstd", x, axis, keepdims, dtype=dtype_key(dtype), ddof=ddof)
+    v = nanvar(x, axis, dtype, ddof, keepdims)
+    v.local[...] = v.xp.sqrt(v.local)
+    return v
+
+
+def _nanminmax(call, x, axis, keepdims, op: str) -> DistArray:
+    """``nanmin``/``nanmax``: NaN replaced by the identity of ``op``, then NaN again where
+    a slice had no other element."""
+    axes = _nan_prep(call, x, axis, keepdims)
+    extreme = min if op == "min" else max
+    if x.dtype.kind not in "fc":
+        return extreme(x, axes, keepdims)
+    r = extreme(_nan_filled(x, op), axes, True)
+    c = _nancount(x, axes)
+    loc = x.xp.where(c.local == 0, np.nan, r.local).astype(x.dtype)
+    return _finish(x, loc, axes, keepdims)
+
+
+@collective_entry
+def nanmin(x: DistArray, axis=None, keepdims=False) -> DistArray:
+    """Minimum ignoring NaN (NaN for an all-NaN slice)."""
+    return _nanminmax("nanmin", x, axis, keepdims, "min")
+
+
+@collective_entry
+def nanmax(x: DistArray, axis=None, keepdims=False) -> DistArray:
+    """Maximum ignoring NaN (NaN for an all-NaN slice)."""
+    return _nanminmax("nanmax", x, axis, keepdims, "max")
+

@@ -17,8 +17,6 @@ scan of ``|x|`` (tested at 1e-12 relative to it).
 """
 from __future__ import annotations
 
-import operator
-
 import numpy as np
 from mpi4py import MPI
 
@@ -27,13 +25,9 @@ from ..core.entry import agreed, canon, collective_entry, dtype_key
 from ..core.backend import to_host
 from ..core.comm import mpi_type
 from ..core.distribution import Distribution
+from ._operands import axis_index, check_array
 
 __all__ = ["cumulative_sum", "cumulative_prod", "cumsum", "cumprod"]
-
-
-def _check(x) -> None:
-    if not isinstance(x, DistArray):
-        raise TypeError(f"expected a DistArray, got {type(x).__name__}")
 
 
 def _exscan(comm, tot: np.ndarray, op: str) -> np.ndarray:
@@ -89,8 +83,7 @@ def _scan(x: DistArray, axis: int, dtype, op: str, include_initial: bool) -> Dis
 
 
 def _entry(call, x, axis, dtype, include_initial, op, flatten_none: bool):
-    from numpy.lib.array_utils import normalize_axis_index
-    _check(x)
+    check_array(x, None)
     with agreed(x.grid.cart, call, x=x, axis=canon(axis), dtype=dtype_key(dtype),
                 include_initial=bool(include_initial)):
         if axis is None:
@@ -100,7 +93,7 @@ def _entry(call, x, axis, dtype, include_initial, op, flatten_none: bool):
                 raise ValueError(f"{call} of a 0-d array needs axis=None with NumPy's cumsum")
             ax = 0
         else:
-            ax = normalize_axis_index(operator.index(axis), x.ndim)
+            ax = axis_index(axis, x.ndim)
         if dtype is not None:
             dtype = np.dtype(dtype)
     if axis is None and x.ndim != 1:
@@ -136,24 +129,3 @@ def cumprod(x: DistArray, axis=None, dtype=None) -> DistArray:
     if isinstance(x, DistArray) and x.ndim == 0 and axis is None:
         x = x.reshape(1)
     return _entry("cumprod", x, axis, dtype, False, "prod", True)
-
-
-def _np_scan(fn):
-    def impl(a, axis=None, dtype=None, out=None):
-        if out is not None:
-            raise TypeError("out= is not supported for DistArray scans")
-        return fn(a, axis, dtype)
-    return impl
-
-
-HANDLED_FUNCTIONS = {
-    np.cumsum: _np_scan(cumsum),
-    np.cumprod: _np_scan(cumprod),
-}
-if hasattr(np, "cumulative_sum"):
-    HANDLED_FUNCTIONS[np.cumulative_sum] = \
-        lambda x, /, *, axis=None, dtype=None, out=None, include_initial=False: \
-        cumulative_sum(x, axis=axis, dtype=dtype, include_initial=include_initial)
-    HANDLED_FUNCTIONS[np.cumulative_prod] = \
-        lambda x, /, *, axis=None, dtype=None, out=None, include_initial=False: \
-        cumulative_prod(x, axis=axis, dtype=dtype, include_initial=include_initial)

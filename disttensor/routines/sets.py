@@ -1,14 +1,15 @@
-"""Set functions of DistArrays: the array API's ``unique_values``, ``unique_counts``,
-``unique_inverse``, ``unique_all`` and NumPy's ``unique`` (``axis=None`` only).
+"""Set routines (NumPy's "Set routines"): the array API's ``unique_values``,
+``unique_counts``, ``unique_inverse``, ``unique_all``, NumPy's ``unique`` (``axis=None``
+only) and ``isin``.
 
 Algorithm (collective): flatten ``x`` (``x.reshape(-1)``), sort it with its permutation
-(:mod:`disttensor.routines.sorting`: sample sort along the split axis, stable), mark the first element
-of each run of equal values (the last element of the previous non-empty block is all-gathered
-along the grid axis, ``O(p)``), and select the marked elements locally.  First-occurrence
-indices are the permutation at the marks (the sort is stable); counts are the distances
-between consecutive marks (the next block's first mark is all-gathered); inverse indices are a
-running count of the marks (:mod:`disttensor.routines.scans`) sent back to the elements' original
-positions by one ``MPI_Alltoallv`` (the inverse permutation).
+(:mod:`disttensor.routines.sorting`: sample sort along the split axis, stable), mark the first
+element of each run of equal values (the last element of the previous non-empty block is
+all-gathered along the grid axis, ``O(p)``), and select the marked elements locally.
+First-occurrence indices are the permutation at the marks (the sort is stable); counts are the
+distances between consecutive marks (the next block's first mark is all-gathered); inverse
+indices are a running count of the marks (:mod:`disttensor.routines.scans`) sent back to the
+elements' original positions by one ``MPI_Alltoallv`` (the inverse permutation).
 
 Output distributions (data-dependent): ``values``, ``indices`` and ``counts`` are 1-D, split
 over the grid axis of the flattened ``x`` with explicit uneven ownership (rank ``c`` owns the
@@ -17,6 +18,9 @@ unique values whose first sorted occurrence it held; replicated when ``x.reshape
 
 NaNs: the array API functions treat every NaN as distinct (``equal_nan=False``); NumPy's
 ``unique`` collapses them (``equal_nan=True``), as NumPy 2 does.
+
+``isin(x1, x2)``: the test values ``x2`` are gathered on every rank (memory ``O(x2.size)``),
+then each block of ``x1`` is tested locally; the result has ``x1``'s layout.
 """
 from __future__ import annotations
 
@@ -25,12 +29,16 @@ from collections import namedtuple
 import numpy as np
 
 from ..core.array import DistArray
-from ..core.entry import agreed, canon, collective_entry
+from ..core.entry import agreed, canon, collective_entry, operand_key
 from ..core.backend import to_host
 from ..core.distribution import Distribution
+from ._operands import check_array
+from .scans import _scan
+from .searching import hits_distribution
+from .sorting import _sort_any, alltoallv
 
-__all__ = ["unique_values", "unique_counts", "unique_inverse", "unique_all", "unique",
-           "HANDLED_FUNCTIONS"]
+__all__ = ["unique_values", "unique_counts", "unique_inverse", "unique_all", "unique", "isin",
+           "UniqueAllResult", "UniqueCountsResult", "UniqueInverseResult"]
 
 UniqueAllResult = namedtuple("UniqueAllResult", ["values", "indices", "inverse_indices", "counts"])
 UniqueCountsResult = namedtuple("UniqueCountsResult", ["values", "counts"])
@@ -48,7 +56,6 @@ def _scatter_back(comm, vals: np.ndarray, pos: np.ndarray, offsets, my_off: int,
     """Inverse permutation: element ``vals[i]`` goes to global position ``pos[i]`` of a 1-D
     array whose blocks along ``comm``'s ranks start at ``offsets``; returns this rank's block
     (length ``m``, starting at ``my_off``)."""
-    from .sorting import alltoallv
     owner = np.searchsorted(np.asarray(offsets), pos, side="right") - 1
     order = np.argsort(owner, kind="stable")
     counts = np.bincount(owner, minlength=comm.size) if owner.size else np.zeros(comm.size, int)
@@ -61,8 +68,7 @@ def _scatter_back(comm, vals: np.ndarray, pos: np.ndarray, offsets, my_off: int,
 
 @collective_entry
 def _unique(x: DistArray, equal_nan: bool, call: str, want: tuple, axis=None):
-    from .sorting import _check, _hits_dist, _sort_any
-    _check(x)
+    check_array(x)
     with agreed(x.grid.cart, call, x=x, equal_nan=bool(equal_nan), want=want, axis=canon(axis)):
         if axis is not None:
             raise TypeError(f"{call}: only axis=None is supported for DistArrays")
@@ -92,7 +98,7 @@ def _unique(x: DistArray, equal_nan: bool, call: str, want: tuple, axis=None):
         if prev is not None:
             start[0] = not bool(_eq(s[:1], prev, equal_nan)[0])
     pos = np.flatnonzero(start).astype(np.int64) + my_off
-    hd = _hits_dist(y, int(pos.shape[0]))
+    hd = hits_distribution(y, int(pos.shape[0]))
 
     def wrap(a):
         return DistArray(a if xp is np else xp.asarray(a), hd, y.grid)
@@ -110,7 +116,6 @@ def _unique(x: DistArray, equal_nan: bool, call: str, want: tuple, axis=None):
                     break
         out["counts"] = wrap(np.diff(np.append(pos, nxt)).astype(np.int64))
     if "inverse" in want:
-        from .scans import _scan
         st = DistArray(start.astype(np.int64), Distribution(d.shape, d.grid_dims, d.split,
                                                             d.split_sizes), y.grid)
         inv_sorted = to_host(_scan(st, 0, np.int64, "sum", False).local) - 1
@@ -165,11 +170,17 @@ def unique(x: DistArray, return_index=False, return_inverse=False, return_counts
     return tuple(r[k] for k in want)
 
 
-HANDLED_FUNCTIONS = {np.unique: lambda ar, return_index=False, return_inverse=False,
-                     return_counts=False, axis=None, *, equal_nan=True, sorted=True:
-                     unique(ar, return_index, return_inverse, return_counts, axis,
-                            equal_nan=equal_nan)}
-for _name, _fn in (("unique_values", unique_values), ("unique_counts", unique_counts),
-                   ("unique_inverse", unique_inverse), ("unique_all", unique_all)):
-    if hasattr(np, _name):
-        HANDLED_FUNCTIONS[getattr(np, _name)] = _fn
+@collective_entry
+def isin(x1, x2, invert=False) -> DistArray:
+    """Elementwise whether each element of ``x1`` (a DistArray) is in ``x2`` (a DistArray,
+    gathered on every rank, a NumPy array or a scalar): the result has ``x1``'s layout;
+    memory ``O(x2.size)`` per rank, no other messages."""
+    check_array(x1, "x1")
+    with agreed(x1.grid.cart, "isin", x1=x1, x2=operand_key(x2), invert=bool(invert)):
+        if isinstance(x2, DistArray) and not x2.grid.compatible(x1.grid):
+            raise ValueError("the two grids are over different communicators")
+    vals = x2.to_numpy() if isinstance(x2, DistArray) else np.asarray(x2)
+    xp = x1.xp
+    loc = xp.isin(x1.local, xp.asarray(vals.reshape(-1)), invert=bool(invert))
+    return DistArray(loc, x1.distribution, x1.grid)
+

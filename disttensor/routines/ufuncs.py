@@ -2,6 +2,9 @@
 
 See the module docstring of :mod:`disttensor.core.array` for the rule; :func:`result_layout` and
 :func:`align` implement it and are shared by ``where``, ``__setitem__`` and ``concatenate``.
+:func:`elementwise` applies any elementwise local function under the rule (``clip``,
+``round``, ``isclose``, ``real``/``imag``...).  Every call is collective over the grid of the
+DistArray operands: operands of another layout are redistributed to the result's.
 """
 from __future__ import annotations
 
@@ -10,12 +13,13 @@ import numbers
 import numpy as np
 
 from ..core.array import DistArray, _check_grids
-from ..core.entry import agreed, collective_entry, operand_key
+from ..core.entry import agreed, canon, collective_entry, operand_key
 from ..core.backend import array_module, to_device
 from ..core.distribution import Distribution
 from ..core.grid import ProcessGrid
 
-__all__ = ["array_ufunc", "result_layout", "align", "operand_shape"]
+__all__ = ["array_ufunc", "result_layout", "align", "operand_shape", "elementwise",
+           "elementwise_layout", "block_result"]
 
 # (np.fmin/np.fmax are not here: their reductions skip NaN, reductions.min/max propagate it)
 _REDUCE = {np.add: "sum", np.multiply: "prod", np.minimum: "min", np.maximum: "max",
@@ -106,6 +110,49 @@ def _device_of_operands(dists) -> str:
     return devs.pop()
 
 
+def elementwise_layout(operands) -> tuple[ProcessGrid, Distribution, str]:
+    """``(grid, distribution, device)`` of the elementwise result of ``operands`` (the
+    alignment rule; pure).  Raises for operands that do not broadcast, that live on grids over
+    other ranks or on different devices: call it inside the agreement block."""
+    shape = np.broadcast_shapes(*[operand_shape(o) for o in operands])
+    grid, dist = result_layout(operands, shape)
+    device = _device_of_operands([o for o in operands if isinstance(o, DistArray)])
+    for o in operands:
+        if isinstance(o, DistArray):
+            _check_grids(o.grid, grid)
+    return grid, dist, device
+
+
+def block_result(r, grid: ProcessGrid, dist: Distribution) -> DistArray:
+    """The local result ``r`` of an elementwise function as this rank's block of ``dist``
+    (materialized when every operand was broadcast; no messages)."""
+    block = dist.block_shape(grid.coords)
+    xp = array_module(r) if hasattr(r, "shape") else np
+    r = xp.asarray(r)
+    if tuple(r.shape) != block:
+        r = xp.broadcast_to(r, block).copy()
+    return DistArray(r, dist, grid)
+
+
+@collective_entry
+def elementwise(fn, name: str, operands, /, **kwargs) -> DistArray:
+    """``fn(*local operands, **kwargs)`` under the alignment rule of :mod:`disttensor.core.array`:
+    the result takes the layout of the first DistArray operand of the full result shape;
+    other operands are redistributed, NumPy arrays and scalars are replicated values.
+    ``fn`` must be elementwise (its result has the broadcast shape)."""
+    ops = [np.asarray(o) if isinstance(o, (list, tuple)) else o for o in operands]
+    anchor = next((o for o in ops if isinstance(o, DistArray)), None)
+    with agreed(None if anchor is None else anchor.grid.cart, name,
+                **{f"x{i}": operand_key(o) for i, o in enumerate(ops, 1)},
+                **{k: canon(v) if not isinstance(v, DistArray) else v
+                   for k, v in kwargs.items()}):
+        if anchor is None:
+            raise TypeError(f"{name} needs at least one DistArray operand")
+        grid, dist, device = elementwise_layout(ops)
+    locs = [align(o, grid, dist, device) for o in ops]
+    return block_result(fn(*locs, **kwargs), grid, dist)
+
+
 def _may_fail_on_data(ufunc, locals_) -> bool:
     if ufunc is np.power and any(getattr(v, "dtype", None) is not None and v.dtype.kind in "iu"
                                  for v in locals_[1:]):
@@ -122,9 +169,10 @@ def array_ufunc(ufunc, method, inputs, kwargs):
             return NotImplemented
         if set(kwargs) - {"axis", "keepdims", "dtype", "out"}:
             return NotImplemented  # where=/initial= are not implemented: never ignore them
-        return getattr(reductions, _REDUCE[ufunc])(
-            x, axis=kwargs.get("axis", 0), keepdims=kwargs.get("keepdims", False),
-            **({"dtype": kwargs["dtype"]} if "dtype" in kwargs and _REDUCE[ufunc] in ("sum", "prod") else {}))
+        op = _REDUCE[ufunc]
+        dtype = {"dtype": kwargs["dtype"]} if "dtype" in kwargs and op in ("sum", "prod") else {}
+        return getattr(reductions, op)(
+            x, axis=kwargs.get("axis", 0), keepdims=kwargs.get("keepdims", False), **dtype)
     if method != "__call__":
         return NotImplemented
     if ufunc.signature is not None:  # gufuncs: np.matmul, np.vecdot (disttensor.linalg)

@@ -417,8 +417,9 @@ LAZY_CASES = {
 
 @pytest.mark.parametrize("name", sorted(LAZY_CASES))
 def test_functions_of_other_modules_through_the_namespace(name):
-    """The names the namespace takes from disttensor.routines.sorting/scans/setfuncs/linalg give
-    strict's results (linear algebra to 1e-12 relative) on a matrix split over all ranks."""
+    """The names the namespace takes from other modules (disttensor.routines.sorting,
+    .searching, .sets, .scans, disttensor.linalg) give strict's results (linear algebra to
+    1e-12 relative) on a matrix split over all ranks."""
     if not hasattr(xp, name):
         pytest.skip(f"{name}: {xp._LAZY[name]} does not provide it yet")
     a = np.random.default_rng(7).uniform(-3, 3, (2 * SIZE + 1, 3)).round(1)

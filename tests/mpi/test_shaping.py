@@ -1,4 +1,6 @@
-"""disttensor.routines.manipulation.dims against NumPy float64 on random shapes and layouts (1-D/2-D/3-D grids,
+"""The shaping and utility routines (disttensor.routines.manipulation, .padding, .logic,
+.mathematical, .indexing take, .sets isin, .creation eye/meshgrid/tril/triu, the nan-reductions)
+against NumPy float64 on random shapes and layouts (1-D/2-D/3-D grids,
 splits over any grid axis, uneven and empty blocks, replicated axes): every result block must
 equal NumPy's exactly (shape functions move data; the elementwise ones are exact), the
 nan-reductions to 1e-12 relative (a different summation order than NumPy's pairwise sum over
@@ -155,12 +157,13 @@ def test_elementwise_and_diff(c1, c2, data):
     n = data.draw(st.integers(0, 3))
     check(dt.diff(x, n, t) if hasattr(dt, "diff") else np.diff(x, n, t), np.diff(a, n, t),
           "diff")
-    from disttensor import shaping
-    check(shaping.diff(x, 1, t, prepend=x, append=x),
+    from disttensor.routines.mathematical import diff
+    from disttensor.routines.sets import isin
+    check(diff(x, 1, t, prepend=x, append=x),
           np.diff(a, 1, t, prepend=a, append=a), "diff prepend/append")
     r = np.round(a)
     test = np.round(b).reshape(-1)[:3]
-    check(shaping.isin(dist(r, layout), test), np.isin(r, test), "isin")
+    check(isin(dist(r, layout), test), np.isin(r, test), "isin")
     check(np.isin(dist(r, layout), dt.from_global(test), invert=True),
           np.isin(r, test, invert=True), "np.isin invert, distributed test values")
 
@@ -169,7 +172,7 @@ def test_elementwise_and_diff(c1, c2, data):
 @given(case(min_side=1), st.data())
 @collective_checks
 def test_take(c, data):
-    from disttensor import shaping
+    from disttensor.routines.indexing import take, take_along_axis
     shape, layout, seed = c
     a = rand(shape, seed)
     x = dist(a, layout)
@@ -177,13 +180,13 @@ def test_take(c, data):
     t = data.draw(st.integers(0, nd - 1))
     idx = np.array(data.draw(st.lists(st.integers(-shape[t], shape[t] - 1), max_size=6)),
                    dtype=np.int64)
-    check(shaping.take(x, idx, t), np.take(a, idx, t), "take")
-    check(shaping.take(x, idx.reshape(-1, 1)[:2], t), np.take(a, idx.reshape(-1, 1)[:2], t),
+    check(take(x, idx, t), np.take(a, idx, t), "take")
+    check(take(x, idx.reshape(-1, 1)[:2], t), np.take(a, idx.reshape(-1, 1)[:2], t),
           "take 2-d indices")
-    check(shaping.take(x, idx), np.take(a, idx) if a.size else np.take(a, idx), "take flat")
+    check(take(x, idx), np.take(a, idx) if a.size else np.take(a, idx), "take flat")
     ia = np.random.default_rng(seed).integers(-shape[t], shape[t], size=shape)
     ix = dist(ia, data.draw(layouts(shape, SIZE)))
-    got = shaping.take_along_axis(x, ix, t)
+    got = take_along_axis(x, ix, t)
     check(got, np.take_along_axis(a, ia, t), "take_along_axis")
     expect(got.distribution == ix.distribution, "take_along_axis layout")
 

@@ -1,8 +1,8 @@
 """Sorting, searching, selections and statistics of DistArrays (disttensor.routines.sorting,
-disttensor.routines.sets) against NumPy: exact comparisons (sorting, searching, counting and
-selection are exact; quantiles to 1e-12 relative), on 1-D and 2-D grids with every split,
-uneven and empty blocks, data with many ties and NaNs; argsort stability; results keep the
-documented distributions; bad input raises on every rank."""
+.searching, .indexing masks, .statistics, .sets) against NumPy: exact comparisons (sorting,
+searching, counting and selection are exact; quantiles to 1e-12 relative), on 1-D and 2-D
+grids with every split, uneven and empty blocks, data with many ties and NaNs; argsort
+stability; results keep the documented distributions; bad input raises on every rank."""
 from __future__ import annotations
 
 import numpy as np

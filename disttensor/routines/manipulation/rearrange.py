@@ -1,0 +1,106 @@
+"""Rearranging elements (NumPy's "Rearranging elements"): ``flip`` and ``roll``.
+
+* ``flip``: along a split axis the block of grid coordinate ``c`` goes to ``p-1-c`` (one
+  ``Sendrecv`` with the mirrored rank) and the ownership sizes are reversed; along an unsplit
+  axis the block is reversed locally.
+* ``roll``: along each rolled axis, the concatenation of the two slices ``x[n-s:]`` and
+  ``x[:n-s]`` (slicing moves nothing; the concatenation is one redistribution), redistributed
+  back to the input's ownership sizes: a shift moves at most two pieces per block, so each rank
+  sends to and receives from at most two ranks along that grid axis.  The result has the
+  input's distribution.  ``axis=None`` rolls the flattened array.
+
+Both collective over the grid of ``x``; the ranks agree on the axes and shifts.
+"""
+from __future__ import annotations
+
+import numbers
+import operator
+
+import numpy as np
+
+from ...core.array import DistArray
+from ...core.entry import agreed, canon, collective_entry
+from ...core.backend import array_module, to_host
+from .._operands import axis_index, axis_tuple, check_array
+from .join import concatenate
+
+__all__ = ["flip", "roll"]
+
+
+@collective_entry
+def flip(x: DistArray, axis) -> DistArray:
+    """Reverse ``x`` along ``axis`` (int or tuple).  Along a split axis the block of grid
+    coordinate ``c`` goes to ``p-1-c`` and the ownership sizes are reversed."""
+    check_array(x, None)
+    if isinstance(axis, range):
+        axis = tuple(axis)
+    with agreed(x.grid.cart, "flip", x=x, axis=canon(axis)):
+        axes = axis_tuple(axis, x.ndim)  # AxisError / repeated-axis ValueError as NumPy
+    y = x
+    for t in axes:
+        idx = [slice(None)] * y.ndim
+        idx[t] = slice(None, None, -1)
+        loc = y.local[tuple(idx)]
+        dist = y.distribution
+        g = dist.split[t]
+        if g is None:
+            y = DistArray(loc.copy(), dist, y.grid)
+            continue
+        sizes = dist.sizes(t)[::-1]
+        new = dist.with_sizes(t, sizes)
+        p = y.grid.dims[g]
+        c = y.grid.coords[g]
+        partner = p - 1 - c
+        xp = array_module(loc)
+        sub = y.grid.sub_comm([g])  # collective on first use: every rank, the middle one too
+        if partner == c:
+            out = loc.copy()
+        else:
+            shape = new.block_shape(y.grid.coords)
+            send = np.ascontiguousarray(to_host(loc))
+            recv = np.empty(shape, dtype=y.dtype)
+            sub.Sendrecv(send, dest=partner, sendtag=17, recvbuf=recv, source=partner, recvtag=17)
+            out = recv if xp is np else xp.asarray(recv)
+        y = DistArray(out, new, y.grid)
+    return y
+
+
+@collective_entry
+def roll(x: DistArray, shift, axis=None) -> DistArray:
+    """Elements shifted by ``shift`` along ``axis`` (ints or tuples, wrapping around); the
+    result has ``x``'s distribution.  ``axis=None`` rolls the flattened array."""
+    check_array(x)
+    with agreed(x.grid.cart, "roll", x=x, shift=canon(shift), axis=canon(axis)):
+        if axis is None:
+            if not isinstance(shift, numbers.Integral):
+                raise TypeError("roll with axis=None needs an integer shift")
+            axes = shifts = None
+        else:
+            axes = (axis,) if isinstance(axis, numbers.Integral) else tuple(axis)
+            axes = tuple(axis_index(a, x.ndim) for a in axes)
+            shifts = (shift,) if isinstance(shift, numbers.Integral) else tuple(shift)
+            shifts = tuple(operator.index(s) for s in shifts)
+            if len(shifts) == 1:
+                shifts = shifts * len(axes)
+            elif len(axes) == 1:
+                axes = axes * len(shifts)
+            if len(shifts) != len(axes):
+                raise ValueError("'shift' and 'axis' should be scalars or 1D sequences")
+    if axes is None:
+        flat = x.reshape(-1)
+        return roll(flat, shift, 0).reshape(x.shape)
+    total: dict[int, int] = {}
+    for a, s in zip(axes, shifts):
+        total[a] = total.get(a, 0) + s
+    y = x
+    for a, s in total.items():
+        n = x.shape[a]
+        s = s % n if n else 0
+        if s == 0:
+            continue
+        pre = (slice(None),) * a
+        y = concatenate([y[pre + (slice(n - s, n),)], y[pre + (slice(0, n - s),)]], axis=a)
+        if y.distribution != x.distribution:
+            y = y.redistribute(distribution=x.distribution)
+    return y.copy() if y is x else y
+
