@@ -17,8 +17,9 @@ from .module import Module, ModuleList, Parameter, Sequential, sequential_layers
 from .parallel import DistributedDataParallel, GradientReducer, check_replicas
 from .pipeline import Pipeline
 
-__all__ = ["amp", "functional", "init", "lr_scheduler", "models", "optim", "parallel", "partition", "utils",
-           "Module", "ModuleList", "Parameter", "Sequential", "sequential_layers", "Conv1d", "Conv2d", "Conv3d",
+__all__ = ["amp", "functional", "init", "lr_scheduler", "models", "optim", "parallel",
+           "partition", "utils", "Module", "ModuleList", "Parameter", "Sequential",
+           "sequential_layers", "Conv1d", "Conv2d", "Conv3d",
            "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d", "MaxPool1d", "MaxPool2d",
            "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d", "BatchNorm1d", "BatchNorm2d",
            "BatchNorm3d", "ReLU", "LeakyReLU", "ELU", "Sigmoid", "Tanh", "ScaledTanh",

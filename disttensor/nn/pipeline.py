@@ -24,8 +24,9 @@ Every rank builds the whole model from the same seed (checked: the replicas are 
 construction); the pipeline keeps this rank's layers as :attr:`Pipeline.stage_module` (a
 ``Sequential``) and :meth:`Pipeline.parameters` yields only those, so an optimizer built on
 them updates this stage; ``pipe.to("cuda")`` moves only this stage's layers to the device
-(the other stages' copies stay on the host, unused).  The gradients of a stage's parameters are summed over the stage
-grid (groups x spatial ranks) by a :class:`~disttensor.nn.parallel.GradientReducer` in
+(the other stages' copies stay on the host, unused).  The gradients of a stage's parameters
+are summed over the stage grid (groups x spatial ranks) by a
+:class:`~disttensor.nn.parallel.GradientReducer` in
 accumulation mode (:meth:`~disttensor.nn.parallel.GradientReducer.accumulate`): every
 micro-batch's backward adds its shares into the bucket buffers, and the bucketed
 ``MPI_Iallreduce`` starts only during the last micro-batch's backward (GroPipe's delayed,
