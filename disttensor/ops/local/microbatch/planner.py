@@ -5,7 +5,8 @@
   limit is raised to the smallest workspace, with a note and a warning once per problem;
 * :func:`pareto_set`: a layer-pass's Pareto-optimal (time, workspace) configurations;
 * :func:`run_plan`: run a plan's micro-batches (outputs written into one array, filter
-  gradients summed), on NumPy or CuPy arrays;
+  gradients summed), on NumPy or CuPy arrays; :func:`run_pass` runs one algorithm on a slice
+  of the samples (also what the entry points' timing runners do);
 * the plan store: :func:`get_plan` returns a plan from memory, from the disk cache
   (:mod:`.plan_cache`, benchmark mode) or planned now; :func:`set_limit_override` /
   :func:`limit_for` hold per-problem workspace limits, which :func:`plan_network` installs
