@@ -133,7 +133,7 @@ def _run_planned(pass_, a, b, extra, s, d, lo, hi, G, x_shape, w_shape, dtype):
     from .. import microbatch
     cp = cupy()
     problem = microbatch.ConvProblem.make(pass_, x_shape, w_shape, s, d, lo, hi, G, dtype)
-    limit = microbatch._limit_overrides.get(problem, microbatch.workspace_limit())
+    limit = microbatch.limit_for(problem)
     algos = conv_algorithms(limit)
     geo = (s, d, lo, hi, G)
     take = microbatch.rotating_slices(a.shape[0])
@@ -149,7 +149,7 @@ def _run_planned(pass_, a, b, extra, s, d, lo, hi, G, x_shape, w_shape, dtype):
             return alg.backward_filter(a[sl], b[sl], extra, *geo)
     plan = microbatch.get_plan(problem, algos, _gpu_fingerprint(), runner,
                                sync=cp.cuda.get_current_stream().synchronize, limit=limit)
-    microbatch._state.plan = plan
+    microbatch.set_last_plan(plan)
     out = microbatch.run_plan(plan, algos, pass_, a, b, extra, geo, xp=cp)
     _done("cudnn" if plan.micro_batches[-1][0].startswith("cudnn") else "im2col")
     return out

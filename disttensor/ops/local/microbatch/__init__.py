@@ -71,10 +71,6 @@ from .settings import (MODES, PASSES, POLICIES, UNDIVIDED_MARGIN, policy, tune_m
                        undivided_margin, workspace_limit)
 from .timing import candidates, measure_times, model_times, rotating_slices
 
-# the plan store's state, read and written by ops/local/gpu/conv.py (which is to switch to
-# limit_for / set_last_plan); nothing else should reach for these
-from .planner import _limit_overrides, _state  # noqa: F401,E402
-
 __all__ = [
     "PASSES", "POLICIES", "MODES", "ConvProblem", "Plan", "Config",
     "candidate_sizes", "optimal_division", "choose_division", "pareto_front", "divide_workspace",
