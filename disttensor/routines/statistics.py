@@ -6,10 +6,13 @@
 ``histogram(x, bins, range, weights)`` and ``bincount(x, weights, minlength)`` count locally
 and all-reduce over the split grid axes (replicas not counted twice); they return NumPy arrays
 (replicated on every rank), as NumPy does.  ``quantile(x, q, axis, method, keepdims)`` sorts
-along ``axis`` (distributed sort above) and reads the order statistics it needs with integer
-indexing, combining them with NumPy's formulas (methods ``linear``, ``lower``, ``higher``,
-``nearest``, ``midpoint``); a line holding a NaN gives NaN.  ``percentile`` = ``quantile(q /
-100)``; ``median`` = ``quantile(0.5)``.
+along ``axis`` (the distributed sort of :mod:`disttensor.routines.sorting`) and reads the
+order statistics it needs with integer indexing (``nanquantile``: ``take_along_axis`` at each
+line's count of non-NaN elements), combining them with NumPy's formulas (methods
+``linear``, ``lower``, ``higher``, ``nearest``, ``midpoint``); a line holding a NaN gives NaN
+(``quantile``).  ``percentile`` = ``quantile(q / 100)``; ``median`` = ``quantile(0.5)``.  The
+result is laid out like a reduction of ``x`` over ``axis`` (a vector ``q`` adds a leading
+unsplit axis).
 """
 from __future__ import annotations
 
