@@ -1,9 +1,16 @@
 """disttensor: NumPy-style distributed arrays over MPI process grids.
 
 A :class:`DistArray` is a global N-d array whose blocks live on the ranks of a
-:class:`ProcessGrid` under an explicit block :class:`Distribution`.  See ``DESIGN.md`` and the
-module docstrings of :mod:`disttensor.core.array`, :mod:`disttensor.core.halo` and
-:mod:`disttensor.core.redistribute`.
+:class:`ProcessGrid` under an explicit block :class:`Distribution`.  This namespace holds the
+NumPy-style functions (``dt.zeros``, ``dt.sum``, ``dt.concatenate``, ``dt.matmul``, ...) and
+``dt.linalg``, ``dt.fft``, ``dt.random``, ``dt.npyio``; the other subpackages load when imported
+(``import disttensor.nn``): ``array_api``, ``ops`` (distributed CNN ops), ``autograd``, ``nn``,
+``io`` (parallel HDF5).
+
+Where things live: ``docs/architecture.md`` (the layers in import order: ``core/`` the
+foundation, ``routines/`` the NumPy front by the sections of NumPy's manual, then ``linalg/``,
+``fft/``, ``ops/``, ``io/``, ``autograd/``, ``nn/``, ``train/``); the array library:
+``docs/arrays.md``; training: ``docs/training.md``.
 """
 import os as _os
 import sys as _sys
@@ -22,17 +29,17 @@ from numpy import (absolute, abs, add, arccos, arcsin, arctan, arctan2, ceil, cl
                    minimum, mod, multiply, negative, not_equal, power, reciprocal, remainder,
                    rint, sign, sin, sinh, sqrt, square, subtract, tan, tanh, true_divide, trunc)
 
-from . import random
-from .core.array import DistArray
-from .routines.creation import (arange, empty, empty_like, eye, from_global, full, full_like,
-                                linspace, meshgrid, ones, ones_like, tril, triu, zeros,
-                                zeros_like)
-from .core.agreement import ArgumentMismatchError
-from .core.comm import CollectiveError
 from .core import watchdog as _watchdog  # noqa: F401  (DISTTENSOR_COLLECTIVE_TIMEOUT, at import)
+from .core.agreement import ArgumentMismatchError
+from .core.array import DistArray
+from .core.comm import CollectiveError
 from .core.distribution import Distribution
 from .core.grid import ProcessGrid, get_default_grid, set_default_grid
 from .core.halo import HaloExchange
+from .routines import npyio  # parallel .npy: dt.npyio.save / dt.npyio.load
+from .routines.creation import (arange, empty, empty_like, eye, from_global, full, full_like,
+                                linspace, meshgrid, ones, ones_like, tril, triu, zeros,
+                                zeros_like)
 from .routines.logic import allclose, array_equal, isclose
 from .routines.manipulation import (broadcast_arrays, broadcast_to, concatenate, expand_dims,
                                     flip, moveaxis, repeat, reshape, roll, squeeze, stack,
@@ -47,9 +54,8 @@ from .routines.sets import unique, unique_all, unique_counts, unique_inverse, un
 from .routines.sorting import argsort, sort
 from .routines.statistics import (bincount, histogram, median, nanmedian, nanpercentile,
                                   nanquantile, percentile, quantile)
-from .linalg import einsum, matmul, tensordot, vecdot  # noqa: E402  (also binds disttensor.linalg)
-from . import fft  # noqa: E402  (disttensor.fft: distributed FFTs)
-from .routines import npyio  # noqa: E402  (parallel .npy: dt.npyio.save / dt.npyio.load)
+from . import fft, linalg, random  # NumPy's subpackages: dt.fft, dt.linalg, dt.random
+from .linalg import einsum, matmul, tensordot, vecdot
 
 __version__ = "0.1.0"
 

@@ -61,7 +61,7 @@ def _all_algorithms():
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 @pytest.mark.parametrize("name", sorted(_all_algorithms()))
 def test_every_algorithm_matches_reference(case, name):
-    """Each algorithm of the registry (cpu_conv_direct's included when it imports), on every
+    """Each algorithm of the registry (the direct kernels included when they import), on every
     pass, over strides, dilations, asymmetric padding, groups and odd batches."""
     x, w, dy, geo = _data(case)
     y_ref, dx_ref, dw_ref = _reference(x, w, dy, geo)

@@ -1,5 +1,5 @@
 """GPU local kernels (per rank, no MPI): the same functions and contracts as the CPU kernels in
-:mod:`..cpu_conv`, :mod:`..cpu_pool` and :mod:`..cpu_pointwise`, on CuPy arrays.
+:mod:`..cpu.conv_im2col`, :mod:`..cpu.pool` and :mod:`..cpu.pointwise`, on CuPy arrays.
 
 * Convolution (``conv_forward``, ``conv_backward_data``, ``conv_backward_filter``;
   :mod:`.conv`): cuDNN through NVIDIA's cuDNN frontend (:mod:`.cudnn_conv`) when it imports,

@@ -1,4 +1,4 @@
-"""GPU activations and channel softmax on CuPy arrays: the contracts of :mod:`..cpu_pointwise`
+"""GPU activations and channel softmax on CuPy arrays: the contracts of :mod:`..cpu.pointwise`
 (``activation_forward``/``activation_backward``, ``softmax_channels``,
 ``log_softmax_channels``, ``softmax_channels_backward``), with the RawKernels of
 ``kernels/pointwise.cu``.

@@ -1,5 +1,5 @@
 """GPU per-channel statistics and batch-norm apply on CuPy arrays: the contracts of
-:mod:`..cpu_pointwise` (``channel_sums``, ``channel_sums_backward``, ``bn_forward_apply``,
+:mod:`..cpu.pointwise` (``channel_sums``, ``channel_sums_backward``, ``bn_forward_apply``,
 ``bn_backward_apply``), with the RawKernels of ``kernels/pointwise.cu``.
 
 Any layout ``(N, C, *spatial)`` (ndim >= 2).  The sums are float64 and deterministic run to run

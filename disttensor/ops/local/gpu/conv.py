@@ -1,5 +1,6 @@
 """GPU convolution entry points (``conv_forward``, ``conv_backward_data``,
-``conv_backward_filter``) on CuPy arrays: the contracts of :mod:`..cpu_conv`, per rank, no MPI.
+``conv_backward_filter``) on CuPy arrays: the contracts of :mod:`..cpu.conv_im2col`, per rank,
+no MPI.
 
 Backend choice per call:
 

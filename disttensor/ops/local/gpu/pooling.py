@@ -1,5 +1,5 @@
 """GPU 3-D max / average pooling (``pool_forward``, ``pool_backward``) on CuPy arrays: the
-contracts of :mod:`..cpu_pool`, with the RawKernels of ``kernels/pool.cu``.
+contracts of :mod:`..cpu.pool`, with the RawKernels of ``kernels/pool.cu``.
 
 ``x`` is ``(N, C, D, H, W)``; ``kernel``/``stride``/``pad_lo``/``pad_hi`` are 3-tuples (an int
 means the same value on every axis), padding may be asymmetric.  Outputs have the input dtype

@@ -75,7 +75,7 @@ class Direct:
         self.name, self.rows, self.vecs, self._run = name, rows, vecs, runner
 
     def __repr__(self):
-        return f"<cpu_conv_direct {self.name}: {self.rows} rows x {self.vecs} vectors>"
+        return f"<conv_direct {self.name}: {self.rows} rows x {self.vecs} vectors>"
 
     # ---- the gathered GEMM
     def _gemm(self, xf, a_pk, row_off, red_off, dtype, dst=None):
@@ -226,7 +226,7 @@ class WeightBroadcast(Direct):
     weights_on_rows = True
 
     def __repr__(self):
-        return f"<cpu_conv_direct {self.name}: {self.rows} channels x {self.vecs} vectors>"
+        return f"<conv_direct {self.name}: {self.rows} channels x {self.vecs} vectors>"
 
     def workspace_bytes(self, pass_, x_shape, w_shape, stride, dilation, pad_lo, pad_hi,
                         groups, dtype) -> int:

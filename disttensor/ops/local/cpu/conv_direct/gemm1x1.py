@@ -28,7 +28,7 @@ class Gemm1x1:
     name = "gemm1x1"
 
     def __repr__(self):
-        return "<cpu_conv_direct gemm1x1>"
+        return "<conv_direct gemm1x1>"
 
     def supports(self, pass_, x_shape, w_shape, stride, dilation, pad_lo, pad_hi, groups,
                  dtype) -> bool:

@@ -10,7 +10,7 @@
 // real cells and argmax the flat window position kd*kH*kW + kh*kW + kw of the FIRST maximal
 // real cell in row-major window order, NaN counting as maximal (the first NaN wins); a window
 // without real cells (a pad >= k) gives -inf and argmax 0 (a padding cell: no gradient).
-// (The contract of cpu_pool.)
+// (The contract of ops/local/cpu/pool.py.)
 // Avg: padding counts as zero; divisor kD*kH*kW (count_include_pad) or the number of
 // non-padding cells of the window (a window with none of those gives 0).
 // Backward kernels gather per input cell (deterministic, no atomics; overlapping windows add).
