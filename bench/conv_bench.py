@@ -12,8 +12,8 @@ Every figure is a ratio against a baseline measured in the same run, interleaved
 (median of ``--reps``).  Local layers (k=3 'same', float32, batch ``--batch``): CosmoFlow's
 conv layers on a ``--size``^3 input (default 64: 4->32 on 64^3 ... 256->512 on 4^3) and the
 3D U-Net's (encoder, bottom, decoder, 1x1 head) on a ``--unet-size``^3 input (default 32).
-Our algorithms: ``im2col`` (:mod:`disttensor.ops.local.cpu.conv_im2col`, tiled columns + BLAS) and
-every entry of :data:`disttensor.ops.local.cpu.conv_direct.ALGORITHMS`; "best" takes the
+Our algorithms: ``im2col`` (:mod:`disttensor.ops.local.cpu.conv_im2col`, tiled columns + BLAS)
+and every entry of :data:`disttensor.ops.local.cpu.conv_direct.ALGORITHMS`; "best" takes the
 fastest algorithm per pass (forward, backward data, backward filter), as the planner would.
 """
 from __future__ import annotations

@@ -25,6 +25,7 @@ from mpi4py import MPI
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import disttensor as dt  # noqa: E402
+from disttensor.core.distribution import balanced_sizes  # noqa: E402
 from _results import record  # noqa: E402
 from _timing import compare  # noqa: E402
 
@@ -41,7 +42,7 @@ def main() -> None:
     n = int(args.n)
     grid = dt.ProcessGrid((COMM.size,))
     rng = np.random.default_rng(1234 + COMM.rank)
-    sizes = dt.distribution.balanced_sizes(n, COMM.size)
+    sizes = balanced_sizes(n, COMM.size)
     x = dt.from_local(rng.random(sizes[COMM.rank]), grid=grid, split=(0,))
     full = None
     if COMM.rank == 0:

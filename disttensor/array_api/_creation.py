@@ -2,8 +2,8 @@
 
 Every function is collective over the grid (the default grid unless ``grid=`` is given) and
 takes the standard's arguments plus the keyword-only extensions ``grid``, ``split`` and
-``sizes`` of :mod:`disttensor.routines.creation` (the layout; default: axis 0 split over all ranks of
-a 1-D grid, the default split of :func:`disttensor.core.layout.default_split`).  ``device`` is
+``sizes`` of :mod:`disttensor.routines.creation` (the layout; default: axis 0 split over all
+ranks of a 1-D grid, the default split of :func:`disttensor.core.layout.default_split`).  ``device`` is
 ``'cpu'`` or ``'cuda'`` (``None``: ``'cpu'``).  Default dtypes: ``float64``, ``int64``,
 ``complex128``, ``bool`` (see ``__array_namespace_info__().default_dtypes()``).
 """

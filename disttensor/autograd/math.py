@@ -3,8 +3,8 @@ functions, reductions, reshape/transpose, indexing, concatenation and redistribu
 
 Operands may mix DistArray tensors, replicated (NumPy/CuPy) tensors, Python numbers and plain
 arrays; the forward is the library's own NumPy-style operation (so the alignment rule of
-:mod:`disttensor.routines.ufuncs` applies).  Each backward returns every input's gradient shaped and
-distributed like that input: broadcast axes are summed out (a collective reduction for
+:mod:`disttensor.routines.ufuncs` applies).  Each backward returns every input's gradient shaped
+and distributed like that input: broadcast axes are summed out (a collective reduction for
 DistArrays), and operands the forward redistributed get their gradient redistributed back.
 Gradients that reach a replicated tensor from a DistArray are full sums over the grid, so they
 are the same on every rank.

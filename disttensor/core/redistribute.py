@@ -5,7 +5,8 @@ single collective step: every piece (the intersection of this rank's source bloc
 destination block) is one point-to-point message on a private duplicate of the communicator,
 and pieces a rank keeps are copied locally while the messages fly.  Contiguous pieces move
 straight from the source block / into the destination block; the others are packed (see
-:class:`disttensor.core.comm.PieceExchange` for why not MPI subarray datatypes, and for GPU blocks).
+:class:`disttensor.core.comm.PieceExchange` for why not MPI subarray datatypes, and for GPU
+blocks).
 Point to point rather than ``MPI_Alltoallv``/``Alltoallw``: a rank talks only to the ranks its
 block meets, which is few for the usual redistributions on large grids, and nothing is sent
 to or copied through itself.

@@ -1,7 +1,7 @@
 """Distributed max and average pooling (1-D, 2-D, 3-D), forward and backward.
 
-Same decomposition as :mod:`.convolution`: outputs are owned by the block owning their window centre
-(kernel != stride and windows crossing block boundaries are fine), each rank exchanges the halo
+Same decomposition as :mod:`.convolution`: outputs are owned by the block owning their window
+centre (kernel != stride and windows crossing block boundaries are fine), each rank exchanges the halo
 its outputs read and pads only at global boundaries (``-inf`` for max, zero for average, as
 PyTorch).  Backward routes gradients into the rank's read window, halo cells included (a max
 that sits in a neighbour's cell), and the reverse halo exchange adds them to their owners.

@@ -1,5 +1,5 @@
-"""disttensor.routines.npyio: parallel .npy save/load against numpy.save/numpy.load, for random shapes,
-dtypes and layouts (1-3-D grids, uneven and empty blocks, replicated axes), Fortran-order and
+"""disttensor.routines.npyio: parallel .npy save/load against numpy.save/numpy.load, for random
+shapes, dtypes and layouts (1-3-D grids, uneven and empty blocks, replicated axes), Fortran-order and
 big-endian files, the atomic replacement (a failed save leaves the previous file and no
 temporary file), and errors raised on every rank."""
 from __future__ import annotations
