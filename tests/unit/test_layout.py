@@ -30,6 +30,7 @@ LAYERS = {
     "nn": {"core", "routines", "random", "ops", "autograd", "io"},
     "train": {"core", "routines", "random", "ops", "autograd", "io", "nn"},
     "info": {"core", "ops"},
+    "testing": {"core", "routines"},
 }
 LAYERS[""] = set(LAYERS)  # disttensor/__init__.py gathers the public names of all
 
