@@ -172,17 +172,15 @@ def _worst(a, d, bad, offset):
     if not bad.any() or a.dtype.kind not in "biufc" or d.dtype.kind not in "biufc":
         return None, None
     wide = np.result_type(a.dtype, d.dtype, np.float64)
-    av, dv = a[bad].astype(wide), d[bad].astype(wide)
+    av, dv, where = a[bad], d[bad], np.argwhere(bad)
     with np.errstate(all="ignore"):
-        diff = np.abs(av - dv)
-        rel = diff / np.abs(dv)
-    where = np.argwhere(bad)
+        diff = np.abs(av.astype(wide) - dv.astype(wide))
+        rel = diff / np.abs(dv.astype(wide))
     out = []
     for values in (diff, rel):
-        finite = np.where(np.isnan(values), -np.inf, values)
-        i = int(np.argmax(finite))
+        i = int(np.argmax(np.where(np.isnan(values), -np.inf, values)))  # NaN only if all are
         index = tuple(int(o + j) for o, j in zip(offset, where[i]))
-        out.append((float(values[i]), index, a[bad][i].item(), d[bad][i].item()))
+        out.append((float(values[i]), index, av[i].item(), dv[i].item()))
     return tuple(out)
 
 
