@@ -32,7 +32,7 @@ import disttensor as dt
 import disttensor.array_api as xp
 from checks import SIZE, check_blocks as check, collective_checks, dist, examples, expect
 from conftest import assert_all_ranks, assert_raises_all
-from strategies import layouts, shapes
+from disttensor.testing.strategies import layouts, shapes
 
 COMM = MPI.COMM_WORLD
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")

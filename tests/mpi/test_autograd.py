@@ -36,7 +36,7 @@ from disttensor.nn import functional as F
 from checks import COMM, SIZE, examples, expect, grid
 from conftest import assert_raises_all
 from gradchecks import close, directional_check, guarded, like, scatter, value_of
-from strategies import layouts
+from disttensor.testing.strategies import layouts
 
 RTOL = 1e-12
 ATOL = 1e-12

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import disttensor as dt
 from checks import COMM, SIZE, examples, grid, expect, collective_checks, check_blocks as check
-from strategies import layouts, shapes
+from disttensor.testing.strategies import layouts, shapes
 
 RANK = COMM.Get_rank()
 

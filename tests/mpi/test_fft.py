@@ -25,7 +25,7 @@ from checks import (SIZE, COMM, check_blocks as check, collective_checks, dist, 
                     grid, last_rank_only, mismatch)
 from conftest import assert_raises_all
 from disttensor.fft import plan_transposes
-from strategies import layouts
+from disttensor.testing.strategies import layouts
 
 NORMS = [None, "backward", "ortho", "forward"]
 # NumPy's references with s but no axes warn (deprecated spelling, still NumPy 2 semantics)

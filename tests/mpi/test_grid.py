@@ -12,7 +12,7 @@ from mpi4py import MPI
 import disttensor as dt
 from conftest import assert_all_ranks
 from disttensor.core.distribution import coords_to_rank, rank_to_coords
-from strategies import all_grid_dims
+from disttensor.testing.strategies import all_grid_dims
 
 COMM = MPI.COMM_WORLD
 SIZE = COMM.Get_size()

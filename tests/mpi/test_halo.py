@@ -18,7 +18,7 @@ from mpi4py import MPI
 
 import disttensor as dt
 from conftest import assert_all_ranks, assert_allclose_all
-from strategies import layouts
+from disttensor.testing.strategies import layouts
 
 COMM = MPI.COMM_WORLD
 SIZE = COMM.Get_size()

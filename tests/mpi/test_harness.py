@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from mpi4py import MPI
 
 from conftest import assert_all_ranks, assert_allclose_all
-from strategies import all_grid_dims, explicit_sizes, grid_dims, shapes, splits
+from disttensor.testing.strategies import all_grid_dims, explicit_sizes, grids, shapes, splits
 
 SIZE = MPI.COMM_WORLD.Get_size()
 
@@ -27,7 +27,7 @@ def test_hypothesis_profile_is_deterministic():
     assert s.max_examples == int(os.environ.get("DISTTENSOR_HYPOTHESIS_EXAMPLES", "25"))
 
 
-@given(dims=grid_dims(SIZE, 3), shape=shapes(0, 4, 5), data=st.data())
+@given(dims=grids(SIZE, 3), shape=shapes(0, 4, 5), data=st.data())
 def test_all_ranks_draw_the_same_examples(comm, dims, shape, data):
     split = data.draw(splits(len(shape), len(dims)))
     sizes = data.draw(explicit_sizes(shape[0] if shape else 0, dims[0]))
@@ -37,7 +37,7 @@ def test_all_ranks_draw_the_same_examples(comm, dims, shape, data):
                      f"rank {comm.Get_rank()} drew {mine}, others {everyone}")
 
 
-@given(dims=grid_dims(SIZE, 3), ndim=st.integers(0, 5), data=st.data())
+@given(dims=grids(SIZE, 3), ndim=st.integers(0, 5), data=st.data())
 def test_strategy_invariants(comm, dims, ndim, data):
     assert math.prod(dims) == SIZE and 1 <= len(dims) <= 3
     split = data.draw(splits(ndim, len(dims)))

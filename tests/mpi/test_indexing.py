@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import disttensor as dt
 from checks import SIZE, examples, grid, dist, expect, collective_checks, check_blocks as check
-from strategies import layouts, shapes
+from disttensor.testing.strategies import layouts, shapes
 
 
 def outcome(fn):

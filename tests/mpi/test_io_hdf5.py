@@ -18,7 +18,7 @@ from disttensor import io
 from disttensor.core.agreement import ArgumentMismatchError
 from disttensor.io import _atomic, _h5file, _sessions, _space, _temps
 from conftest import assert_all_ranks, assert_allclose_all, assert_raises_all
-from strategies import explicit_sizes, grid_dims, shapes, splits
+from disttensor.testing.strategies import explicit_sizes, grids, shapes, splits
 
 SIZE = MPI.COMM_WORLD.Get_size()
 DRIVERS = [d for d in ("mpio", "independent") if io.hdf5_driver_available(d)]
@@ -53,7 +53,7 @@ def _no_temp_files(comm, d):
 
 @st.composite
 def layouts(draw, ndim_max=4):
-    dims = draw(grid_dims(SIZE, 3))
+    dims = draw(grids(SIZE, 3))
     shape = draw(shapes(0, ndim_max, 5))
     split = draw(splits(len(shape), len(dims)))
     sizes = []

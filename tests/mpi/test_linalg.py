@@ -23,7 +23,7 @@ from disttensor.linalg import matrix_product as MP, operands as O, summa as S
 from checks import (COMM, SIZE, check_blocks as check, collective_checks, dist, examples, expect,
                     grid, last_rank_only, mismatch)
 from conftest import assert_raises_all
-from strategies import layouts
+from disttensor.testing.strategies import layouts
 
 EPS = np.finfo(np.float64).eps
 
@@ -76,9 +76,9 @@ def test_matmul_every_plan(data, m, k, n, plan):
     if plan in ("summa",):
         dims = data.draw(st.sampled_from([d for d in [(1, SIZE), (SIZE, 1), (2, SIZE // 2)]
                                           if np.prod(d) == SIZE]))
-        from strategies import block_sizes
-        sa = data.draw(block_sizes((m, k), dims, (0, 1)))
-        sb = data.draw(block_sizes((k, n), dims, (0, 1)))
+        from disttensor.testing.strategies import split_sizes
+        sa = data.draw(split_sizes((m, k), dims, (0, 1)))
+        sb = data.draw(split_sizes((k, n), dims, (0, 1)))
         a, b = dist(A, (dims, (0, 1), sa)), dist(B, (dims, (0, 1), sb))
     else:
         a = dist(A, data.draw(layouts((m, k), SIZE, 2)))

@@ -17,7 +17,7 @@ from disttensor import linalg as L
 from checks import (COMM, SIZE, check_blocks as check, collective_checks, dist, examples,
                     last_rank_only, mismatch)
 from conftest import assert_raises_all
-from strategies import layouts
+from disttensor.testing.strategies import layouts
 from test_linalg import rand
 
 EPS = np.finfo(np.float64).eps

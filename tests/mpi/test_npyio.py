@@ -18,7 +18,7 @@ from disttensor import npyio
 from disttensor.core.distribution import Box
 from checks import SIZE, check_blocks as check, collective_checks, dist, examples, expect, grid
 from conftest import assert_all_ranks, assert_raises_all
-from strategies import layouts, shapes
+from disttensor.testing.strategies import layouts, shapes
 
 COMM = MPI.COMM_WORLD
 DTYPES = ("float64", "float32", "int16", "uint8", "complex64", "bool")

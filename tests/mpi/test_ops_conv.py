@@ -31,7 +31,7 @@ from disttensor.ops import (conv_backward, conv_forward, conv_transpose_backward
                             conv_transpose_forward)
 from checks import COMM, SIZE, collective_checks, examples, expect, grid
 from conftest import assert_all_ranks, assert_allclose_all, assert_raises_all
-from strategies import block_sizes, grid_dims
+from disttensor.testing.strategies import grids, split_sizes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import reference as ref  # noqa: E402
@@ -104,7 +104,7 @@ def nc_layouts(draw, shape):
     """(grid dims, split, sizes) for an ``(N, C, *S)`` array on ``SIZE`` ranks: each grid axis
     goes to a spatial axis, the sample axis or nowhere (replication); the channel axis is never
     split; balanced or explicit (uneven, empty) sizes per split axis."""
-    dims = draw(grid_dims(SIZE, min(3, len(shape) - 1)))
+    dims = draw(grids(SIZE, min(3, len(shape) - 1)))
     split = [None] * len(shape)
     for g in range(len(dims)):
         free = [t for t in range(2, len(shape)) if split[t] is None]  # spatial axes first
@@ -112,7 +112,7 @@ def nc_layouts(draw, shape):
         t = draw(st.sampled_from(free))
         if t is not None:
             split[t] = g
-    sizes = draw(block_sizes(shape, dims, split))
+    sizes = draw(split_sizes(shape, dims, split))
     return dims, tuple(split), sizes
 
 

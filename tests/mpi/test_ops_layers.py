@@ -35,7 +35,7 @@ from disttensor.ops import (ACTIVATIONS, activation_backward, activation_forward
 from checks import COMM, SIZE, examples, expect, grid
 from gradchecks import guarded
 from conftest import assert_allclose_all, assert_all_ranks, assert_raises_all
-from strategies import block_sizes, grid_dims, splits
+from disttensor.testing.strategies import grids, split_sizes, splits
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import reference as ref  # noqa: E402
@@ -53,7 +53,7 @@ def nc_layouts(draw, shape, dims=None, max_grid_ndim: int = 3, need_split: bool 
     ``need_split``: some axis is split over a grid axis with more than one rank (blocks
     differ), when there is more than one rank."""
     if dims is None:
-        dims = draw(grid_dims(SIZE, max_grid_ndim))
+        dims = draw(grids(SIZE, max_grid_ndim))
     rest = draw(splits(len(shape) - 1, len(dims)))
     split = (rest[0], None) + tuple(rest[1:])
     if need_split and SIZE > 1 and not any(g is not None and dims[g] > 1 for g in split):
@@ -62,7 +62,7 @@ def nc_layouts(draw, shape, dims=None, max_grid_ndim: int = 3, need_split: bool 
         t = draw(st.sampled_from([0] + list(range(2, len(shape)))))
         split = tuple(None if g == big else g for g in split)
         split = split[:t] + (big,) + split[t + 1:]
-    sizes = draw(block_sizes(shape, dims, split))
+    sizes = draw(split_sizes(shape, dims, split))
     return tuple(dims), split, tuple(sizes)
 
 
@@ -70,7 +70,7 @@ def nc_layouts(draw, shape, dims=None, max_grid_ndim: int = 3, need_split: bool 
 def any_layouts(draw, shape, dims):
     """A layout of any axes (no channel axis: labels ``(N, *S)``) on the grid ``dims``."""
     split = draw(splits(len(shape), len(dims)))
-    sizes = draw(block_sizes(shape, dims, split))
+    sizes = draw(split_sizes(shape, dims, split))
     return tuple(dims), split, tuple(sizes)
 
 
@@ -504,7 +504,7 @@ def concat_cases(draw):
     rest = [draw(st.integers(1, max_side)) for _ in range(nd)]
     n = draw(st.integers(1, 4))
     chans = draw(st.lists(st.integers(1, 3), min_size=1, max_size=3))
-    dims = draw(grid_dims(SIZE, 3))
+    dims = draw(grids(SIZE, 3))
     layouts = [draw(nc_layouts((n, c, *rest), dims=dims)) for c in chans]
     return n, chans, rest, layouts, draw(st.integers(0, 2**32 - 1))
 
@@ -580,7 +580,7 @@ def loss_cases(draw):
     nd = draw(st.integers(0, 2))
     shape = (draw(st.integers(1, 4)), draw(st.integers(1, 4)),
              *[draw(st.integers(1, 4)) for _ in range(nd)])
-    dims = draw(grid_dims(SIZE, 3))
+    dims = draw(grids(SIZE, 3))
     x_layout = draw(nc_layouts(shape, dims=dims))
     t_layout = draw(nc_layouts(shape, dims=dims))
     lab_shape = (shape[0], *shape[2:])

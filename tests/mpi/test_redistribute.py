@@ -11,7 +11,7 @@ from mpi4py import MPI
 
 import disttensor as dt
 from conftest import assert_all_ranks, assert_allclose_all
-from strategies import all_grid_dims, layouts
+from disttensor.testing.strategies import all_grid_dims, layouts
 
 COMM = MPI.COMM_WORLD
 SIZE = COMM.Get_size()

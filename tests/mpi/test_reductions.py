@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import disttensor as dt
 from checks import SIZE, examples, dist, expect, collective_checks, check_blocks as check
-from strategies import layouts, shapes
+from disttensor.testing.strategies import layouts, shapes
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NumPy's empty-slice warnings
 

@@ -16,7 +16,7 @@ import disttensor as dt
 from checks import SIZE, check_blocks as check, collective_checks, dist, examples, expect, \
     last_rank_only, mismatch
 from conftest import assert_raises_all
-from strategies import layouts, shapes
+from disttensor.testing.strategies import layouts, shapes
 
 COMM = MPI.COMM_WORLD
 

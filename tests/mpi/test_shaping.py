@@ -17,7 +17,7 @@ from checks import (SIZE, check_blocks as check, collective_checks, dist, exampl
                     last_rank_only, mismatch)
 from conftest import assert_all_ranks, assert_raises_all
 from mpi4py import MPI
-from strategies import layouts, shapes
+from disttensor.testing.strategies import layouts, shapes
 
 COMM = MPI.COMM_WORLD
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")

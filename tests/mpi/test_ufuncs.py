@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import disttensor as dt
 from checks import SIZE, examples, dist, expect, collective_checks, check_blocks
-from strategies import layouts, shapes
+from disttensor.testing.strategies import layouts, shapes
 
 
 def outcome(fn):
