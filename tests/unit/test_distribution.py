@@ -12,7 +12,9 @@ from hypothesis import strategies as st
 from disttensor.core.distribution import (Box, Distribution, balanced_sizes, coords_to_rank,
                                      intersect_ranges, offsets_from_sizes, rank_to_coords)
 
-from .strategies import compositions, grid_dims_st, split_st
+from disttensor.testing.strategies import explicit_sizes as compositions
+from disttensor.testing.strategies import grids
+from disttensor.testing.strategies import splits as split_st
 
 FAST = settings(max_examples=150, deadline=None)
 MEDIUM = settings(max_examples=80, deadline=None)
@@ -28,7 +30,7 @@ def distributions(draw, max_ndim=3, max_extent=9, min_ndim=1, dims=None, explici
     """Random Distribution: 1-3 tensor axes, grid of 1-3 axes, random split, sometimes
     explicit (uneven / empty) ownership sizes."""
     if dims is None:
-        dims = draw(grid_dims_st())
+        dims = draw(st.integers(1, 24).flatmap(lambda n: grids(n, 3)))
     ndim = draw(st.integers(min_ndim, max_ndim))
     shape = tuple(draw(st.lists(st.integers(0, max_extent), min_size=ndim, max_size=ndim)))
     split = draw(split_st(ndim, len(dims)))

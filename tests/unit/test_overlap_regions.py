@@ -10,7 +10,7 @@ from disttensor.ops._spatial import overlap_regions, window_plan
 from disttensor.ops.local.cpu.conv_im2col import conv_forward
 from disttensor.ops.window import AxisWindow
 
-from .strategies import compositions
+from disttensor.testing.strategies import explicit_sizes as compositions
 
 
 @st.composite

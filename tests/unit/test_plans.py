@@ -16,7 +16,9 @@ from hypothesis import strategies as st
 
 from disttensor.core.distribution import Box, Distribution, rank_to_coords
 
-from .strategies import compositions, grid_dims_st, split_st
+from disttensor.testing.strategies import explicit_sizes as compositions
+from disttensor.testing.strategies import grids
+from disttensor.testing.strategies import splits as split_st
 from disttensor.core.plans import CommPlan, halo_axis_segments, halo_plan, redistribution_plan
 
 FAST = settings(max_examples=200, deadline=None)
@@ -50,7 +52,7 @@ def shapes(draw, max_ndim=3, max_extent=9):
 
 @st.composite
 def distributions(draw):
-    return draw(distribution_on(draw(shapes()), draw(grid_dims_st())))
+    return draw(distribution_on(draw(shapes()), draw(st.integers(1, 24).flatmap(lambda n: grids(n, 3)))))
 
 
 @st.composite

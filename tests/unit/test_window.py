@@ -5,7 +5,7 @@ from hypothesis import given, strategies as st
 
 from disttensor.ops.window import AxisWindow, normalize_padding, same_padding
 
-from .strategies import compositions
+from disttensor.testing.strategies import explicit_sizes as compositions
 
 
 @st.composite
