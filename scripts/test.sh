@@ -17,6 +17,8 @@
 #   DISTTENSOR_HYPOTHESIS_EXAMPLES=25  max_examples of hypothesis tests under MPI
 #   DISTTENSOR_MPI_IDLE_SLEEP=1        0 disables the MPICH idle-sleep shim (see below)
 #   DISTTENSOR_SYNC_TIMEOUT=120        see tests/mpi/conftest.py (ranks out of step -> abort)
+#   DISTTENSOR_TEST_TIMEOUT            per-test timeout under MPI (off; the disttensor pytest
+#                                      plugin, disttensor/testing/pytest_plugin.py)
 #   DISTTENSOR_TEST_LOG_DIR / DISTTENSOR_TEST_TMP_DIR   per-rank logs / pytest temp dirs
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -133,6 +135,7 @@ for n in $NPROCS; do
         tail -n 60 "$log" | sed "s/^/[${r%%-*}] /"
       done ;;
     86) record "tests/mpi -n $n" "FAIL(out of step)" "$secs" ;;  # see tests/mpi/conftest.py
+    87) record "tests/mpi -n $n" "FAIL(test timeout)" "$secs" ;;  # --mpi-test-timeout
     *) record "tests/mpi -n $n" "FAIL(rc=$rc)" "$secs" ;;
   esac
 done

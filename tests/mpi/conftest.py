@@ -1,37 +1,40 @@
 """Fixtures and helpers for tests that run under MPI (one pytest session per rank).
 
-Run with ``mpiexec -n N .venv/bin/python -m mpi4py scripts/mpi_pytest.py tests/mpi -q``; plain
-``pytest tests/mpi`` runs them as a one-rank job.
+Run with ``mpiexec -n N .venv/bin/python -m mpi4py scripts/mpi_pytest.py tests/mpi -q`` (or
+``mpiexec -n N .venv/bin/python -m pytest tests/mpi -q``); plain ``pytest tests/mpi`` runs them
+as a one-rank job.  The disttensor pytest plugin (``disttensor/testing/pytest_plugin.py``, an
+entry point of this package) does the MPI side: rank 0 reports, the other ranks log to files,
+each rank has its own ``--basetemp``, the outcome of every test phase is the same on every rank
+and the exit code is collective.
 
 Rules for MPI tests (all ranks run the same test at the same time):
 
 * Hypothesis: the ``disttensor-mpi`` profile loaded here is derandomized (the seed comes from
   the test itself) and has no example database, so every rank draws the same examples in the
   same order (the local constants Hypothesis would mix into its draws are switched off: they
-  depend on which modules each rank happened to import).  Never draw anything rank-dependent.  ``DISTTENSOR_HYPOTHESIS_EXAMPLES`` overrides
-  ``max_examples`` (default 25).  Hypothesis bounds shrinking by wall time (minutes), the one
-  way ranks could still drift apart; keep failing examples cheap.
+  depend on which modules each rank happened to import).  Never draw anything rank-dependent.
+  ``DISTTENSOR_HYPOTHESIS_EXAMPLES`` overrides ``max_examples`` (default 25).  Hypothesis
+  bounds shrinking by wall time (minutes), the one way ranks could still drift apart; keep
+  failing examples cheap.
 * Assertions inside a test must be collective: use :func:`assert_all_ranks` and
   :func:`assert_allclose_all` instead of a bare ``assert`` on rank-local data, so that a failure
   on one rank fails (and makes hypothesis shrink) on every rank.
-* Safety net: each test phase (setup, call, teardown) ends with a small all-gather of its
-  outcome on a private communicator.  If the phase failed on any rank it fails on every rank
-  ("failed on rank(s) [..]"), and if it was skipped on some rank it is skipped on all, so the
-  ranks never go on to different tests.  ``DISTTENSOR_SYNC_OUTCOMES=0`` turns this off.  The
-  collected test lists are compared across ranks too; if they differ the session stops on all
-  ranks instead of deadlocking in the first collective.  The net cannot help inside a test: a
-  rank that fails or skips before a collective the other ranks enter leaves them waiting (the
-  outer timeout would end the job), so decide skips from replicated facts, and agree (with
+* Safety net (the plugin): each test phase (setup, call, teardown) ends with a small
+  all-gather of its outcome on a private communicator.  If the phase failed on any rank it
+  fails on every rank ("failed on rank(s) [..]"), and if it was skipped on some rank it is
+  skipped on all, so the ranks never go on to different tests.  ``DISTTENSOR_SYNC_OUTCOMES=0``
+  turns this off.  The collected test lists are compared across ranks too.  The net cannot help
+  inside a test: a rank that fails or skips before a collective the other ranks enter leaves
+  them waiting, so decide skips from replicated facts, and agree (with
   :func:`assert_all_ranks`) before communicating.  To fail fast in that case, a rank that has
   waited ``DISTTENSOR_SYNC_TIMEOUT`` seconds (default 120) in the outcome exchange prints its
-  own outcome (the traceback that made it leave the test early) and aborts the MPI job.
+  own outcome and aborts the MPI job (exit code 86); ``--mpi-test-timeout S`` aborts a test
+  that runs longer than S seconds with a report of where every rank waits (exit code 87).
 """
 from __future__ import annotations
 
 import os
-import time
-import traceback
-import zlib
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -147,36 +150,20 @@ def comm() -> MPI.Comm:
 @pytest.fixture
 def shared_tmp_path(tmp_path: Path, comm: MPI.Comm) -> Path:
     """One temporary directory seen by all ranks (rank 0's ``tmp_path``), e.g. for parallel
-    HDF5 files.  Each rank's own ``tmp_path`` differs (``scripts/mpi_pytest.py`` gives every
+    HDF5 files.  Each rank's own ``tmp_path`` differs (the disttensor pytest plugin gives every
     rank its own ``--basetemp``)."""
     path = Path(comm.bcast(str(tmp_path) if comm.Get_rank() == 0 else None, root=0))
     return path
 
 
-# -- keeping the ranks in step ---------------------------------------------------------------
-_SYNC = os.environ.get("DISTTENSOR_SYNC_OUTCOMES", "1") not in ("0", "false", "no")
-_sync_comm: MPI.Comm | None = None
-
-
-def _get_sync_comm() -> MPI.Comm | None:
-    """A private duplicate of COMM_WORLD (created collectively at the end of collection), so
-    the outcome exchange can never match a collective of a test that is still running on a
-    rank that fell behind."""
-    global _sync_comm
-    if not _SYNC or MPI.COMM_WORLD.Get_size() == 1:
-        return None
-    if _sync_comm is None:
-        _sync_comm = MPI.COMM_WORLD.Dup()
-    return _sync_comm
-
-
-_config: pytest.Config | None = None
-
-
+# -- the disttensor pytest plugin keeps the ranks in step -------------------------------------
 def pytest_configure(config):
-    global _config
-    _config = config
-    config.addinivalue_line("markers", "mpi: runs under mpiexec (collective over COMM_WORLD)")
+    plugin = sys.modules.get("disttensor.testing.pytest_plugin")
+    if plugin is None or not config.pluginmanager.is_registered(plugin):
+        raise pytest.UsageError(
+            "tests/mpi needs the disttensor pytest plugin (outcome sync across ranks, rank-0 "
+            "reporting): `pip install -e .` registers its entry point, or pass "
+            "-p disttensor.testing.pytest_plugin")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -184,129 +171,3 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if here in Path(item.path).parents:
             item.add_marker(pytest.mark.mpi)
-
-
-def pytest_collection_finish(session):
-    comm = _get_sync_comm()
-    if comm is None:
-        return
-    ids = "\n".join(item.nodeid for item in session.items)
-    mine = (len(session.items), zlib.crc32(ids.encode()), int(session.testsfailed))
-    everyone = comm.allgather(mine)
-    if any(x != everyone[0] for x in everyone[1:]):
-        pytest.exit("ranks collected different tests or hit different collection errors "
-                    f"(items, crc32 of node ids, errors) by rank: {everyone}", returncode=2)
-
-
-_PASSED, _SKIPPED, _FAILED = 0, 1, 2
-_SYNC_TIMEOUT = float(os.environ.get("DISTTENSOR_SYNC_TIMEOUT", "120"))
-
-
-ABORT_EXIT_CODE = 86  # exit status of a job aborted because its ranks got out of step
-
-
-def _abort(comm: MPI.Comm, text: str) -> None:
-    """Print ``text`` where a person will see it and end the whole MPI job."""
-    lines = "".join(f"[rank {comm.Get_rank()}] {line}\n" for line in text.splitlines())
-    capman = _config.pluginmanager.getplugin("capturemanager") if _config else None
-    if capman is not None:  # give fds 1 and 2 back to where they pointed before pytest
-        try:
-            capman.suspend_global_capture(in_=True)
-        except Exception:  # noqa: BLE001
-            pass
-    # the terminal (a duplicate kept by scripts/mpi_pytest.py) and the rank's own stderr (its
-    # log file on ranks > 0), each file once
-    tty = os.environ.get("DISTTENSOR_TEST_TERMINAL_FD", "")
-    seen = set()
-    for fd in ([int(tty)] if tty.isdigit() else []) + [2]:
-        try:
-            st = os.fstat(fd)
-            if (st.st_dev, st.st_ino) in seen:
-                continue
-            seen.add((st.st_dev, st.st_ino))
-            os.write(fd, lines.encode(errors="replace"))
-        except OSError:
-            pass
-    time.sleep(2)  # let mpiexec forward the message before the abort tears the job down
-    MPI.COMM_WORLD.Abort(ABORT_EXIT_CODE)
-
-
-def _short_traceback(err: BaseException) -> str:
-    """The traceback of ``err`` without pytest's, pluggy's and this file's frames."""
-    frames = [f for f in traceback.extract_tb(err.__traceback__)
-              if not any(part in f.filename for part in ("/_pytest/", "/pluggy/", __file__))]
-    return "".join(traceback.format_list(frames) + traceback.format_exception_only(type(err), err))
-
-
-def _exchange_codes(comm: MPI.Comm, code: int, where: str, own: str) -> list[int]:
-    """All-gather one small int per rank, giving up after ``DISTTENSOR_SYNC_TIMEOUT`` seconds.
-
-    A rank that waits that long here has finished ``where`` while some other rank has not,
-    almost always because this rank left the test early (a rank-local failure or skip) and the
-    others sit in a collective of the test that it will never enter.  Waiting longer cannot
-    help, so it prints its own outcome (the likely cause) and aborts the job."""
-    send = np.array([code], dtype=np.int64)
-    recv = np.zeros(comm.Get_size(), dtype=np.int64)
-    req = comm.Iallgather(send, recv)
-    t0 = time.monotonic()
-    delay = 1e-4
-    while not req.Test():
-        if time.monotonic() - t0 > _SYNC_TIMEOUT:
-            _abort(comm, f"waited {_SYNC_TIMEOUT:.0f} s for the other ranks to finish {where}: "
-                         "probably some rank is blocked in a collective that another rank left "
-                         "early (a rank-local failure, skip or exit).  This rank's outcome: "
-                         f"{own}\nAborting the MPI job (DISTTENSOR_SYNC_TIMEOUT sets the wait).")
-        time.sleep(delay)
-        delay = min(2 * delay, 0.02)
-    return [int(c) for c in recv]
-
-
-def _sync_phase(phase: str, item):
-    comm = _get_sync_comm()
-    if comm is None:
-        return (yield)
-    err: BaseException | None = None
-    try:
-        result = yield
-    except (KeyboardInterrupt, SystemExit, pytest.exit.Exception):
-        raise
-    except BaseException as e:  # noqa: BLE001 - includes pytest's Skipped/Failed outcomes
-        err, result = e, None
-    if err is None:
-        code, summary, own = _PASSED, "", "passed"
-    elif isinstance(err, pytest.skip.Exception):
-        code, summary = _SKIPPED, str(err)
-        own = f"skipped: {summary}"
-    else:
-        code, summary = _FAILED, f"{type(err).__name__}: {str(err).strip()[:500]}"
-        own = "failed:\n" + _short_traceback(err)
-    codes = _exchange_codes(comm, code, f"{phase} of {item.nodeid}", own)
-    if err is not None:
-        if any(c != code for c in codes):
-            comm.allgather(summary)  # the others ask for it (below)
-        raise err
-    if all(c == _PASSED for c in codes):
-        return result
-    summaries = comm.allgather(summary)
-    failed = [r for r, c in enumerate(codes) if c == _FAILED]
-    if failed:
-        pytest.fail(f"{phase} failed on rank(s) {failed} (passed on this rank "
-                    f"{comm.Get_rank()}); rank {failed[0]}: {summaries[failed[0]]}",
-                    pytrace=False)
-    skipped = [r for r, c in enumerate(codes) if c == _SKIPPED]
-    pytest.skip(f"skipped on rank(s) {skipped}: {summaries[skipped[0]]}")
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_setup(item):
-    return (yield from _sync_phase("setup", item))
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item):
-    return (yield from _sync_phase("call", item))
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_teardown(item, nextitem):
-    return (yield from _sync_phase("teardown", item))
