@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from .pytest_plugin import LAUNCHER_ENV, RESULT_ENV, test_timeout
+from .pytest_plugin import LAUNCHER_ENV, RESULT_ENV, per_test_timeout
 
 DEFAULT_TEST_TIMEOUT = 300.0
 STARTUP_SLACK = 60.0
@@ -111,7 +111,7 @@ class MpiLaunchItem(pytest.Item):
         return cmd
 
     def runtest(self) -> None:
-        seconds = test_timeout(self.config) or DEFAULT_TEST_TIMEOUT
+        seconds = per_test_timeout(self.config) or DEFAULT_TEST_TIMEOUT
         factory = getattr(self.config, "_tmp_path_factory", None)  # what tmp_path uses
         base = (factory.mktemp("mpi-launch", numbered=True) if factory is not None
                 else Path(tempfile.mkdtemp(prefix="mpi-launch-")))

@@ -107,7 +107,7 @@ def _option(config: pytest.Config, name: str, env: str, ini: str | None = None):
     return value
 
 
-def test_timeout(config: pytest.Config) -> float:
+def per_test_timeout(config: pytest.Config) -> float:
     """The per-test timeout in seconds (0: off)."""
     value = _option(config, "mpi_test_timeout", "DISTTENSOR_TEST_TIMEOUT", "mpi_test_timeout")
     try:
@@ -152,10 +152,10 @@ def pytest_configure(config: pytest.Config) -> None:
     global _timer
     config.addinivalue_line("markers", MARKER_HELP)
     if _session is not None:
-        _session.configure(config, test_timeout(config))
-    elif under_mpi_launcher() and test_timeout(config) > 0:  # a one-rank job
+        _session.configure(config, per_test_timeout(config))
+    elif under_mpi_launcher() and per_test_timeout(config) > 0:  # a one-rank job
         from .mpi_session import TestTimer
-        _timer = TestTimer(config, test_timeout(config), None)
+        _timer = TestTimer(config, per_test_timeout(config), None)
 
 
 @pytest.hookimpl(trylast=True)
