@@ -1,6 +1,11 @@
 """The disttensor pytest plugin (entry point ``disttensor``): pytest sessions under ``mpiexec``
 and tests marked ``@pytest.mark.mpi(n=...)`` run in their own ``mpiexec`` from plain pytest.
 
+A top-level module installed with disttensor, not a module of the package, so that pytest can
+load it in every session without importing :mod:`disttensor` (which starts MPI): it imports
+the package's :mod:`disttensor.testing.mpi_session` and :mod:`disttensor.testing.launcher`
+only when a session runs under an MPI launcher or holds ``@pytest.mark.mpi(n=...)`` tests.
+
 Two modes, chosen when pytest starts:
 
 * **Under an MPI launcher** (``mpiexec -n N python -m pytest ...``; detected from the
@@ -49,8 +54,8 @@ from collections.abc import Sequence
 
 import pytest
 
-__all__ = ["ABORT_EXIT_CODE", "TIMEOUT_EXIT_CODE", "mpi_world_size", "required_ranks",
-           "under_mpi_launcher"]
+__all__ = ["ABORT_EXIT_CODE", "TIMEOUT_EXIT_CODE", "abort_job", "mpi_world_size",
+           "required_ranks", "under_mpi_launcher"]
 
 ABORT_EXIT_CODE = 86  # the job was aborted because its ranks got out of step
 TIMEOUT_EXIT_CODE = 87  # the job was aborted because a test ran past --mpi-test-timeout
@@ -98,6 +103,19 @@ def required_ranks(item: pytest.Item) -> tuple[int, ...] | None:
     return tuple(sorted(set(values)))
 
 
+def abort_job(text: str, code: int = ABORT_EXIT_CODE) -> None:
+    """End the whole MPI job from inside a test, after printing ``text`` where a person will
+    see it (the terminal on rank 0, the rank's log elsewhere): for a rank that knows the others
+    wait in a collective it will never enter.  Without a multi-rank session: stderr, then
+    ``MPI_Abort`` of ``COMM_WORLD``."""
+    if _session is not None:
+        _session.abort(text, code)
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+    from mpi4py import MPI
+    MPI.COMM_WORLD.Abort(code)
+
+
 def _option(config: pytest.Config, name: str, env: str, ini: str | None = None):
     value = config.getoption(name, None)
     if value is None and env in os.environ:
@@ -142,7 +160,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config, args, parser):
     global _session
     _session = None
     if under_mpi_launcher() and mpi_world_size() > 1:
-        from .mpi_session import MpiSession
+        from disttensor.testing.mpi_session import MpiSession
         _session = MpiSession(early_config)
     return (yield)
 
@@ -154,7 +172,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if _session is not None:
         _session.configure(config, per_test_timeout(config))
     elif under_mpi_launcher() and per_test_timeout(config) > 0:  # a one-rank job
-        from .mpi_session import TestTimer
+        from disttensor.testing.mpi_session import TestTimer
         _timer = TestTimer(config, per_test_timeout(config), None)
 
 
@@ -166,7 +184,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         return
     launch = [i for i, item in enumerate(items) if (required_ranks(item) or (1,)) != (1,)]
     if launch:
-        from .launcher import MpiLaunchItem
+        from disttensor.testing.launcher import MpiLaunchItem
         for i in launch:
             items[i] = MpiLaunchItem.replacing(items[i], required_ranks(items[i]))
 

@@ -4,7 +4,7 @@ Usage (from the repository root)::
 
     mpiexec -n 4 .venv/bin/python -m mpi4py scripts/mpi_pytest.py tests/mpi -q [pytest args]
 
-The disttensor pytest plugin (``disttensor/testing/pytest_plugin.py``) does the MPI work, so
+The disttensor pytest plugin (``pytest_disttensor.py``) does the MPI work, so
 ``mpiexec -n 4 .venv/bin/python -m pytest tests/mpi -q`` behaves the same: rank 0 reports, the
 other ranks log to ``rank<r>-n<size>.log`` files shown when they failed, each rank has its own
 ``--basetemp``, no cache provider, test outcomes and the exit code are collective.  This

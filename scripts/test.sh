@@ -7,6 +7,9 @@
 #                        raise on every rank, never hang; the collective-wait watchdog
 #   2. tests/mpi         under mpiexec -n 1, 2, 3, 4 (3 gives uneven splits), each run wrapped
 #                        in a timeout so a deadlock fails instead of hanging
+#   2b. examples/testing the example user project of docs/testing.md (a stencil and its adjoint
+#                        tested with disttensor.testing) under mpiexec -n 1..4, plain pytest
+#                        under the launcher (the disttensor pytest plugin), each under a timeout
 #   3. CUDA sources      every disttensor/**/*.cu compiled with nvcc (skipped without nvcc)
 # Every step runs even when an earlier one failed; a summary table closes the output and the
 # exit status is non-zero if any step failed.
@@ -18,7 +21,7 @@
 #   DISTTENSOR_MPI_IDLE_SLEEP=1        0 disables the MPICH idle-sleep shim (see below)
 #   DISTTENSOR_SYNC_TIMEOUT=120        see tests/mpi/conftest.py (ranks out of step -> abort)
 #   DISTTENSOR_TEST_TIMEOUT            per-test timeout under MPI (off; the disttensor pytest
-#                                      plugin, disttensor/testing/pytest_plugin.py)
+#                                      plugin, pytest_disttensor.py)
 #   DISTTENSOR_TEST_LOG_DIR / DISTTENSOR_TEST_TMP_DIR   per-rank logs / pytest temp dirs
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -137,6 +140,21 @@ for n in $NPROCS; do
     86) record "tests/mpi -n $n" "FAIL(out of step)" "$secs" ;;  # see tests/mpi/conftest.py
     87) record "tests/mpi -n $n" "FAIL(test timeout)" "$secs" ;;  # --mpi-test-timeout
     *) record "tests/mpi -n $n" "FAIL(rc=$rc)" "$secs" ;;
+  esac
+done
+
+# --- 2b. the example user project of docs/testing.md ------------------------------------------
+for n in $NPROCS; do
+  banner "examples/testing under mpiexec -n $n (timeout 300s)"
+  t0=$(date +%s)
+  (cd examples/testing && timeout -k 10 300 mpiexec "${MPIEXEC_ENV[@]}" -n "$n" \
+    "$PY" -m pytest -q -p no:cacheprovider --mpi-test-timeout 240 .)
+  rc=$?
+  secs=$(( $(date +%s) - t0 ))
+  case $rc in
+    0) record "examples/testing -n $n" PASS "$secs" ;;
+    124|137) record "examples/testing -n $n" "TIMEOUT(300s)" "$secs" ;;
+    *) record "examples/testing -n $n" "FAIL(rc=$rc)" "$secs" ;;
   esac
 done
 

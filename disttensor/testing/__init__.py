@@ -6,8 +6,9 @@
   examples under the MPI profile (:mod:`disttensor.testing.profile`).
 * :mod:`disttensor.testing.assertions` (re-exported here): collective assertions (every rank
   agrees on pass or fail and raises the same message).
-* :mod:`disttensor.testing.pytest_plugin`: the pytest plugin (entry point ``disttensor``) for
-  runs under ``mpiexec`` and the ``@pytest.mark.mpi(n=...)`` launcher.
+* :mod:`pytest_disttensor` (a top-level module installed with disttensor): the pytest plugin
+  (entry point ``disttensor``) for runs under ``mpiexec`` and the ``@pytest.mark.mpi(n=...)``
+  launcher.
 
 Hypothesis and pytest are needed only by the modules that use them (``pip install
 disttensor[test]``).

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from .pytest_plugin import LAUNCHER_ENV, RESULT_ENV, per_test_timeout
+from pytest_disttensor import LAUNCHER_ENV, RESULT_ENV, per_test_timeout
 
 DEFAULT_TEST_TIMEOUT = 300.0
 STARTUP_SLACK = 60.0
@@ -107,7 +107,7 @@ class MpiLaunchItem(pytest.Item):
         if config.inipath is not None:
             cmd += ["-c", str(config.inipath)]
         if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
-            cmd += ["-p", "disttensor.testing.pytest_plugin"]
+            cmd += ["-p", "pytest_disttensor"]
         return cmd
 
     def runtest(self) -> None:

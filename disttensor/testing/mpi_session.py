@@ -1,5 +1,5 @@
 """One pytest session per rank of an ``mpiexec`` job: the MPI side of the disttensor pytest
-plugin (:mod:`disttensor.testing.pytest_plugin` describes the behaviour and the knobs).
+plugin (:mod:`pytest_disttensor` describes the behaviour and the knobs).
 
 :class:`MpiSession` is made on every rank when pytest starts (collective over
 ``MPI_COMM_WORLD``: it duplicates the communicator, so the plugin's own exchanges never match a
@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-ABORT_EXIT_CODE = 86  # as pytest_plugin.ABORT_EXIT_CODE (ranks out of step)
-TIMEOUT_EXIT_CODE = 87  # as pytest_plugin.TIMEOUT_EXIT_CODE (a test ran past the timeout)
+ABORT_EXIT_CODE = 86  # as pytest_disttensor.ABORT_EXIT_CODE (ranks out of step)
+TIMEOUT_EXIT_CODE = 87  # as pytest_disttensor.TIMEOUT_EXIT_CODE (a test ran past the timeout)
 NO_TESTS = 5  # pytest.ExitCode.NO_TESTS_COLLECTED
 _PASSED, _SKIPPED, _FAILED = 0, 1, 2
 _NOTIFY_TAG = 78

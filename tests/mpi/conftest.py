@@ -2,14 +2,15 @@
 
 Run with ``mpiexec -n N .venv/bin/python -m mpi4py scripts/mpi_pytest.py tests/mpi -q`` (or
 ``mpiexec -n N .venv/bin/python -m pytest tests/mpi -q``); plain ``pytest tests/mpi`` runs them
-as a one-rank job.  The disttensor pytest plugin (``disttensor/testing/pytest_plugin.py``, an
+as a one-rank job.  The disttensor pytest plugin (``pytest_disttensor.py``, an
 entry point of this package) does the MPI side: rank 0 reports, the other ranks log to files,
 each rank has its own ``--basetemp``, the outcome of every test phase is the same on every rank
 and the exit code is collective.
 
 Rules for MPI tests (all ranks run the same test at the same time):
 
-* Hypothesis: the ``disttensor-mpi`` profile loaded here is derandomized (the seed comes from
+* Hypothesis: the ``disttensor-mpi`` profile (:mod:`disttensor.testing.profile`) loaded here
+  is derandomized (the seed comes from
   the test itself) and has no example database, so every rank draws the same examples in the
   same order (the local constants Hypothesis would mix into its draws are switched off: they
   depend on which modules each rank happened to import).  Never draw anything rank-dependent.
@@ -37,10 +38,11 @@ import os
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
-from hypothesis import HealthCheck, settings
 from mpi4py import MPI
+
+from disttensor import testing as _kit
+from disttensor.testing.profile import load_mpi_profile
 
 # convolution planning: the cost model (deterministic, nothing timed or written to disk);
 # tests/unit/test_microbatch.py exercises the benchmark mode explicitly
@@ -48,96 +50,32 @@ os.environ.setdefault("DISTTENSOR_CONV_TUNE", "heuristic")
 
 __all__ = ["assert_all_ranks", "assert_allclose_all", "assert_raises_all"]
 
-# -- hypothesis ------------------------------------------------------------------------------
-settings.register_profile(
-    "disttensor-mpi",
-    derandomize=True,
-    database=None,
-    deadline=None,
-    suppress_health_check=list(HealthCheck),
-    max_examples=int(os.environ.get("DISTTENSOR_HYPOTHESIS_EXAMPLES", "25")),
-    print_blob=False,
-)
-settings.load_profile("disttensor-mpi")
+# -- hypothesis: the public MPI profile (derandomized, no database, no local constants) --------
+load_mpi_profile()
 
 
-def _same_constants_on_every_rank() -> None:
-    """Hypothesis (6.1xx) mixes into its draws literal constants it collects from the local
-    modules in ``sys.modules`` at draw time.  Modules imported lazily differ between ranks (a
-    rank with an empty block never loads the kernel module a busy rank loads), so derandomized
-    runs drew different examples on different ranks (e.g. another ``seed`` for the same case)
-    and replicated data stopped being replicated.  Collect no local constants: the built-in
-    constant pool alone is the same everywhere."""
-    try:
-        from hypothesis.internal.conjecture import providers
-    except ImportError:  # pragma: no cover - a Hypothesis without the mechanism
-        return
-    if hasattr(providers, "_get_local_constants") and hasattr(providers, "Constants"):
-        none = providers.Constants()
-        providers._get_local_constants = lambda: none
-
-
-_same_constants_on_every_rank()
-
-
-# -- collective assertions -------------------------------------------------------------------
+# -- collective assertions: the public kit under the suite's (comm, ...) call order ----------
 def assert_all_ranks(comm: MPI.Comm, ok: bool, msg: str = "") -> None:
-    """Collective assertion: raise ``AssertionError`` on every rank if ``ok`` is false on any.
-
-    The message names the failing ranks and carries each failing rank's ``msg``.  Costs one
-    small all-reduce when everything passed (plus an all-gather on failure)."""
+    """Collective: ``AssertionError`` on every rank (one message) if ``ok`` is false on any
+    (:func:`disttensor.testing.assert_all_ranks`)."""
     __tracebackhide__ = True  # pytest: show the caller's line, not this helper's
-    ok = bool(ok)
-    if comm.Get_size() == 1:
-        if not ok:
-            raise AssertionError(f"{msg} (failed on rank(s) [0])")
-        return
-    if comm.allreduce(ok, op=MPI.LAND):
-        return
-    infos = comm.allgather(None if ok else str(msg))
-    failed = [r for r, m in enumerate(infos) if m is not None]
-    detail = "; ".join(f"rank {r}: {infos[r]}" for r in failed if infos[r])
-    raise AssertionError(f"failed on rank(s) {failed} (this is rank {comm.Get_rank()})"
-                         + (f": {detail}" if detail else ""))
-
-
-def _to_numpy(a):
-    if hasattr(a, "get") and type(a).__module__.startswith("cupy"):
-        return a.get()
-    if hasattr(a, "local") and hasattr(a, "gather"):  # a DistArray slipped in: compare its block
-        a = a.local
-        return a.get() if type(a).__module__.startswith("cupy") else np.asarray(a)
-    return a
+    _kit.assert_all_ranks(ok, msg, comm=comm)
 
 
 def assert_allclose_all(comm: MPI.Comm, actual, desired, rtol: float = 1e-7, atol: float = 0.0,
                         *, equal_nan: bool = True, err_msg: str = "") -> None:
-    """``numpy.testing.assert_allclose`` on each rank's data, failing on every rank if it fails
-    on any (CuPy arrays are copied to the host first)."""
+    """``numpy.testing.assert_allclose`` of each rank's data, failing on every rank if it fails
+    on any (:func:`disttensor.testing.assert_allclose`)."""
     __tracebackhide__ = True
-    ok, msg = True, ""
-    try:
-        np.testing.assert_allclose(_to_numpy(actual), _to_numpy(desired), rtol=rtol, atol=atol,
-                                   equal_nan=equal_nan, err_msg=err_msg)
-    except Exception as e:  # noqa: BLE001 - AssertionError, or a TypeError etc. from bad input
-        ok, msg = False, f"{type(e).__name__}: {str(e).strip()}"
-    assert_all_ranks(comm, ok, msg)
+    _kit.assert_allclose(actual, desired, rtol, atol, equal_nan=equal_nan, err_msg=err_msg,
+                         comm=comm)
 
 
 def assert_raises_all(comm: MPI.Comm, exc, match: str, fn) -> None:
-    """Collective: ``fn()`` must raise ``exc`` with a message matching the regular expression
-    ``match`` on every rank; fails on every rank otherwise."""
-    import re
-    ok, msg = True, ""
-    try:
-        fn()
-        ok, msg = False, "did not raise"
-    except exc as e:
-        if not re.search(match, str(e)):
-            ok, msg = False, f"wrong message: {e}"
-    except Exception as e:  # noqa: BLE001 - any other exception is a failure
-        ok, msg = False, f"raised {type(e).__name__}: {e}"
-    assert_all_ranks(comm, ok, msg)
+    """Collective: ``fn()`` raises ``exc`` matching ``match`` on every rank
+    (:func:`disttensor.testing.assert_raises_collectively`)."""
+    __tracebackhide__ = True
+    _kit.assert_raises_collectively(exc, fn, match=match, comm=comm)
 
 
 # -- fixtures --------------------------------------------------------------------------------
@@ -158,12 +96,12 @@ def shared_tmp_path(tmp_path: Path, comm: MPI.Comm) -> Path:
 
 # -- the disttensor pytest plugin keeps the ranks in step -------------------------------------
 def pytest_configure(config):
-    plugin = sys.modules.get("disttensor.testing.pytest_plugin")
+    plugin = sys.modules.get("pytest_disttensor")
     if plugin is None or not config.pluginmanager.is_registered(plugin):
         raise pytest.UsageError(
             "tests/mpi needs the disttensor pytest plugin (outcome sync across ranks, rank-0 "
             "reporting): `pip install -e .` registers its entry point, or pass "
-            "-p disttensor.testing.pytest_plugin")
+            "-p pytest_disttensor")
 
 
 def pytest_collection_modifyitems(config, items):

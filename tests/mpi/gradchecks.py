@@ -21,7 +21,7 @@ import disttensor as dt
 from disttensor.autograd import Tensor, no_grad
 
 from checks import COMM, SIZE, collective_checks, expect, grid
-from conftest import _abort
+from pytest_disttensor import abort_job
 
 # -- a rank-local exception must not hang the job ----------------------------------------------
 _GUARD = COMM.Dup() if SIZE > 1 else None  # collective at import: every rank imports this
@@ -50,9 +50,9 @@ def guarded(fn):
             while not req.Test():
                 if time.monotonic() - t0 > _GUARD_TIMEOUT:
                     import traceback
-                    _abort(COMM, f"{fn.__name__}: raised on this rank while some other rank "
-                                 "did not (it waits in a collective):\n"
-                                 + "".join(traceback.format_exception(e))[-4000:])
+                    abort_job(f"{fn.__name__}: raised on this rank while some other rank "
+                              "did not (it waits in a collective):\n"
+                              + "".join(traceback.format_exception(e))[-4000:])
                 time.sleep(delay)
                 delay = min(2 * delay, 0.02)
             raise

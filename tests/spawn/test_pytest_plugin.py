@@ -1,4 +1,4 @@
-"""The disttensor pytest plugin (``disttensor/testing/pytest_plugin.py``), end to end: each test
+"""The disttensor pytest plugin (``pytest_disttensor.py``), end to end: each test
 runs pytest on a small case file of ``plugin_cases/`` in its own process, under ``mpiexec``
 where it says so, every process under ``timeout``.
 
