@@ -32,7 +32,7 @@ import time
 
 from mpi4py import MPI
 
-__all__ = ["waiting", "timeout", "enable", "ABORT_CODE"]
+__all__ = ["waiting", "timeout", "enable", "wait_report", "ABORT_CODE"]
 
 ABORT_CODE = 124
 _REPORT_TAG = 77
@@ -100,20 +100,24 @@ def _describe_call(call) -> str:
     return f"{name}({shown})"
 
 
-def _report(reason: str) -> None:
+def wait_report() -> list[str]:
+    """Where this rank waits, one line per waiting thread: the wait, for how long, on how many
+    ranks, inside which disttensor collective call; or, when no thread waits, the last call
+    entered.  Local (no communication); what the watchdog prints on a timeout, and what a test
+    harness can print when it gives up on a hung test."""
     now = time.monotonic()
-    rank = MPI.COMM_WORLD.rank
     with _lock:
         waits = list(_waits.values())
-    lines = [f"[disttensor watchdog] rank {rank}: {reason}"]
-    if waits:
-        for what, size, t0, call in waits:
-            lines.append(f"[disttensor watchdog] rank {rank}: waiting {now - t0:.1f} s in {what} "
-                         f"(communicator of {size} ranks) inside {_describe_call(call)}")
-    else:
-        lines.append(f"[disttensor watchdog] rank {rank}: not waiting in a disttensor "
-                     f"collective; last collective call entered: "
-                     f"{_describe_call(current_call_any())}")
+    if not waits:
+        return ["not waiting in a disttensor collective; last collective call entered: "
+                f"{_describe_call(current_call_any())}"]
+    return [f"waiting {now - t0:.1f} s in {what} (communicator of {size} ranks) inside "
+            f"{_describe_call(call)}" for what, size, t0, call in waits]
+
+
+def _report(reason: str) -> None:
+    rank = MPI.COMM_WORLD.rank
+    lines = [f"[disttensor watchdog] rank {rank}: {line}" for line in [reason, *wait_report()]]
     sys.stderr.write("\n".join(lines) + "\n")
     sys.stderr.flush()
 

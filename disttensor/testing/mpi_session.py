@@ -380,14 +380,4 @@ def _enable_watchdog_marks() -> None:
 def _watchdog_state() -> list[str]:
     """This rank's disttensor collective waits (what, for how long, inside which call)."""
     wd = sys.modules.get("disttensor.core.watchdog")
-    waits = getattr(wd, "_waits", None)
-    if wd is None or waits is None:
-        return []
-    with wd._lock:
-        current = list(waits.values())
-    now = time.monotonic()
-    if not current:
-        last = wd._describe_call(wd.current_call_any())
-        return [f"not waiting in a disttensor collective; last collective call entered: {last}"]
-    return [f"waiting {now - t0:.1f} s in {what} (communicator of {size} ranks) inside "
-            f"{wd._describe_call(call)}" for what, size, t0, call in current]
+    return [] if wd is None else wd.wait_report()
