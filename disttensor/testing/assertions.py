@@ -31,6 +31,7 @@ import re
 
 import numpy as np
 
+from disttensor.core.agreement import status_allreduce
 from disttensor.core.array import DistArray
 from disttensor.core.backend import to_host
 
@@ -54,14 +55,12 @@ def _pick_comm(comm, *values):
 
 
 def _all_passed(comm, ok: bool) -> bool:
-    """Collective: whether ``ok`` holds on every rank (one all-reduce of one int)."""
+    """Collective: whether ``ok`` holds on every rank (the failure all-reduce of argument
+    agreement, :func:`disttensor.core.agreement.status_allreduce`, without a digest)."""
     if comm.Get_size() == 1:
         return bool(ok)
-    from mpi4py import MPI
-    flag = np.array([1 if ok else 0], dtype=np.int32)
-    out = np.empty_like(flag)
-    comm.Allreduce(flag, out, op=MPI.MIN)
-    return bool(out[0])
+    failed, _ = status_allreduce(comm, not ok, None)
+    return not failed
 
 
 def _failures(comm, ok: bool, detail):
@@ -340,21 +339,18 @@ def assert_same_on_all_ranks(value, *, comm=None, err_msg: str = "") -> None:
     """Collective: ``value`` is identical on every rank -- arrays (dtype, shape and bytes;
     NaNs with the same bits are equal), scalars (type and value: ``1`` and ``np.int64(1)``
     differ), nested tuples/lists/dicts, DistArrays (their global metadata: shape, dtype,
-    distribution, grid shape, halo, device).  Compares a 128-bit digest with one all-reduce;
+    distribution, grid shape, halo, device).  Compares a 128-bit digest with one all-reduce
+(:func:`disttensor.core.agreement.status_allreduce`, as argument agreement does);
     on failure every rank raises the same message naming the groups of ranks holding each
     distinct value (a short ``repr`` of each)."""
     __tracebackhide__ = True
     comm = _pick_comm(comm, value)
     digest = hashlib.sha256(pickle.dumps(_canonical(value), protocol=4)).digest()
-    halves = [int.from_bytes(digest[i:i + 8], "little") >> 2 for i in (0, 8)]  # 62 bits each
-    if comm.Get_size() > 1:
-        from mpi4py import MPI
-        mine = np.array(halves + [-h for h in halves], dtype=np.int64)
-        top = np.empty_like(mine)
-        comm.Allreduce(mine, top, op=MPI.MAX)  # max == -max(-h) == min: all equal
-        if all(top[i] == -top[i + 2] for i in (0, 1)):
-            return
-    else:
+    if comm.Get_size() == 1:
+        return
+    halves = tuple(int(h) for h in np.frombuffer(digest[:16], dtype=np.int64))
+    _, differ = status_allreduce(comm, False, halves)  # one all-reduce compares the digests
+    if not differ:
         return
     everyone = comm.allgather((digest, _short(value)))
     groups: dict[bytes, list[int]] = {}

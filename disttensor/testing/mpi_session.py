@@ -23,9 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from mpi4py import MPI
-
-ABORT_EXIT_CODE = 86  # as pytest_disttensor.ABORT_EXIT_CODE (ranks out of step)
-TIMEOUT_EXIT_CODE = 87  # as pytest_disttensor.TIMEOUT_EXIT_CODE (a test ran past the timeout)
+from pytest_disttensor import ABORT_EXIT_CODE, TIMEOUT_EXIT_CODE
 NO_TESTS = 5  # pytest.ExitCode.NO_TESTS_COLLECTED
 _PASSED, _SKIPPED, _FAILED = 0, 1, 2
 _NOTIFY_TAG = 78
@@ -51,9 +49,13 @@ def combine_exit_codes(codes: list[int]) -> int:
 
 
 def _short_traceback(err: BaseException) -> str:
-    """The traceback of ``err`` without pytest's, pluggy's and this plugin's frames."""
+    """The traceback of ``err`` without pytest's, pluggy's and the test kit's frames (this
+    package's files and the plugin module; a user's own ``testing/`` folder keeps its)."""
+    import pytest_disttensor
+    kit = os.path.dirname(os.path.abspath(__file__)) + os.sep
     frames = [f for f in traceback.extract_tb(err.__traceback__)
-              if not any(p in f.filename for p in ("/_pytest/", "/pluggy/", "/testing/"))]
+              if not f.filename.startswith(kit) and f.filename != pytest_disttensor.__file__
+              and not any(p in f.filename for p in ("/_pytest/", "/pluggy/"))]
     return "".join(traceback.format_list(frames) + traceback.format_exception_only(type(err), err))
 
 
