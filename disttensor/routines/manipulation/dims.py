@@ -1,9 +1,12 @@
 """Changing the number of dimensions (NumPy's "Changing number of dimensions"):
-``expand_dims``, ``squeeze``, ``broadcast_to``, ``broadcast_arrays``.
+``expand_dims``, ``squeeze``, ``broadcast_to``, ``broadcast_arrays``, ``atleast_1d``,
+``atleast_2d``, ``atleast_3d``.
 
 * ``expand_dims``: a new length-1 axis, not split; the local block is reshaped (no messages).
 * ``squeeze``: the removed length-1 axes are first made unsplit (a redistribution that only
   moves the one row from its owner to the ranks along that grid axis), then dropped locally.
+* ``atleast_1d/2d/3d``: NumPy's new length-1 axes by ``expand_dims`` (whole, no messages);
+  an operand that already has enough axes is returned itself (as NumPy returns its input).
 * ``broadcast_to`` / ``broadcast_arrays``: the result layout follows the alignment rule of
   :mod:`disttensor.core.array`; broadcast (new or length-1) axes are replicated, the block is
   materialized (a copy, unlike NumPy's read-only view).
@@ -23,7 +26,8 @@ from ...core.distribution import Distribution
 from .._operands import anchor, axis_tuple, check_array, unsplit
 from ..ufuncs import align, operand_shape, result_layout
 
-__all__ = ["expand_dims", "squeeze", "broadcast_to", "broadcast_arrays"]
+__all__ = ["expand_dims", "squeeze", "broadcast_to", "broadcast_arrays", "atleast_1d",
+           "atleast_2d", "atleast_3d"]
 
 
 @collective_entry
@@ -107,3 +111,36 @@ def broadcast_arrays(*arrays) -> tuple:
         out.append(DistArray(xp.broadcast_to(xp.asarray(loc), block).copy(), dist, grid))
     return tuple(out)
 
+
+
+def _atleast(arys, call: str, new_axes):
+    """``new_axes(ndim)``: the positions of the length-1 axes that make one operand
+    ``call``-dimensional (NumPy's rule); one result per operand, a single one unwrapped."""
+    first = anchor(arys)
+    with agreed(None if first is None else first.grid.cart, call,
+                arys=tuple(operand_key(a) for a in arys)):
+        for a in arys:
+            check_array(a, None)
+    out = [expand_dims(a, new_axes(a.ndim)) if new_axes(a.ndim) else a for a in arys]
+    return out[0] if len(out) == 1 else tuple(out)
+
+
+@collective_entry
+def atleast_1d(*arys):
+    """``numpy.atleast_1d`` of DistArrays: a 0-d operand becomes shape ``(1,)``."""
+    return _atleast(arys, "atleast_1d", lambda nd: (0,) if nd == 0 else ())
+
+
+@collective_entry
+def atleast_2d(*arys):
+    """``numpy.atleast_2d`` of DistArrays: ``()`` -> ``(1, 1)``, ``(N,)`` -> ``(1, N)`` (the
+    ``N`` axis keeps its split)."""
+    return _atleast(arys, "atleast_2d", lambda nd: {0: (0, 1), 1: (0,)}.get(nd, ()))
+
+
+@collective_entry
+def atleast_3d(*arys):
+    """``numpy.atleast_3d`` of DistArrays: ``()`` -> ``(1, 1, 1)``, ``(N,)`` -> ``(1, N, 1)``,
+    ``(M, N)`` -> ``(M, N, 1)`` (existing axes keep their split)."""
+    return _atleast(arys, "atleast_3d",
+                    lambda nd: {0: (0, 1, 2), 1: (0, 2), 2: (2,)}.get(nd, ()))

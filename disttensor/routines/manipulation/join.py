@@ -1,5 +1,6 @@
-"""Joining and splitting arrays (NumPy's "Joining arrays" and "Splitting arrays"):
-``concatenate``, ``stack`` and its inverse ``unstack``.
+"""Joining arrays (NumPy's "Joining arrays"): ``concatenate``, ``stack`` and its inverse
+``unstack``, ``vstack``, ``hstack``, ``dstack``, ``column_stack`` (splitting:
+:mod:`.splitting`).
 
 * ``concatenate``: the result has the first operand's split and grid along every axis but the
   joined one, which keeps its grid axis with the ownership sizes that follow from placing the
@@ -8,6 +9,12 @@
   ``axis=None`` concatenates the flattened operands.
 * ``stack``: ``expand_dims`` of every operand then ``concatenate`` along the new axis
   (operands are redistributed to the first one's layout).
+* ``vstack`` / ``hstack`` / ``dstack`` / ``column_stack``: ``atleast_2d``/``atleast_1d``/
+  ``atleast_3d`` (1-D operands of ``column_stack`` as ``(N, 1)`` columns) then ``concatenate``
+  along axis 0 / 1 (0 for 1-D operands) / 2 / 1, so the result has the first operand's layout
+  as ``concatenate`` says; the new length-1 axes of 1-D operands are whole (``vstack`` of 1-D
+  arrays: rows whole, columns split like the first operand).  ``numpy.row_stack`` (deprecated
+  in NumPy 2) reaches ``vstack`` through ``np.vstack``.
 * ``unstack``: one integer index per position (:mod:`disttensor.routines.indexing`).
 
 All collective over the operands' grid; the ranks agree on the operands' metadata and the axis.
@@ -21,9 +28,9 @@ from ...core.entry import agreed, canon, collective_entry, dtype_key, operand_ke
 from ...core.backend import array_module
 from ...core.distribution import Distribution
 from .._operands import anchor, axis_index, check_array
-from .dims import expand_dims
+from .dims import atleast_1d, atleast_2d, atleast_3d, expand_dims
 
-__all__ = ["concatenate", "stack", "unstack"]
+__all__ = ["concatenate", "stack", "unstack", "vstack", "hstack", "dstack", "column_stack"]
 
 
 @collective_entry
@@ -121,3 +128,53 @@ def unstack(x: DistArray, axis=0) -> tuple:
     pre = (slice(None),) * ax
     return tuple(x[pre + (i,)] for i in range(x.shape[ax]))
 
+
+
+def _operands(tup, call: str) -> list:
+    """The operands of a ``*stack`` call as a list of DistArrays, agreed; NumPy's errors for
+    no operand and a non-DistArray one."""
+    arrays = list(tup)
+    first = anchor(arrays)
+    with agreed(None if first is None else first.grid.cart, call,
+                arrays=tuple(operand_key(a) for a in arrays)):
+        if not arrays:
+            raise ValueError("need at least one array to concatenate")
+        for a in arrays:
+            check_array(a, "every operand")
+    return arrays
+
+
+def _as_tuple(r):
+    return r if isinstance(r, tuple) else (r,)
+
+
+@collective_entry
+def vstack(tup, *, dtype=None, casting="same_kind") -> DistArray:
+    """Rows of ``atleast_2d`` operands joined (``numpy.vstack``): ``concatenate`` along axis
+    0 in the first operand's layout.  ``casting`` is accepted for NumPy's signature; the cast
+    to ``dtype`` is unchecked (``unsafe``)."""
+    arrays = _operands(tup, "vstack")
+    return concatenate(_as_tuple(atleast_2d(*arrays)), axis=0, dtype=dtype)
+
+
+@collective_entry
+def hstack(tup, *, dtype=None, casting="same_kind") -> DistArray:
+    """Columns joined (``numpy.hstack``): 1-D operands along axis 0, others along axis 1
+    (``concatenate``, first operand's layout; ``casting`` as :func:`vstack`)."""
+    arrays = _as_tuple(atleast_1d(*_operands(tup, "hstack")))
+    return concatenate(arrays, axis=0 if arrays[0].ndim == 1 else 1, dtype=dtype)
+
+
+@collective_entry
+def dstack(tup) -> DistArray:
+    """``atleast_3d`` operands joined along axis 2 (``numpy.dstack``)."""
+    return concatenate(_as_tuple(atleast_3d(*_operands(tup, "dstack"))), axis=2)
+
+
+@collective_entry
+def column_stack(tup) -> DistArray:
+    """1-D operands as columns ``(N, 1)`` (the rows split like the operand) and 2-D operands
+    joined along axis 1 (``numpy.column_stack``)."""
+    arrays = _operands(tup, "column_stack")
+    cols = [expand_dims(a, {0: (0, 1), 1: 1}[a.ndim]) if a.ndim < 2 else a for a in arrays]
+    return concatenate(cols, axis=1)

@@ -1,4 +1,4 @@
-"""Rearranging elements (NumPy's "Rearranging elements"): ``flip`` and ``roll``.
+"""Rearranging elements (NumPy's "Rearranging elements"): ``flip``, ``roll``, ``rot90``.
 
 * ``flip``: along a split axis the block of grid coordinate ``c`` goes to ``p-1-c`` (one
   ``Sendrecv`` with the mirrored rank) and the ownership sizes are reversed; along an unsplit
@@ -8,8 +8,11 @@
   back to the input's ownership sizes: a shift moves at most two pieces per block, so each rank
   sends to and receives from at most two ranks along that grid axis.  The result has the
   input's distribution.  ``axis=None`` rolls the flattened array.
+* ``rot90``: NumPy's composition of ``flip`` and ``transpose``: the two axes swap places
+  with their splits (no messages) and one of them is flipped (``k=2``: both), so the block
+  at grid coordinate ``c`` of a flipped split axis goes to ``p-1-c``.
 
-Both collective over the grid of ``x``; the ranks agree on the axes and shifts.
+All collective over the grid of ``x``; the ranks agree on the axes and shifts.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from ...core.backend import array_module, to_host
 from .._operands import axis_index, axis_tuple, check_array
 from .join import concatenate
 
-__all__ = ["flip", "roll"]
+__all__ = ["flip", "roll", "rot90"]
 
 
 @collective_entry
@@ -104,3 +107,29 @@ def roll(x: DistArray, shift, axis=None) -> DistArray:
             y = y.redistribute(distribution=x.distribution)
     return y.copy() if y is x else y
 
+
+
+@collective_entry
+def rot90(m: DistArray, k=1, axes=(0, 1)) -> DistArray:
+    """``numpy.rot90``: rotate by 90 degrees ``k`` times in the plane of ``axes`` (from the
+    first towards the second); ``k % 4 == 0`` gives a copy.  Layout: module docstring."""
+    from .transpose import transpose
+    check_array(m, None)
+    with agreed(m.grid.cart, "rot90", x=m, k=canon(k), axes=canon(axes)):
+        axes = tuple(axes)
+        if len(axes) != 2:
+            raise ValueError("len(axes) must be 2.")
+        if axes[0] == axes[1] or abs(axes[0] - axes[1]) == m.ndim:
+            raise ValueError("Axes must be different.")
+        if not all(-m.ndim <= a < m.ndim for a in axes):
+            raise ValueError(f"Axes={axes} out of range for array of ndim={m.ndim}.")
+        k = operator.index(k) % 4
+    if k == 0:
+        return m.copy()
+    if k == 2:
+        return flip(m, (axes[0] % m.ndim, axes[1] % m.ndim))
+    order = list(range(m.ndim))
+    order[axes[0]], order[axes[1]] = order[axes[1]], order[axes[0]]
+    if k == 1:
+        return transpose(flip(m, axes[1]), order)
+    return flip(transpose(m, order), axes[1])

@@ -1,4 +1,4 @@
-"""Changing array shape (NumPy's "Changing array shape"): ``reshape``.
+"""Changing array shape (NumPy's "Changing array shape"): ``reshape``, ``ravel``.
 
 ``reshape`` works locally whenever every group of merged/split axes holds at most one split
 axis, which is the group's leading axis, and the block boundaries fall on whole rows of the
@@ -6,7 +6,9 @@ new leading axis; otherwise the offending groups are first made whole on every r
 their grid axes (a redistribution that gathers those axes), reshaped, and split again
 (balanced) on the group's new leading axis.  The result never aliases the input.  Collective
 over the grid of ``x``; the ranks agree on the shape.  :func:`reshape_groups` (pure) pairs
-the runs of old and new axes.
+the runs of old and new axes.  ``ravel`` is ``reshape(x, -1)`` (``order='F'``: of the
+transpose, which moves no data); the 1-D result is split over the grid axis of ``x``'s leading
+split axis when the blocks allow it (see above), else balanced over it.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from ...core.distribution import Distribution, balanced_sizes, offsets_from_size
 from .._operands import check_array, unsplit
 from ..creation import empty
 
-__all__ = ["reshape", "reshape_groups"]
+__all__ = ["reshape", "reshape_groups", "ravel"]
 
 
 def reshape_groups(old, new) -> list[tuple[list[int], list[int]]]:
@@ -129,3 +131,17 @@ def reshape(x: DistArray, shape) -> DistArray:
         loc = loc.copy()
     return DistArray(loc, nd, x.grid)
 
+
+
+@collective_entry
+def ravel(a: DistArray, order="C") -> DistArray:
+    """``numpy.ravel``: the elements as a 1-D DistArray in row-major order (``'C'``, and
+    ``'A'``/``'K'``, which read a DistArray as C-ordered) or column-major (``'F'``); always a
+    copy (NumPy returns a view where it can)."""
+    from .transpose import transpose
+    check_array(a, None)
+    with agreed(a.grid.cart, "ravel", x=a, order=order):
+        if order not in ("C", "F", "A", "K"):
+            raise ValueError("order must be one of 'C', 'F', 'A', or 'K' "
+                             f"(got {order!r})")
+    return reshape(transpose(a) if order == "F" else a, -1)
