@@ -31,8 +31,8 @@ _NOVALUE = getattr(np, "_NoValue", object())
 def _red(fn, params, extra=()):
     """``np.<reduction>`` for DistArrays.  ``params`` are NumPy's parameter names after ``a``
     (so positional arguments bind as in NumPy); ``extra`` are those passed on to ``fn``.
-    Options DistArray reductions do not implement (``out=``, ``where=``, ``initial=``,
-    ``mean=``) raise ``TypeError`` instead of being ignored; ``correction`` is ``ddof``."""
+    Options a reduction does not implement (``out=``, ``mean=``, ``where=``/``initial=`` of the
+    nan forms) raise ``TypeError`` instead of being ignored; ``correction`` is ``ddof``."""
     def impl(a, *args, **kwargs):
         if len(args) > len(params):
             raise TypeError(f"{fn.__name__}() takes at most {len(params) + 1} positional "
@@ -44,12 +44,12 @@ def _red(fn, params, extra=()):
         kwargs = {k: v for k, v in kwargs.items() if v is not _NOVALUE}
         if kwargs.pop("out", None) is not None:
             raise TypeError("out= is not supported for DistArray reductions")
-        where = kwargs.pop("where", True)
-        if where is not True:
-            raise TypeError("where= is not supported for DistArray reductions")
-        for name in ("initial", "mean"):
-            if name in kwargs:
-                raise TypeError(f"{name}= is not supported for DistArray reductions")
+        for name in ("where", "initial", "mean"):
+            if name in kwargs and name not in extra:
+                if name == "where" and kwargs[name] is True:
+                    del kwargs[name]
+                    continue
+                raise TypeError(f"{name}= is not supported for DistArray {fn.__name__}")
         if "correction" in kwargs:  # NumPy 2 spelling of ddof
             c = kwargs.pop("correction")
             if kwargs.get("ddof", 0) != 0:
@@ -76,14 +76,15 @@ _ANY = ("axis", "out", "keepdims")
 def _reductions():
     r, s = reductions, searching
     d, dv = ("dtype",), ("dtype", "ddof")
+    w, iw = ("where",), ("initial", "where")  # where=/initial=: reductions.py
     return {
-        np.sum: _red(r.sum, _SUM, d), np.prod: _red(r.prod, _SUM, d),
-        np.mean: _red(r.mean, _MEAN, d),
-        np.var: _red(r.var, _VAR, dv), np.std: _red(r.std, _VAR, dv),
-        np.min: _red(r.min, _MIN), np.max: _red(r.max, _MIN),
-        np.amin: _red(r.min, _MIN), np.amax: _red(r.max, _MIN),
+        np.sum: _red(r.sum, _SUM, d + iw), np.prod: _red(r.prod, _SUM, d + iw),
+        np.mean: _red(r.mean, _MEAN, d + w),
+        np.var: _red(r.var, _VAR, dv + w), np.std: _red(r.std, _VAR, dv + w),
+        np.min: _red(r.min, _MIN, iw), np.max: _red(r.max, _MIN, iw),
+        np.amin: _red(r.min, _MIN, iw), np.amax: _red(r.max, _MIN, iw),
         np.argmin: _red(s.argmin, _ARG), np.argmax: _red(s.argmax, _ARG),
-        np.any: _red(r.any, _ANY), np.all: _red(r.all, _ANY),
+        np.any: _red(r.any, _ANY, w), np.all: _red(r.all, _ANY, w),
         np.nansum: _red(r.nansum, _SUM, d), np.nanprod: _red(r.nanprod, _SUM, d),
         np.nanmean: _red(r.nanmean, _MEAN, d),
         np.nanvar: _red(r.nanvar, _VAR, dv), np.nanstd: _red(r.nanstd, _VAR, dv),

@@ -10,6 +10,15 @@ returns a 0-d DistArray (replicated; ``float(r)``/``r.item()`` give the value). 
 is collective over the grid of ``x`` (the ranks agree on the axes, dtype and ``ddof``; over the
 whole grid, not only the reduced grid axes).
 
+``where=`` (``sum``, ``prod``, ``min``, ``max``, ``any``, ``all``, ``mean``, ``var``, ``std``)
+is a boolean mask broadcastable to ``x.shape`` (a scalar, a NumPy array or a DistArray, which
+is aligned to ``x``'s layout like an elementwise operand); only the elements where it holds
+are reduced.  ``initial=`` (``sum``, ``prod``, ``min``, ``max``) starts the reduction, as in
+NumPy: it enters the sum/product once (on the first rank of each reducing communicator) and
+every rank's minimum/maximum; with ``initial`` an empty min/max is allowed, and ``where=``
+needs ``initial`` for min/max (NumPy's ``ValueError``).  ``mean``/``var``/``std`` with
+``where`` divide by the number of selected elements (NaN where there are none).
+
 ``var``/``nanvar`` are two-pass (mean, then squared deviations).  Float sums add the ranks'
 partial sums in another order than NumPy's pairwise sum: relative error ``O(n eps)`` in the
 worst case.  The nan forms skip NaN in the local partial results; ``nanmin``/``nanmax`` of an
@@ -24,11 +33,12 @@ import operator
 import numpy as np
 
 from ..core.array import DistArray
-from ..core.entry import agreed, canon, collective_entry, dtype_key
+from ..core.entry import agreed, canon, collective_entry, dtype_key, operand_key
 from ..core.backend import array_module
 from ..core.comm import allreduce
 from ..core.distribution import Distribution
 from ._operands import check_array
+from .ufuncs import align
 
 __all__ = ["sum", "prod", "mean", "var", "std", "min", "max", "any", "all", "nansum", "nanprod",
            "nanmean", "nanvar", "nanstd", "nanmin", "nanmax"]
@@ -67,6 +77,43 @@ def _comm(x: DistArray, axes):
     return x.grid.sub_comm(gaxes) if gaxes else None
 
 
+def _check_where(x: DistArray, where):
+    """Validate a ``where=`` mask (inside the agreement block): ``None`` for ``True``."""
+    if where is True:
+        return None
+    w = where if isinstance(where, DistArray) else np.asarray(where)
+    if w.dtype.kind != "b":
+        raise TypeError(f"Cannot cast array data from {w.dtype!r} to dtype('bool') according "
+                        "to the rule 'safe'")
+    try:
+        ok = np.broadcast_shapes(w.shape, x.shape) == x.shape
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"operands could not be broadcast together with remapped shapes "
+                         f"[original->remapped]: {x.shape} {w.shape}")
+    if isinstance(w, DistArray) and not x.grid.compatible(w.grid):
+        raise ValueError("where= lives on a grid over other ranks than the reduced array's")
+    return w
+
+
+def _local_mask(x: DistArray, w):
+    """This rank's part of the validated mask ``w``, broadcast to ``x``'s local block (a
+    redistribution, collective, when ``w`` is a DistArray of another layout)."""
+    if w is None:
+        return True
+    loc = align(w, x.grid, x.distribution, x.device)
+    xp = array_module(x.local)
+    return xp.broadcast_to(xp.asarray(loc), x.local.shape)
+
+
+def _first_of(x: DistArray, axes) -> bool:
+    """Whether this rank is the first of its reducing communicator (where ``initial`` of a
+    sum/product enters once)."""
+    comm = _comm(x, axes)
+    return comm is None or comm.Get_rank() == 0
+
+
 def _finish(x: DistArray, partial, axes, keepdims: bool) -> DistArray:
     """``partial`` has the local block's shape with reduced axes of length 1."""
     partial = array_module(partial).asarray(partial)  # 0-d arithmetic gives NumPy scalars
@@ -82,12 +129,18 @@ def _reduce(x: DistArray, axes, op: str, partial, keepdims: bool) -> DistArray:
     return _finish(x, partial, axes, keepdims)
 
 
-def _sum_prod(x: DistArray, axis, dtype, keepdims, op: str) -> DistArray:
+def _sum_prod(x: DistArray, axis, dtype, keepdims, op: str, initial=None,
+              mask=None) -> DistArray:
     axes = _axes(x, axis)
     # float16 partial results would be rounded to float16 on every rank before they are
     # combined; NumPy accumulates half in float32 and rounds once, so do the same
     acc = np.float32 if dtype is None and x.dtype == np.float16 else dtype
-    part = getattr(x.local, op)(axis=axes, dtype=acc, keepdims=True)
+    more = {}
+    if mask is not None:
+        more["where"] = _local_mask(x, mask)
+    if initial is not None:
+        more["initial"] = initial if _first_of(x, axes) else (0 if op == "sum" else 1)
+    part = getattr(x.local, op)(axis=axes, dtype=acc, keepdims=True, **more)
     r = _reduce(x, axes, op, part, keepdims)
     if acc is not dtype:
         r = DistArray(r.local.astype(np.float16), r.distribution, r.grid)
@@ -104,17 +157,23 @@ def _agreed(call: str, x: DistArray, axis, keepdims, **more):
 
 
 @collective_entry
-def sum(x: DistArray, axis=None, dtype=None, keepdims=False) -> DistArray:
-    with _agreed("sum", x, axis, keepdims, dtype=dtype_key(dtype)):
+def sum(x: DistArray, axis=None, dtype=None, keepdims=False, *, initial=None,
+        where=True) -> DistArray:
+    with _agreed("sum", x, axis, keepdims, dtype=dtype_key(dtype), initial=initial,
+                 where=operand_key(where)):
         axes = _axes(x, axis)
-    return _sum_prod(x, axes, dtype, keepdims, "sum")
+        mask = _check_where(x, where)
+    return _sum_prod(x, axes, dtype, keepdims, "sum", initial, mask)
 
 
 @collective_entry
-def prod(x: DistArray, axis=None, dtype=None, keepdims=False) -> DistArray:
-    with _agreed("prod", x, axis, keepdims, dtype=dtype_key(dtype)):
+def prod(x: DistArray, axis=None, dtype=None, keepdims=False, *, initial=None,
+         where=True) -> DistArray:
+    with _agreed("prod", x, axis, keepdims, dtype=dtype_key(dtype), initial=initial,
+                 where=operand_key(where)):
         axes = _axes(x, axis)
-    return _sum_prod(x, axes, dtype, keepdims, "prod")
+        mask = _check_where(x, where)
+    return _sum_prod(x, axes, dtype, keepdims, "prod", initial, mask)
 
 
 def _count(x: DistArray, axes) -> int:
@@ -122,6 +181,15 @@ def _count(x: DistArray, axes) -> int:
     for t in axes:
         n *= x.shape[t]
     return n
+
+
+def _mask_count(x: DistArray, axes, mask):
+    """The number of selected elements along ``axes`` (keepdims layout, this rank's part of
+    the reduced result): an int without a mask, else an ``int64`` array (all-reduced)."""
+    if mask is None:
+        return _count(x, axes)
+    part = _local_mask(x, mask).sum(axis=axes, keepdims=True, dtype=np.int64)
+    return _reduce(x, axes, "sum", part, True).local
 
 
 def _mean_dtype(x: DistArray, dtype):
@@ -135,41 +203,50 @@ def _mean_dtype(x: DistArray, dtype):
 
 
 @collective_entry
-def mean(x: DistArray, axis=None, dtype=None, keepdims=False) -> DistArray:
-    with _agreed("mean", x, axis, keepdims, dtype=dtype_key(dtype)):
+def mean(x: DistArray, axis=None, dtype=None, keepdims=False, *, where=True) -> DistArray:
+    with _agreed("mean", x, axis, keepdims, dtype=dtype_key(dtype), where=operand_key(where)):
         axes = _axes(x, axis)
         out_dt, acc_dt = _mean_dtype(x, dtype)
-    s = sum(x, axis=axes, dtype=acc_dt, keepdims=True)
+        mask = _check_where(x, where)
+    s = _sum_prod(x, axes, acc_dt, True, "sum", None, mask)
     with np.errstate(invalid="ignore", divide="ignore"):
-        m = s.local / _count(x, axes)
+        m = s.local / _mask_count(x, axes, mask)
     return _finish(x, m.astype(out_dt, copy=False), axes, keepdims)
 
 
 @collective_entry
-def var(x: DistArray, axis=None, dtype=None, ddof=0, keepdims=False) -> DistArray:
+def var(x: DistArray, axis=None, dtype=None, ddof=0, keepdims=False, *,
+        where=True) -> DistArray:
     """Two-pass variance (mean first, then the sum of squared deviations)."""
-    with _agreed("var", x, axis, keepdims, dtype=dtype_key(dtype), ddof=ddof):
+    with _agreed("var", x, axis, keepdims, dtype=dtype_key(dtype), ddof=ddof,
+                 where=operand_key(where)):
         axes = _axes(x, axis)
         out_dt, acc_dt = _mean_dtype(x, dtype)
-    m = mean(x, axis=axes, dtype=acc_dt, keepdims=True)
+        mask = _check_where(x, where)
+    m = mean(x, axis=axes, dtype=acc_dt, keepdims=True, where=where)
     dev = x.local.astype(acc_dt, copy=False) - m.local
     xp = array_module(dev)
     sq = (dev * xp.conj(dev)).real if xp.iscomplexobj(dev) else dev * dev
-    part = sq.sum(axis=axes, keepdims=True)
+    part = sq.sum(axis=axes, keepdims=True,
+                  **({} if mask is None else {"where": _local_mask(x, mask)}))
     comm = _comm(x, axes)
     if comm is not None and comm.size > 1:
         part = allreduce(comm, part, "sum")
+    n = _mask_count(x, axes, mask)
     with np.errstate(invalid="ignore", divide="ignore"):
-        v = part / builtins.max(_count(x, axes) - ddof, 0)
+        v = part / (builtins.max(n - ddof, 0) if mask is None else xp.maximum(n - ddof, 0))
     real_dt = np.empty(0, out_dt).real.dtype
     return _finish(x, v.astype(real_dt, copy=False), axes, keepdims)
 
 
 @collective_entry
-def std(x: DistArray, axis=None, dtype=None, ddof=0, keepdims=False) -> DistArray:
-    with _agreed("std", x, axis, keepdims, dtype=dtype_key(dtype), ddof=ddof):
+def std(x: DistArray, axis=None, dtype=None, ddof=0, keepdims=False, *,
+        where=True) -> DistArray:
+    with _agreed("std", x, axis, keepdims, dtype=dtype_key(dtype), ddof=ddof,
+                 where=operand_key(where)):
         _axes(x, axis)
-    v = var(x, axis=axis, dtype=dtype, ddof=ddof, keepdims=keepdims)
+        _check_where(x, where)
+    v = var(x, axis=axis, dtype=dtype, ddof=ddof, keepdims=keepdims, where=where)
     v.local[...] = array_module(v.local).sqrt(v.local)
     return v
 
@@ -185,17 +262,25 @@ def _extreme_identity(dtype: np.dtype, op: str):
     raise TypeError(f"{op} is not supported for dtype {dtype}")
 
 
-def _minmax(x: DistArray, axis, keepdims, op: str) -> DistArray:
-    with _agreed(op, x, axis, keepdims):
+def _minmax(x: DistArray, axis, keepdims, op: str, initial=None, where=True) -> DistArray:
+    name = "minimum" if op == "min" else "maximum"
+    with _agreed(op, x, axis, keepdims, initial=initial, where=operand_key(where)):
         axes = _axes(x, axis)
-        if _count(x, axes) == 0:
-            raise ValueError(f"zero-size array to reduction operation "
-                             f"{'minimum' if op == 'min' else 'maximum'} which has no identity")
+        mask = _check_where(x, where)
+        if mask is not None and initial is None:
+            raise ValueError(f"reduction operation '{name}' does not have an identity, so to "
+                             "use a where mask one has to specify 'initial'")
+        if _count(x, axes) == 0 and initial is None:
+            raise ValueError(f"zero-size array to reduction operation {name} which has no "
+                             "identity")
         if x.dtype.kind not in "biuf" and builtins.any(
                 x.split[t] is not None and x.grid.dims[x.split[t]] > 1 for t in axes):
             raise TypeError(f"{op} over ranks is not supported for dtype {x.dtype}")
     loc = x.local
-    if loc.size == 0:
+    if initial is not None:
+        more = {} if mask is None else {"where": _local_mask(x, mask)}
+        part = getattr(loc, op)(axis=axes, keepdims=True, initial=initial, **more)
+    elif loc.size == 0:
         shape = tuple(1 if t in axes else n for t, n in enumerate(loc.shape))
         part = array_module(loc).full(shape, _extreme_identity(x.dtype, op), dtype=x.dtype)
     else:
@@ -204,27 +289,32 @@ def _minmax(x: DistArray, axis, keepdims, op: str) -> DistArray:
 
 
 @collective_entry
-def min(x: DistArray, axis=None, keepdims=False) -> DistArray:
-    return _minmax(x, axis, keepdims, "min")
+def min(x: DistArray, axis=None, keepdims=False, *, initial=None, where=True) -> DistArray:
+    return _minmax(x, axis, keepdims, "min", initial, where)
 
 
 @collective_entry
-def max(x: DistArray, axis=None, keepdims=False) -> DistArray:
-    return _minmax(x, axis, keepdims, "max")
+def max(x: DistArray, axis=None, keepdims=False, *, initial=None, where=True) -> DistArray:
+    return _minmax(x, axis, keepdims, "max", initial, where)
 
 
-@collective_entry
-def any(x: DistArray, axis=None, keepdims=False) -> DistArray:
-    with _agreed("any", x, axis, keepdims):
+def _any_all(x: DistArray, axis, keepdims, where, op: str) -> DistArray:
+    with _agreed(op, x, axis, keepdims, where=operand_key(where)):
         axes = _axes(x, axis)
-    return _reduce(x, axes, "lor", x.local.any(axis=axes, keepdims=True), keepdims)
+        mask = _check_where(x, where)
+    more = {} if mask is None else {"where": _local_mask(x, mask)}
+    part = getattr(x.local, op)(axis=axes, keepdims=True, **more)
+    return _reduce(x, axes, "lor" if op == "any" else "land", part, keepdims)
 
 
 @collective_entry
-def all(x: DistArray, axis=None, keepdims=False) -> DistArray:
-    with _agreed("all", x, axis, keepdims):
-        axes = _axes(x, axis)
-    return _reduce(x, axes, "land", x.local.all(axis=axes, keepdims=True), keepdims)
+def any(x: DistArray, axis=None, keepdims=False, *, where=True) -> DistArray:
+    return _any_all(x, axis, keepdims, where, "any")
+
+
+@collective_entry
+def all(x: DistArray, axis=None, keepdims=False, *, where=True) -> DistArray:
+    return _any_all(x, axis, keepdims, where, "all")
 
 
 # -- NaN-skipping reductions ----------------------------------------------------------------

@@ -167,12 +167,15 @@ def array_ufunc(ufunc, method, inputs, kwargs):
         out = kwargs.get("out")
         if not isinstance(x, DistArray) or (out is not None and out != (None,)):
             return NotImplemented
-        if set(kwargs) - {"axis", "keepdims", "dtype", "out"}:
-            return NotImplemented  # where=/initial= are not implemented: never ignore them
         op = _REDUCE[ufunc]
-        dtype = {"dtype": kwargs["dtype"]} if "dtype" in kwargs and op in ("sum", "prod") else {}
+        options = {"where"} if op in ("any", "all") else {"where", "initial"}
+        if set(kwargs) - {"axis", "keepdims", "dtype", "out"} - options:
+            return NotImplemented  # options not implemented are never ignored
+        more = {k: kwargs[k] for k in options if k in kwargs}
+        if "dtype" in kwargs and op in ("sum", "prod"):
+            more["dtype"] = kwargs["dtype"]
         return getattr(reductions, op)(
-            x, axis=kwargs.get("axis", 0), keepdims=kwargs.get("keepdims", False), **dtype)
+            x, axis=kwargs.get("axis", 0), keepdims=kwargs.get("keepdims", False), **more)
     if method != "__call__":
         return NotImplemented
     if ufunc.signature is not None:  # gufuncs: np.matmul, np.vecdot (disttensor.linalg)
