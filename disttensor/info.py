@@ -142,6 +142,30 @@ def _ops_rows() -> list[tuple[str, str]]:
             rows.append(("ops: GPU conv backend", gpu.conv_backend()))
     except Exception as e:  # noqa: BLE001
         rows.append(("ops: GPU conv backend", f"failed: {_err(e)}"))
+    rows += _gpu_comm_rows()
+    return rows
+
+
+def _gpu_comm_rows() -> list[tuple[str, str]]:
+    """Which path CuPy arrays take between ranks (NCCL, CUDA-aware MPI, pinned staging) and
+    whether the float16 RawKernels compiled.  Collective over COMM_WORLD (the NCCL
+    communicator is made to see whether it works): run it the same way on every rank."""
+    rows: list[tuple[str, str]] = []
+    try:
+        from .core.backend import gpu_available
+        if not gpu_available():
+            return [("GPU communication", "no GPU")]
+        from .core.gpucomm import gpu_paths
+        for what, path in gpu_paths().items():
+            rows.append((f"GPU {what}", path))
+        from .ops.local.gpu import rawmodules
+        for name in sorted(rawmodules.MODULE_SPECS):
+            rawmodules.load_module(name)
+        missing = rawmodules.HALF_UNAVAILABLE
+        rows.append(("GPU float16 kernels", "compiled" if not missing else
+                     "unavailable: " + "; ".join(f"{k}: {v}" for k, v in missing.items())))
+    except Exception as e:  # noqa: BLE001
+        rows.append(("GPU communication", f"failed: {_err(e)}"))
     return rows
 
 

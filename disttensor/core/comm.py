@@ -163,6 +163,10 @@ def allreduce(comm: MPI.Comm, arr, op: str):
     xp = array_module(arr)
     if comm.size == 1:
         return arr.copy()
+    if xp is not np and op == "sum":
+        out = _device_sum(comm, arr)
+        if out is not None:
+            return out
     host = to_host(arr)
     dtype = host.dtype
     work = np.ascontiguousarray(host)
@@ -190,6 +194,20 @@ def allreduce(comm: MPI.Comm, arr, op: str):
         out[anynan.astype(bool)] = np.nan
     out = out.astype(dtype, copy=False)
     return out if xp is np else xp.asarray(out)
+
+
+def _device_sum(comm: MPI.Comm, arr):
+    """The sum of CuPy array ``arr`` over ``comm`` computed on the devices with NCCL (float16
+    in float32, as the host path does), stream-ordered; ``None`` where NCCL is not used on
+    ``comm`` or not for this dtype (collective: the answer is the same on every rank)."""
+    from .gpucomm import NCCL_DTYPES, device_allreduce, nccl_communicator
+    dtype = np.dtype(arr.dtype)
+    if dtype.name not in NCCL_DTYPES or nccl_communicator(comm) is None:
+        return None
+    work = arr.astype(np.float32) if dtype == np.float16 else arr.copy(order="C")
+    if device_allreduce(comm, work, "sum") is None:
+        return None
+    return work.astype(dtype, copy=False)
 
 
 # -- GPU buffers -----------------------------------------------------------------------------
@@ -368,8 +386,9 @@ class PieceExchange:
         self._active = False
 
     def _scratch(self, v, recv: bool):
-        if self.staged:
-            return np.empty(v.shape, dtype=v.dtype)
+        if self.staged:  # page-locked, made once per exchange and reused by every start()
+            import cupyx
+            return cupyx.empty_pinned(v.shape, dtype=v.dtype)
         if _c_contiguous(v) and not (recv and self.accumulate):
             return None
         return self.xp.empty(v.shape, dtype=v.dtype)
@@ -439,8 +458,9 @@ class PieceExchange:
         for (_, _, v), s in zip(self.sends, self._send_scratch):
             if s is None:
                 data.append(v)
-            elif self.staged:
-                data.append(self.xp.asnumpy(v))
+            elif self.staged:  # device -> the pinned scratch (no allocation per exchange)
+                self.xp.ascontiguousarray(v).get(out=s)
+                data.append(s)
             else:
                 copy_into(s, v)
                 data.append(s)

@@ -15,6 +15,15 @@ receive each bucket's summed gradients as soon as its all-reduce has completed (
 ``MPI_Test`` as later buckets start, the rest at the end of backward) and may take them instead
 of ``.grad``: the in-backward weight update (:mod:`disttensor.nn.backward_update`).
 
+Parameters on the GPU (CuPy): the buckets live on the device and are summed with NCCL
+(:mod:`disttensor.core.gpucomm`), queued on a stream of the reducer's own after an event of the
+stream backward runs on, so neither the copy of a gradient into its bucket nor the start or the
+end of a bucket's sum waits on the host (the end of backward makes the compute stream wait for
+the buckets' events).  Without NCCL on the communicator, device buckets go to a CUDA-aware MPI
+directly (after a stream synchronisation), else through page-locked host buckets and MPI.
+:attr:`GradientReducer.transport` says which (``"nccl"``, ``"cuda-aware mpi"``,
+``"host (pinned)"``, ``"host"``, or ``"device (1 rank)"``).
+
 :class:`DistributedDataParallel` wraps a model with a reducer, and checks at construction that
 every rank holds the same parameters and buffers (one digest all-reduce; a mismatch raises on
 every rank, naming the parameter); ``DISTTENSOR_CHECK_REPLICAS=N`` repeats the check every N
@@ -159,6 +168,8 @@ class GradientReducer:
             cur_dtype = dtype
         if cur:
             self._add_bucket(cur, cur_dtype)
+        self.transport = _bucket_transport(self.params, self.comm)
+        self._stream = None  # the NCCL transport's stream (made on first use)
         for p in self.params:
             p.deferred_reduction = grid
             p.register_grad_ready_hook(self._ready)
@@ -231,12 +242,17 @@ class GradientReducer:
         if b.buffer is None:  # first use, or freed after its gradients were taken
             if self._done_hooks:
                 self._poll_done()  # free what has completed before allocating more
-            b.buffer = np.zeros(b.size, dtype=b.dtype)
+            b.buffer = _zeros_buffer(self.transport, b.size, b.dtype)
         seg = b.buffer[b.offsets[i]:b.offsets[i] + p.data.size]
         seen = self._reported.get(id(p), 0)
         self._reported[id(p)] = seen + 1
         if share is not None:
-            share = (to_host(share) if array_module(share) is not np else share).reshape(-1)
+            on_device = array_module(share) is not np
+            if on_device and not _device_buffers(self.transport):
+                share = to_host(share)
+            elif not on_device and _device_buffers(self.transport):
+                share = array_module(seg).asarray(share)
+            share = share.reshape(-1)
         if seen == 0:  # first report of this step: overwrite the zeroed segment
             seg[...] = 0 if share is None else share
         elif share is not None:  # a later pass of accumulate(): add
@@ -275,8 +291,10 @@ class GradientReducer:
             g = b.buffer[off:off + p.data.size].reshape(p.data.shape)
             view = bool(hooks) and xp is np and p.grad is None and g.dtype == p.data.dtype
             if not view:  # (a callback may take a view: it needs no copy of its own)
-                g = xp.asarray(g, dtype=p.data.dtype) if xp is not np else \
-                    g.astype(p.data.dtype, copy=True)
+                if xp is not np and array_module(g) is np:
+                    g = xp.asarray(g, dtype=p.data.dtype)  # host bucket -> device
+                else:  # a copy: the bucket is zeroed (or freed) below
+                    g = g.astype(p.data.dtype, copy=True)
                 g = g if p.grad is None else p.grad + g
             grads.append(g)
             views.append(view)
@@ -292,11 +310,42 @@ class GradientReducer:
 
     def _start(self, b: _Bucket) -> None:
         if b.buffer is None:  # no gradient reached it in this step: it sums zeros
-            b.buffer = np.zeros(b.size, dtype=b.dtype)
+            b.buffer = _zeros_buffer(self.transport, b.size, b.dtype)
         if self.comm.size == 1:
             b.request = MPI.REQUEST_NULL
+        elif self.transport == "nccl":
+            b.request = self._nccl_start(b.buffer)
         else:
+            if self.transport == "cuda-aware mpi":  # the bucket's copies must be done
+                array_module(b.buffer).cuda.get_current_stream().synchronize()
             b.request = self.comm.Iallreduce(MPI.IN_PLACE, b.buffer, op=MPI.SUM)
+
+    def _nccl_start(self, buffer) -> "_StreamRequest":
+        """Queue the NCCL sum of ``buffer`` on the reducer's stream, after everything queued
+        so far on the current (compute) stream; the request completes with its event."""
+        import cupy
+        from ..core.gpucomm import device_allreduce
+        if self._stream is None:
+            self._stream = cupy.cuda.Stream(non_blocking=True)
+        ready = cupy.cuda.Event(disable_timing=True)
+        ready.record(cupy.cuda.get_current_stream())
+        self._stream.wait_event(ready)
+        device_allreduce(self.comm, buffer, "sum", stream=self._stream)
+        done = cupy.cuda.Event(disable_timing=True)
+        done.record(self._stream)
+        return _StreamRequest(done)
+
+    def _wait(self, buckets) -> None:
+        """Wait for the sums of ``buckets``: MPI requests on the host; NCCL ones by making the
+        compute stream wait for their events (stream-ordered, no host synchronisation)."""
+        if self.transport == "nccl" and self.comm.size > 1:
+            import cupy
+            cur = cupy.cuda.get_current_stream()
+            for b in buckets:
+                cur.wait_event(b.request.event)
+            return
+        with waiting(self.comm, "MPI_Waitall (gradient all-reduce buckets)"):
+            MPI.Request.Waitall([b.request for b in buckets])
 
     def finish(self) -> None:
         """Start what is left (parameters backward never reached contribute zeros), wait for
@@ -308,8 +357,7 @@ class GradientReducer:
         while self._next_start < len(self.buckets):
             self._start(self.buckets[self._next_start])
             self._next_start += 1
-        with waiting(self.comm, "MPI_Waitall (gradient all-reduce buckets)"):
-            MPI.Request.Waitall([b.request for b in self.buckets[self._next_done:]])
+        self._wait(self.buckets[self._next_done:])
         for b in self.buckets[self._next_done:]:
             self._deliver(b)
         for b in self.buckets:
@@ -330,6 +378,55 @@ class GradientReducer:
                               is not self]
         if self.comm != MPI.COMM_NULL:
             self.comm.Free()
+
+
+class _StreamRequest:
+    """A bucket's NCCL sum in flight: complete when its CUDA event has been reached."""
+    __slots__ = ("event",)
+
+    def __init__(self, event):
+        self.event = event
+
+    def Test(self) -> bool:  # the MPI request's name, for _poll_done
+        return bool(self.event.done)
+
+
+def _bucket_transport(params, comm: MPI.Comm) -> str:
+    """How the buckets of ``params`` are summed over ``comm`` (collective, the same answer on
+    every rank): ``"host"`` for NumPy parameters; for CuPy ones ``"device (1 rank)"``,
+    ``"nccl"`` where NCCL runs on ``comm``, ``"cuda-aware mpi"`` where MPI takes device
+    buffers, else ``"host (pinned)"``."""
+    on_gpu = bool(params) and all(array_module(p.data) is not np for p in params)
+    if comm.size > 1:
+        on_gpu = bool(comm.allreduce(int(on_gpu), op=MPI.MIN))
+    if not on_gpu:
+        return "host"
+    if comm.size == 1:
+        return "device (1 rank)"
+    from ..core.comm import cuda_aware_mpi
+    from ..core.gpucomm import nccl_communicator
+    if nccl_communicator(comm) is not None:
+        return "nccl"
+    return "cuda-aware mpi" if cuda_aware_mpi() else "host (pinned)"
+
+
+def _device_buffers(transport: str) -> bool:
+    return transport in ("nccl", "cuda-aware mpi", "device (1 rank)")
+
+
+def _zeros_buffer(transport: str, size: int, dtype):
+    """A zeroed bucket buffer of ``size`` elements where ``transport`` needs it: on the
+    device, in page-locked host memory (CuPy parameters staged through the host), or plain
+    NumPy."""
+    if _device_buffers(transport):
+        import cupy
+        return cupy.zeros(size, dtype=dtype)
+    if transport == "host (pinned)":
+        import cupyx
+        buf = cupyx.empty_pinned(size, dtype=dtype)
+        buf[...] = 0
+        return buf
+    return np.zeros(size, dtype=dtype)
 
 
 class DistributedDataParallel(Module):

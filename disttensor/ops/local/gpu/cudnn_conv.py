@@ -37,9 +37,12 @@ APIs this module relies on (looked up, not guessed):
     ``create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])``,
     ``check_support()``, ``build_plans()``, ``get_workspace_size()``; an unsupported graph
     raises ``cudnn.cudnnGraphNotSupportedError``;
-  - ``graph.execute({graph_tensor: device_pointer_int, ...}, workspace_pointer_int_or_None,
-    handle=h)``: raw device pointers are accepted as variant-pack values and as the workspace,
-    so torch is never imported;
+  - ``graph.execute({graph_tensor: buffer, ...}, workspace_buffer_or_None, handle=h)``: the
+    buffers are CuPy arrays, read through DLPack (``__dlpack__``), so torch is never imported.
+    A bare device pointer (an int) is accepted too, but the frontend then knows no extent:
+    1.28's ``pygraph._normalize`` describes an int workspace as 0 bytes to the engines that
+    carve it (``_pybind_module.read_buffer_extent`` returns None for it), so we never pass
+    one;
   - every candidate plan (mu-cuDNN's algorithms): ``get_execution_plan_count()``,
     ``build_plan_at_index(index)`` (raises where that engine cannot be built),
     ``get_workspace_size_plan_at_index(index)`` and
@@ -243,14 +246,15 @@ def _cudnn_execute(plan, arrays, index=None):
     handle = _cudnn_handle(cudnn, cp)
     nbytes = plan.workspace if index is None else dict(plan.workspace)[index]
     # the workspace comes from CuPy's (stream-ordered) memory pool: effectively cached, and
-    # never shared between streams
+    # never shared between streams.  The arrays themselves go to the frontend, not their
+    # pointers: it reads each buffer's extent through DLPack, and a bare address is a buffer of
+    # unknown (zero) size to the engines that bounds-check their workspace carves.
     ws = cp.empty(nbytes, dtype=cp.uint8) if nbytes > 0 else None
-    pack = {t: a.data.ptr for t, a in zip(plan.tensors, arrays)}
-    ptr = None if ws is None else ws.data.ptr
+    pack = dict(zip(plan.tensors, arrays))
     if index is None:
-        plan.graph.execute(pack, ptr, handle=handle)
+        plan.graph.execute(pack, ws, handle=handle)
     else:
-        plan.graph.execute_plan_at_index(pack, ptr, index, handle=handle)
+        plan.graph.execute_plan_at_index(pack, ws, index, handle=handle)
 
 
 def _pad_crop_slices(spatial, elo, ehi):

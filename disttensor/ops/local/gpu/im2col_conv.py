@@ -98,25 +98,35 @@ def im2col_backward_data(cp, dy, w, dx_shape, stride, dilation, lo, G, budget_by
 
 
 def im2col_backward_filter(cp, x, dy, dw_shape, stride, dilation, lo, G, budget_bytes=None):
-    """``dw`` of shape ``dw_shape`` (x's dtype, accumulated in float32/float64): the gradient
-    of :func:`im2col_forward` with respect to ``w``."""
+    """``dw`` of shape ``dw_shape`` (x's dtype): the gradient of :func:`im2col_forward` with
+    respect to ``w``.
+
+    Every product and sum is in float32 for float16 operands (float64 for float64): the column
+    chunk and ``dy`` are widened before the GEMM, so no chunk's partial sum over its output
+    positions is ever rounded to float16 (it was: a float16 GEMM output per chunk, 11-bit
+    partial sums and overflow past 65504 on large outputs).  The column budget counts the
+    widened copy too."""
     T = ctype(x.dtype, "im2col")
     N, Cin = x.shape[:2]
     Cout, Cg = dw_shape[:2]
     kern = dw_shape[2:]
     K = Cg * math.prod(kern)
     oD, oH, oW = dy.shape[2:]
-    acc = np.float64 if x.dtype == np.float64 else np.float32
+    acc = np.dtype(np.float64 if x.dtype == np.float64 else np.float32)
+    widen = np.dtype(x.dtype) != acc
     dw = cp.zeros((G, Cout // G, K), acc)
     dyv = dy.reshape(N, Cout, oD, oH * oW)
-    for n0, nb, od0, ndp in _chunks(N, oD, Cin * math.prod(kern) * oH * oW, x.itemsize,
+    col_itemsize = x.itemsize + (acc.itemsize if widen else 0)
+    for n0, nb, od0, ndp in _chunks(N, oD, Cin * math.prod(kern) * oH * oW, col_itemsize,
                                     budget_bytes):
         Q = ndp * oH * oW
         colT = cp.empty((nb, G, Q, K), x.dtype)
         _im2col(T, x[n0:n0 + nb], colT, G, Cg, x.shape[2:], kern, (oH, oW), od0, ndp,
                 stride, dilation, lo, 1)
-        dyc = cp.ascontiguousarray(dyv[n0:n0 + nb, :, od0:od0 + ndp, :])
+        dyc = cp.ascontiguousarray(dyv[n0:n0 + nb, :, od0:od0 + ndp, :], dtype=acc)
         dyc = dyc.reshape(nb, G, Cout // G, Q)
+        if widen:
+            colT = colT.astype(acc)
         part = cp.matmul(dyc, colT)  # (nb, G, Coutg, Q) @ (nb, G, Q, K) -> (nb, G, Coutg, K)
         dw += part.sum(axis=0, dtype=acc)
     return dw.astype(x.dtype, copy=False).reshape(dw_shape)

@@ -77,12 +77,20 @@ _modules: dict = {}
 _modules_lock = threading.Lock()
 
 
+HALF_UNAVAILABLE: dict = {}   # module name -> why its __half instances did not compile
+
+
 def load_module(name):
     """``(cupy.RawModule, has_half)`` for module ``name`` (``kernels/<name>.cu``), compiled on
     first use.
 
-    The __half instances need ``cuda_fp16.h`` at NVRTC time; should that fail, the module is
-    compiled again with ``-DDISTTENSOR_NO_HALF`` and float16 input raises ``TypeError``."""
+    The __half instances need ``cuda_fp16.h`` at NVRTC time.  Should the full build fail, the
+    module is compiled again with ``-DDISTTENSOR_NO_HALF``: if that build succeeds, only the
+    float16 instances were at fault, which is said at once (a ``RuntimeWarning`` naming the
+    NVRTC error, once per module) and recorded in :data:`HALF_UNAVAILABLE` (reported by
+    ``python -m disttensor.info``); float16 input then raises ``TypeError`` with the same
+    reason.  If the build without them fails too, the error of the full build is raised (a
+    broken kernel is never hidden behind a float16 fallback)."""
     entry = _modules.get(name)
     if entry is not None:
         return entry
@@ -103,8 +111,17 @@ def load_module(name):
 
             try:
                 entry = (build(True), True)
-            except Exception:  # noqa: BLE001 - e.g. NVRTC cannot find cuda_fp16.h
-                entry = (build(False), False)
+            except Exception as full_error:  # noqa: BLE001 - e.g. NVRTC lacks cuda_fp16.h
+                try:
+                    entry = (build(False), False)
+                except Exception:  # noqa: BLE001 - not a float16 problem: the real error
+                    raise full_error from None
+                reason = f"{type(full_error).__name__}: {str(full_error).strip()[:500]}"
+                HALF_UNAVAILABLE[name] = reason
+                import warnings
+                warnings.warn(f"the float16 instances of the GPU kernels {name!r} did not "
+                              f"compile ({reason}); float32/float64 work, float16 input "
+                              "raises TypeError", RuntimeWarning, stacklevel=3)
             _modules[name] = entry
     return entry
 
@@ -123,7 +140,7 @@ def ctype(dtype, module):
         raise TypeError(f"GPU local kernels take float16, float32 or float64 arrays, got {name}")
     if ct == "__half" and not load_module(module)[1]:
         raise TypeError("float16 GPU kernels are unavailable here (NVRTC could not compile "
-                        "the __half instances)")
+                        f"the __half instances of {module!r}: {HALF_UNAVAILABLE.get(module)})")
     return ct
 
 

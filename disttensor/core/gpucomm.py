@@ -1,0 +1,176 @@
+"""How CuPy arrays travel between ranks: NCCL communicators bootstrapped over MPI, CUDA-aware
+MPI, or reused pinned host buffers; and which of them runs (``python -m disttensor.info``).
+
+Three paths, chosen per MPI communicator, the same on every rank of it:
+
+* **NCCL** (``cupy.cuda.nccl``) for sums of device arrays (:func:`device_allreduce`): one
+  ``NcclCommunicator`` per MPI communicator, made on first use (collective): rank 0 draws the
+  unique id, MPI broadcasts it, every rank joins with its MPI rank.  Calls are stream-ordered:
+  the all-reduce is queued on the caller's (or CuPy's current) stream, after the kernels that
+  produced the buffer and before those that read it, with no host synchronisation.  NCCL is
+  tried only where every rank of the communicator drives a different GPU (an all-gather of
+  ``(host, device PCI bus id)`` first: NCCL refuses two ranks on one device), where
+  ``DISTTENSOR_NCCL`` is not ``0``, and where ``cupy.cuda.nccl`` imports; an initialisation
+  that fails on any rank falls back on every rank (agreed by one all-reduce), with the reason
+  kept for :func:`gpu_paths`.
+* **CUDA-aware MPI** (:func:`disttensor.core.comm.cuda_aware_mpi`): device buffers go to MPI
+  directly after the stream is synchronised.
+* **Pinned host staging** otherwise: device -> pinned host buffer -> MPI -> pinned buffer ->
+  device, through buffers from :func:`pinned_buffer`, kept and reused per purpose (page-locked
+  memory makes the copies run at full PCIe/NVLink-C2C speed and asynchronous; allocating it
+  per message costs more than the copy).
+
+CuPy is imported lazily; on a machine without it this module imports, and every query answers
+"no GPU".
+"""
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+from mpi4py import MPI
+
+__all__ = ["nccl_communicator", "nccl_reason", "device_allreduce", "pinned_buffer",
+           "gpu_paths", "NCCL_DTYPES"]
+
+# NumPy dtype name -> the cupy.cuda.nccl datatype constant's name
+NCCL_DTYPES = {"float16": "NCCL_FLOAT16", "float32": "NCCL_FLOAT32",
+               "float64": "NCCL_FLOAT64", "int32": "NCCL_INT32", "int64": "NCCL_INT64",
+               "uint8": "NCCL_UINT8", "int8": "NCCL_INT8", "uint32": "NCCL_UINT32",
+               "uint64": "NCCL_UINT64"}
+_NCCL_OPS = {"sum": "NCCL_SUM", "prod": "NCCL_PROD", "min": "NCCL_MIN", "max": "NCCL_MAX"}
+
+_lock = threading.Lock()
+_nccl: dict = {}        # MPI communicator handle -> NcclCommunicator or None
+_reasons: dict = {}     # MPI communicator handle -> why NCCL is not used on it
+
+
+def _nccl_module():
+    """``cupy.cuda.nccl`` or None (not installed, or no NCCL library)."""
+    try:
+        from cupy.cuda import nccl
+        if not getattr(nccl, "available", True):
+            return None
+        return nccl
+    except Exception:  # noqa: BLE001 - ImportError, missing libnccl, no CUDA
+        return None
+
+
+def _device_identity():
+    """``(host name, PCI bus id of CuPy's current device)`` of this rank."""
+    import cupy
+    dev = cupy.cuda.Device()
+    try:
+        bus = dev.pci_bus_id
+    except Exception:  # noqa: BLE001 - older CuPy: the ordinal is all we know
+        bus = f"ordinal {dev.id}"
+    return MPI.Get_processor_name(), bus
+
+
+def nccl_communicator(comm: MPI.Comm):
+    """The ``NcclCommunicator`` spanning the ranks of ``comm`` (CuPy's current device on each),
+    or ``None`` where NCCL cannot be used on it (:func:`nccl_reason` says why).  Collective on
+    the first call for ``comm``; cached after (every rank gets the same answer)."""
+    key = comm.py2f()
+    with _lock:
+        if key in _nccl:
+            return _nccl[key]
+    nc, reason = _make_nccl(comm)
+    with _lock:
+        _nccl[key] = nc
+        if reason:
+            _reasons[key] = reason
+    return nc
+
+
+def nccl_reason(comm: MPI.Comm) -> str | None:
+    """Why :func:`nccl_communicator` gave ``None`` for ``comm`` (None: not asked yet, or NCCL
+    runs)."""
+    return _reasons.get(comm.py2f())
+
+
+def _make_nccl(comm: MPI.Comm):
+    """``(communicator or None, reason)``; collective over ``comm``.  Every rank takes the
+    same branch: the decisions are made on allgathered or agreed values."""
+    if os.environ.get("DISTTENSOR_NCCL", "1").lower() in ("0", "false", "no", "off"):
+        return None, "disabled by DISTTENSOR_NCCL=0"
+    nccl = _nccl_module()
+    have = comm.allreduce(int(nccl is not None), op=MPI.MIN)
+    if not have:
+        return None, "cupy.cuda.nccl is not available on every rank"
+    ids = comm.allgather(_device_identity())
+    if len(set(ids)) < len(ids):
+        return None, "two ranks drive the same GPU (NCCL needs one device per rank)"
+    uid = nccl.get_unique_id() if comm.rank == 0 else None
+    uid = comm.bcast(uid, root=0)
+    nc, err = None, None
+    try:
+        nc = nccl.NcclCommunicator(comm.size, uid, comm.rank)
+    except Exception as e:  # noqa: BLE001 - e.g. no network transport between the devices
+        err = f"{type(e).__name__}: {e}"
+    failed = comm.allreduce(int(nc is None), op=MPI.MAX)
+    if failed:
+        if nc is not None:
+            try:
+                nc.destroy()
+            except Exception:  # noqa: BLE001
+                pass
+        return None, f"NCCL initialisation failed ({err or 'on another rank'})"
+    return nc, None
+
+
+def device_allreduce(comm: MPI.Comm, arr, op: str = "sum", stream=None):
+    """``arr`` (a C-contiguous CuPy array) reduced elementwise over ``comm`` IN PLACE on the
+    device with NCCL, queued on ``stream`` (default: CuPy's current stream), and returned; or
+    ``None`` where NCCL is not used on ``comm`` or does not take this dtype/op (the caller
+    then takes an MPI path).  Collective; every rank must pass the same shape, dtype and op."""
+    nc = nccl_communicator(comm)
+    if nc is None:
+        return None
+    name = NCCL_DTYPES.get(np.dtype(arr.dtype).name)
+    if name is None or op not in _NCCL_OPS or not arr.flags.c_contiguous:
+        return None
+    from cupy.cuda import nccl
+    import cupy
+    s = stream if stream is not None else cupy.cuda.get_current_stream()
+    ptr = arr.data.ptr
+    nc.allReduce(ptr, ptr, arr.size, getattr(nccl, name), getattr(nccl, _NCCL_OPS[op]), s.ptr)
+    return arr
+
+
+_pinned: dict = {}
+
+
+def pinned_buffer(key, shape, dtype) -> np.ndarray:
+    """A page-locked host array of ``shape``/``dtype`` for purpose ``key``, reused across calls
+    (grown when a larger one is asked for; the contents are not kept).  Not thread-safe per
+    key: one user at a time."""
+    import cupyx
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    buf = _pinned.get(key)
+    if buf is None or buf.nbytes < n:
+        buf = cupyx.empty_pinned(max(n, 1), dtype=np.uint8)
+        _pinned[key] = buf
+    return buf[:n].view(dtype).reshape(shape)
+
+
+def gpu_paths(comm: MPI.Comm | None = None) -> dict:
+    """Which path runs, for ``python -m disttensor.info``: ``{"gradient sums": ...,
+    "halo exchange": ...}``, each ``"NCCL"``, ``"CUDA-aware MPI"`` or ``"host staging
+    (pinned)"`` (with the reason NCCL is not used, where asked).  ``comm`` (default
+    COMM_WORLD) is asked for its NCCL communicator: collective."""
+    from .backend import gpu_available
+    from .comm import cuda_aware_mpi
+    if not gpu_available():
+        return {"gradient sums": "no GPU", "halo exchange": "no GPU"}
+    comm = MPI.COMM_WORLD if comm is None else comm
+    mpi_path = "CUDA-aware MPI" if cuda_aware_mpi() else "host staging (pinned)"
+    if comm.size == 1:
+        sums = "none needed (1 rank)"
+    elif nccl_communicator(comm) is not None:
+        sums = "NCCL"
+    else:
+        sums = f"{mpi_path} (NCCL not used: {nccl_reason(comm)})"
+    return {"gradient sums": sums, "halo exchange": mpi_path}
