@@ -23,6 +23,12 @@ pair plus the zero fills, local copies and packs (measured within ~1.0-1.2x of a
 ``MPI_Sendrecv`` of the same bytes for contiguous faces of 4 KiB-2 MiB,
 ``bench/halo_bench.py``).  :func:`reverse_window` is the adjoint of "exchange, then read a
 window" computed straight from the window's gradient (what the window ops' backward uses).
+
+:class:`EdgeFill` runs after an exchange and refills the halo cells beyond a non-periodic global
+boundary the way ``np.pad`` does, axis after axis: ``'reflect'`` (``np.pad``'s ``'symmetric'``:
+the edge cell is repeated, Dask's ``'reflect'``), ``'nearest'`` (``'edge'``) or a constant.
+The cells it copies may live on other ranks (a block thinner than the halo): they come point to
+point from their owners, one exchange per axis.
 """
 from __future__ import annotations
 
@@ -33,10 +39,11 @@ import numpy as np
 from mpi4py import MPI
 
 from .comm import PieceExchange, copy_into, fill_zero, private_comm
-from .distribution import Distribution
+from .distribution import Distribution, coords_to_rank
 from .plans import CommPlan, halo_plan
 
-__all__ = ["HaloExchange", "plan", "normalize_boundary", "reverse_window"]
+__all__ = ["HaloExchange", "plan", "normalize_boundary", "reverse_window", "EdgeFill",
+           "check_edge_modes"]
 
 _REVERSE_TAG = 1 << 14
 
@@ -276,3 +283,131 @@ def reverse_window(window, read_start, x_dist: Distribution, grid, halo, periodi
     if ex is not None:
         ex.finish()
     return out
+
+
+# -- filling the halo beyond the global boundary (reflect, nearest, constant) -------------------
+_EDGE_TAG = 0  # its own private communicator: no tag can meet the exchange's
+
+
+def check_edge_modes(shape, halo, modes) -> None:
+    """``ValueError`` where a mode cannot fill the halo of an axis: ``'reflect'`` wider than the
+    axis (one mirror image only, as Dask), ``'reflect'``/``'nearest'`` on an empty axis.  Pure
+    (replicated metadata): every rank raises alike."""
+    for t, (mode, (lo, hi), n) in enumerate(zip(modes, halo, shape)):
+        if mode in ("reflect", "nearest") and max(lo, hi) > 0:
+            if n == 0:
+                raise ValueError(f"boundary {mode!r} cannot fill the halo of empty axis {t}")
+            if mode == "reflect" and max(lo, hi) > n:
+                raise ValueError(f"depth {max(lo, hi)} on axis {t} is larger than the axis "
+                                 f"({n}): boundary 'reflect' mirrors the array once")
+
+
+def _outside(offsets, c, lo, hi):
+    """The global ranges of block ``c``'s buffer beyond the boundary: ``(side, g0, g1)``."""
+    n, b0, b1 = offsets[-1], offsets[c] - lo, offsets[c + 1] + hi
+    out = []
+    if b0 < 0:
+        out.append((0, b0, min(0, b1)))
+    if b1 > n:
+        out.append((1, max(n, b0), b1))
+    return out
+
+
+def _source(side, g0, g1, n, mode):
+    """The global range whose cells fill ``[g0, g1)`` beyond the boundary."""
+    if mode == "nearest":
+        return (0, 1) if side == 0 else (n - 1, n)
+    return (-g1, -g0) if side == 0 else (2 * n - g1, 2 * n - g0)
+
+
+def _along(nd, t, sl):
+    idx = [slice(None)] * nd
+    idx[t] = sl
+    return tuple(idx)
+
+
+class EdgeFill:
+    """Fill the halo cells of ``x``'s buffer beyond the global boundary, after an exchange
+    that filled every other halo cell (zero beyond the boundary), as ``np.pad`` would, axis
+    after axis in order: ``modes[t]`` is ``None`` (leave the cells: zero or periodic),
+    ``'reflect'`` (``np.pad`` ``'symmetric'``), ``'nearest'`` (``'edge'``) or
+    ``('constant', value)``.  An axis's fill covers the whole buffer along the other axes, so
+    edges and corners come out as ``np.pad`` applied to one axis after the other.
+
+    Collective over the ranks that own or need boundary cells (point to point, on a private
+    communicator; no agreement: the caller agreed ``x`` and ``modes``, see
+    :func:`check_edge_modes` for what is refused)."""
+
+    def __init__(self, x, modes):
+        self.x = x
+        dist = x.distribution
+        comm = x.grid.cart
+        self.pcomm = private_comm(comm, "halo_edges") if comm.size > 1 else comm
+        me = x.grid.coords
+        self.steps = []
+        for t, mode in enumerate(modes):
+            if mode is None or (x.halo[t] == (0, 0)):
+                continue
+            self.steps.append(self._axis_step(dist, me, t, mode))
+
+    def _axis_step(self, dist, me, t, mode):
+        buf = self.x.buffer
+        nd, n = buf.ndim, dist.shape[t]
+        lo, hi = self.x.halo[t]
+        off = dist.offsets[t]
+        c = dist.axis_coord(t, me)
+        base = off[c] - lo
+        g = dist.split[t]
+        fills, recvs, local, sends = [], [], [], []
+        for side, g0, g1 in _outside(off, c, lo, hi):
+            dst = buf[_along(nd, t, slice(g0 - base, g1 - base))]
+            if isinstance(mode, tuple):
+                fills.append((dst, mode[1], None))
+                continue
+            s0, s1 = _source(side, g0, g1, n, mode)
+            shape = list(buf.shape)
+            shape[t] = s1 - s0
+            tmp = np.empty(shape, dtype=buf.dtype) if type(buf) is np.ndarray else \
+                self.x.xp.empty(shape, dtype=buf.dtype)
+            fills.append((dst, tmp, mode))
+            for q in range(len(off) - 1):
+                a, b = max(s0, off[q]), min(s1, off[q + 1])
+                if a >= b:
+                    continue
+                piece = tmp[_along(nd, t, slice(a - s0, b - s0))]
+                if q == c:
+                    local.append((piece, buf[_along(nd, t, slice(a - base, b - base))]))
+                else:
+                    peer = coords_to_rank([q if k == g else v for k, v in enumerate(me)],
+                                          dist.grid_dims)
+                    recvs.append((peer, _EDGE_TAG + 2 * t + side, piece))
+        if g is not None and not isinstance(mode, tuple):
+            for q in range(len(off) - 1):   # the blocks whose boundary cells I own
+                if q == c:
+                    continue
+                for side, g0, g1 in _outside(off, q, lo, hi):
+                    s0, s1 = _source(side, g0, g1, n, mode)
+                    a, b = max(s0, off[c]), min(s1, off[c + 1])
+                    if a < b:
+                        peer = coords_to_rank([q if k == g else v for k, v in enumerate(me)],
+                                              dist.grid_dims)
+                        sends.append((peer, _EDGE_TAG + 2 * t + side,
+                                      buf[_along(nd, t, slice(a - base, b - base))]))
+        return t, fills, recvs, local, sends
+
+    def run(self) -> None:
+        """Fill now (after the exchange has ended)."""
+        for t, fills, recvs, local, sends in self.steps:
+            ex = PieceExchange(self.pcomm, sends, recvs, persistent=False).start() \
+                if (sends or recvs) else None
+            for d, s in local:
+                copy_into(d, s)
+            if ex is not None:
+                ex.finish()
+            for dst, src, mode in fills:
+                if mode is None:
+                    dst[...] = src
+                elif mode == "reflect":
+                    dst[...] = src[_along(dst.ndim, t, slice(None, None, -1))]
+                else:
+                    dst[...] = src
