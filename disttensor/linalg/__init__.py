@@ -1,5 +1,6 @@
-"""Distributed linear algebra: ``matmul``/``@``, ``tensordot``, ``vecdot``, ``einsum`` (two
-operands), ``outer``, ``trace``, ``diagonal``, ``cross``, norms, TSQR ``qr``, ``svd``, and
+"""Distributed linear algebra: ``matmul``/``@``, ``tensordot``, ``vecdot``, ``einsum``,
+``inner``, ``outer``, ``kron``, ``trace``, ``diagonal``, ``cross``, norms, TSQR ``qr``,
+``svd``, and
 ``solve``/``inv``/``det``/``cholesky``/``eigh``/``slogdet`` through a guarded gather path.
 
 Every function here is collective over the grid of its first DistArray operand; the ranks
@@ -13,8 +14,9 @@ Modules (each docstring states its contract):
 * :mod:`.matrix_product` -- ``matmul``: the aligned product, the redistribution plans and the
   cost rule that picks one, the output distribution; :mod:`.summa` -- SUMMA for operands split
   over two grid axes.
-* :mod:`.contractions` -- ``tensordot``, ``einsum``, ``outer`` (as a batched matmul),
-  ``vecdot``, ``diagonal``, ``trace``, ``cross``, ``matrix_transpose``.
+* :mod:`.contractions` -- ``tensordot``, ``inner`` (as a batched matmul), ``outer``,
+  ``kron``, ``vecdot``, ``diagonal``, ``trace``, ``cross``, ``matrix_transpose``.
+* :mod:`.einsum` -- ``einsum`` of any number of operands (greedy pairwise order), ``...``.
 * :mod:`.norms` -- ``vector_norm``, ``matrix_norm``, ``norm``.
 * :mod:`.decompositions` -- TSQR ``qr``, ``svd``, ``svdvals``.
 * :mod:`.gather_path` -- ``solve``, ``inv``, ``det``, ``slogdet``, ``cholesky``, ``eigh``,
@@ -27,16 +29,18 @@ Modules (each docstring states its contract):
 """
 from __future__ import annotations
 
-from .contractions import (cross, diagonal, einsum, matrix_transpose, outer, tensordot, trace,
-                           vecdot)
+from .contractions import (cross, diagonal, inner, kron, matrix_transpose, outer, tensordot,
+                           trace, vecdot)
 from .decompositions import qr, svd, svdvals
+from .einsum import einsum
 from .gather_path import cholesky, det, eigh, eigvalsh, gather_limit, inv, slogdet, solve
 from .matrix_functions import matrix_power, matrix_rank, pinv
 from .matrix_product import matmul
 from .norms import matrix_norm, norm, vector_norm
 from .numpy_dispatch import GUFUNCS, HANDLED_FUNCTIONS  # noqa: F401  (GUFUNCS: for ufuncs.py)
 
-__all__ = ["matmul", "tensordot", "vecdot", "einsum", "outer", "trace", "diagonal", "cross",
+__all__ = ["matmul", "tensordot", "vecdot", "einsum", "inner", "outer", "kron", "trace",
+           "diagonal", "cross",
            "norm", "vector_norm", "matrix_norm", "qr", "svd", "svdvals", "solve", "inv", "det",
            "slogdet", "cholesky", "eigh", "eigvalsh", "matrix_transpose", "gather_limit",
            "matrix_rank", "pinv", "matrix_power", "HANDLED_FUNCTIONS"]

@@ -1,24 +1,26 @@
-"""Contractions and matrix index operations: ``tensordot``, ``einsum`` (two operands),
-``vecdot``, ``outer``, ``diagonal``, ``trace``, ``cross`` and ``matrix_transpose``.
+"""Contractions and matrix index operations: ``tensordot``, ``vecdot``, ``inner``,
+``outer``, ``kron``, ``diagonal``, ``trace``, ``cross`` and ``matrix_transpose`` (``einsum``:
+:mod:`.einsum`, on :func:`contract`).
 
 Every function is collective over the grid of its first DistArray operand (NumPy operands
 next to it are replicated values); the ranks agree the operands' metadata and the options
 before any data moves, and bad input raises NumPy's exception on every rank.
 
-``tensordot``, ``einsum`` (explicit or implicit output, no ellipsis, no repeated label inside
-one operand) and ``outer`` transpose and reshape the operands into a batched
-:func:`~.matrix_product.matmul_nd` (labels only in one operand and not in the output are
-summed first), so they move data as ``matmul`` does.  ``vecdot`` is ``sum(conj(x1) * x2,
-axis)`` with the elementwise alignment rule of :mod:`disttensor.core.array`.  ``diagonal``
-keeps each rank's diagonal entries of its rows (the column axis is made whole first),
-``trace`` sums them, ``cross`` makes the vector axis whole, and ``matrix_transpose`` swaps the
-last two axes without moving data.
+``tensordot`` and ``inner`` (``tensordot`` over the last axes) transpose and reshape the
+operands into a batched :func:`~.matrix_product.matmul_nd` (:func:`contract`), so they move
+data as ``matmul`` does; ``outer`` and ``kron`` are broadcast products (the elementwise
+alignment rule), ``kron`` then merges each pair of axes by ``reshape``: result axis ``i`` is
+split where ``a``'s axis ``i`` is (whole blocks of ``b.shape[i]`` rows per row of ``a``) or,
+if that is whole, as ``b``'s axis ``i`` is when ``reshape`` can keep it without moving data.
+``vecdot`` is ``sum(conj(x1) * x2, axis)`` with the elementwise alignment rule of
+:mod:`disttensor.core.array`.  ``diagonal`` keeps each rank's diagonal entries of its rows
+(the column axis is made whole first), ``trace`` sums them, ``cross`` makes the vector axis
+whole, and ``matrix_transpose`` swaps the last two axes without moving data.
 """
 from __future__ import annotations
 
 import math
 import numbers
-import string
 
 import numpy as np
 
@@ -28,8 +30,8 @@ from ..core.entry import agreed, canon, collective_entry, operand_key
 from .matrix_product import matmul_nd
 from .operands import check_distarray, comm_of, insert_axis, laid_out, operand_pair
 
-__all__ = ["tensordot", "einsum", "vecdot", "outer", "diagonal", "trace", "cross",
-           "matrix_transpose"]
+__all__ = ["tensordot", "contract", "vecdot", "inner", "outer", "kron", "diagonal", "trace",
+           "cross", "matrix_transpose"]
 
 
 def matrix_transpose(x: DistArray) -> DistArray:
@@ -49,9 +51,10 @@ def _regroup(x: DistArray, shape) -> DistArray:
     return x if x.shape == shape else reshape(x, shape)
 
 
-def _contract(a: DistArray, b: DistArray, ba, bb, ca, cb) -> DistArray:
+def contract(a: DistArray, b: DistArray, ba, bb, ca, cb) -> DistArray:
     """Contract axes ``ca`` of ``a`` with ``cb`` of ``b``, batch axes ``ba``/``bb`` paired;
-    result axes: batch, free axes of ``a``, free axes of ``b`` (sizes already checked)."""
+    result axes: batch, free axes of ``a``, free axes of ``b`` (sizes already checked; the
+    collective core of ``tensordot``, ``inner`` and ``einsum``)."""
     from ..routines.manipulation import transpose
     fa = [t for t in range(a.ndim) if t not in ba and t not in ca]
     fb = [t for t in range(b.ndim) if t not in bb and t not in cb]
@@ -98,72 +101,7 @@ def tensordot(x1, x2, axes=2) -> DistArray:
             raise ValueError("shape-mismatch for sum")
         if any(a.shape[i] != b.shape[j] for i, j in zip(ca, cb)):
             raise ValueError("shape-mismatch for sum")
-    return _contract(a, b, [], [], ca, cb)
-
-
-def _parse_einsum(subscripts: str, nda: int, ndb: int):
-    if not isinstance(subscripts, str):
-        raise TypeError("einsum: subscripts must be a string")
-    s = subscripts.replace(" ", "")
-    if "." in s:
-        raise ValueError("einsum: ellipsis ('...') is not supported for DistArrays")
-    ins, arrow, out = s.partition("->")
-    parts = ins.split(",")
-    if len(parts) != 2:
-        raise ValueError("einsum: DistArrays support exactly two operands")
-    la, lb = parts
-    for lab in (la, lb, out):
-        if any(c not in string.ascii_letters for c in lab):
-            raise ValueError(f"einsum: invalid subscript in {subscripts!r}")
-    for i, (lab, nd) in enumerate(((la, nda), (lb, ndb))):
-        if len(lab) != nd:
-            raise ValueError(f"einsum: operand {i} has {nd} dimensions but the subscripts "
-                             f"give {len(lab)}")
-        if len(set(lab)) != len(lab):
-            raise ValueError("einsum: a label repeated within one operand (a diagonal) is not "
-                             "supported for DistArrays")
-    if not arrow:
-        out = "".join(sorted(c for c in set(la + lb) if (la + lb).count(c) == 1))
-    if len(set(out)) != len(out):
-        raise ValueError(f"einsum: output subscript {out!r} repeats a label")
-    for c in out:
-        if c not in la and c not in lb:
-            raise ValueError(f"einsum: output label {c!r} does not appear in an input")
-    return la, lb, out
-
-
-@collective_entry
-def einsum(subscripts: str, x1, x2) -> DistArray:
-    """Two-operand ``numpy.einsum`` without ellipsis or repeated labels inside one operand
-    (collective): labels only in one operand and not in the output are summed first, the rest
-    becomes a batched matmul (batch: in both and the output; contracted: in both only)."""
-    from ..routines import reductions
-    from ..routines.manipulation import transpose
-    comm = comm_of(x1, x2)
-    with agreed(comm, "einsum", subscripts=subscripts, x1=operand_key(x1),
-                x2=operand_key(x2)):
-        grid, a, b = operand_pair(x1, x2, "einsum")
-        la, lb, out = _parse_einsum(subscripts, a.ndim, b.ndim)
-        for c in set(la) & set(lb):
-            if a.shape[la.index(c)] != b.shape[lb.index(c)]:
-                raise ValueError(f"einsum: operands could not be broadcast together: label "
-                                 f"{c!r} has sizes {a.shape[la.index(c)]} and "
-                                 f"{b.shape[lb.index(c)]}")
-    sum_a = [i for i, c in enumerate(la) if c not in lb and c not in out]
-    sum_b = [i for i, c in enumerate(lb) if c not in la and c not in out]
-    if sum_a:
-        a = reductions.sum(a, axis=tuple(sum_a))
-        la = "".join(c for i, c in enumerate(la) if i not in sum_a)
-    if sum_b:
-        b = reductions.sum(b, axis=tuple(sum_b))
-        lb = "".join(c for i, c in enumerate(lb) if i not in sum_b)
-    batch = [c for c in la if c in lb and c in out]
-    con = [c for c in la if c in lb and c not in out]
-    res = _contract(a, b, [la.index(c) for c in batch], [lb.index(c) for c in batch],
-                    [la.index(c) for c in con], [lb.index(c) for c in con])
-    labels = batch + [c for c in la if c not in lb] + [c for c in lb if c not in la]
-    perm = [labels.index(c) for c in out]
-    return res if perm == list(range(len(perm))) else transpose(res, perm)
+    return contract(a, b, [], [], ca, cb)
 
 
 @collective_entry
@@ -199,6 +137,43 @@ def outer(x1, x2) -> DistArray:
     b = b if b.ndim == 1 else reshape(b, (b.size,))
     return np.multiply(insert_axis(a, 1), insert_axis(b, 0))
 
+
+
+@collective_entry
+def inner(a, b, /) -> DistArray:
+    """``numpy.inner``: sums over the last axes of both (no complex conjugate); a 0-d operand
+    multiplies.  Result axes: ``a``'s others, then ``b``'s others (``tensordot``)."""
+    comm = comm_of(a, b)
+    with agreed(comm, "inner", a=operand_key(a), b=operand_key(b)):
+        grid, x, y = operand_pair(a, b, "inner")
+        if x.ndim and y.ndim and x.shape[-1] != y.shape[-1]:
+            yt = (y.shape[-1],) + y.shape[:-1]
+            raise ValueError(f"shapes {x.shape} and {yt} not aligned: {x.shape[-1]} (dim "
+                             f"{x.ndim - 1}) != {y.shape[-1]} (dim 0)")
+    if x.ndim == 0 or y.ndim == 0:
+        return np.multiply(x, y)
+    return contract(x, y, [], [], [x.ndim - 1], [y.ndim - 1])
+
+
+@collective_entry
+def kron(a, b) -> DistArray:
+    """``numpy.kron``: the Kronecker product, ``out[i*B + j] = a[i] * b[j]`` per axis (the
+    operand with fewer axes gets leading length-1 axes); layout: module docstring."""
+    from ..routines.manipulation import expand_dims, reshape
+    comm = comm_of(a, b)
+    with agreed(comm, "kron", a=operand_key(a), b=operand_key(b)):
+        grid, x, y = operand_pair(a, b, "kron")
+    nd = max(x.ndim, y.ndim)
+    if x.ndim < nd:
+        x = reshape(x, (1,) * (nd - x.ndim) + x.shape)
+    if y.ndim < nd:
+        y = reshape(y, (1,) * (nd - y.ndim) + y.shape)
+    if nd == 0:
+        return np.multiply(x, y)
+    xe = expand_dims(x, tuple(range(1, 2 * nd, 2)))   # a0, 1, a1, 1, ...
+    ye = expand_dims(y, tuple(range(0, 2 * nd, 2)))   # 1, b0, 1, b1, ...
+    prod = np.multiply(xe, ye)
+    return reshape(prod, tuple(m * n for m, n in zip(x.shape, y.shape)))
 
 # -- diagonals, cross products -----------------------------------------------------------------
 

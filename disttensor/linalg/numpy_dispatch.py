@@ -1,5 +1,6 @@
 """NumPy dispatch of the linalg functions: :data:`HANDLED_FUNCTIONS` (``np.dot``,
-``np.tensordot``, ``np.einsum``, ``np.outer``, ``np.trace``, ``np.diagonal``, ``np.cross`` and
+``np.tensordot``, ``np.einsum``, ``np.inner``,
+``np.outer``, ``np.kron``, ``np.trace``, ``np.diagonal``, ``np.cross`` and
 ``np.linalg.*``, reached through ``DistArray.__array_function__``) and :data:`GUFUNCS`
 (``np.matmul``, NumPy 2's ``np.vecdot``: gufuncs, reached through ``__array_ufunc__``, see
 :mod:`disttensor.routines.ufuncs`).
@@ -12,9 +13,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .contractions import (cross, diagonal, einsum, matrix_transpose, outer, tensordot, trace,
-                           vecdot)
+from .contractions import (cross, diagonal, inner, kron, matrix_transpose, outer, tensordot,
+                           trace, vecdot)
 from .decompositions import qr, svd, svdvals
+from .einsum import einsum
 from .gather_path import cholesky, det, eigh, eigvalsh, inv, slogdet, solve
 from .matrix_functions import matrix_power, matrix_rank, pinv
 from .matrix_product import matmul
@@ -42,9 +44,9 @@ def _np_dot(a, b, out=None):
 
 
 def _np_einsum(subscripts, *operands, **kwargs):
+    """``np.einsum``: ``optimize`` is ignored (greedy order), ``dtype``/``casting``/``order``
+    and ``out=`` raise ``TypeError``."""
     _no_out("einsum", {k: v for k, v in kwargs.items() if k not in ("optimize",)})
-    if len(operands) != 2:
-        raise ValueError("einsum: DistArrays support exactly two operands")
     return einsum(subscripts, *operands)
 
 
@@ -75,6 +77,8 @@ HANDLED_FUNCTIONS = {
     np.dot: _np_dot,
     np.tensordot: lambda a, b, axes=2: tensordot(a, b, axes),
     np.einsum: _np_einsum,
+    np.inner: inner,
+    np.kron: kron,
     np.outer: lambda a, b, out=None: (_no_out("outer", {"out": out}), outer(a, b))[1],
     np.trace: lambda a, offset=0, axis1=0, axis2=1, dtype=None, out=None:
         (_no_out("trace", {"out": out}), trace(a, offset, axis1, axis2, dtype))[1],
