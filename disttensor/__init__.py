@@ -45,6 +45,8 @@ from .routines.manipulation import (broadcast_arrays, broadcast_to, concatenate,
                                     flip, moveaxis, repeat, reshape, roll, squeeze, stack,
                                     swapaxes, tile, transpose, unstack)
 from .routines.padding import pad
+from .routines.blocks import apply_along_axis, map_blocks
+from .routines.stencils import map_overlap
 from .routines.reductions import (all, any, max, mean, min, nanmax, nanmean, nanmin, nanprod,
                                   nanstd, nansum, nanvar, prod, std, sum, var)
 from .routines.scans import cumprod, cumsum, cumulative_prod, cumulative_sum

@@ -17,6 +17,7 @@ import numpy as np
 
 from . import creation, logic, manipulation, mathematical, npyio, padding, reductions, scans
 from . import searching, sets, sorting, statistics
+from . import blocks
 from .indexing import take, take_along_axis
 from .manipulation import flip
 from .ufuncs import elementwise
@@ -194,6 +195,8 @@ def _routines():
         np.roll: m.roll,
         np.pad: lambda array, pad_width, mode="constant", **kw: padding.pad(array, pad_width,
                                                                            mode, **kw),
+        np.apply_along_axis: lambda func1d, axis, arr, *args, **kwargs: blocks.apply_along_axis(
+            func1d, axis, arr, *args, **kwargs),
         # indexing
         np.take: lambda a, indices, axis=None, out=None, mode="raise": take(a, indices, axis),
         np.take_along_axis: lambda arr, indices, axis=-1: take_along_axis(arr, indices, axis),
