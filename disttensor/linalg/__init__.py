@@ -23,6 +23,8 @@ Modules (each docstring states its contract):
   ``eigvalsh``: operands gathered whole on every rank (at most ``DISTTENSOR_GATHER_LIMIT``
   bytes, :func:`gather_limit`), LAPACK on every rank.
 * :mod:`.matrix_functions` -- ``matrix_rank``, ``pinv``, ``matrix_power``.
+* :mod:`.least_squares` -- ``lstsq`` (TSQR of ``[a | b]`` for tall ``a``, else gathered).
+* :mod:`.eigen` -- ``eig``, ``eigvals`` (gather path); ``cond`` is in :mod:`.norms`.
 * :mod:`.numpy_dispatch` -- ``np.matmul``, ``np.dot``, ``np.einsum``, ``np.linalg.*`` on
   DistArrays (:data:`HANDLED_FUNCTIONS`, :data:`GUFUNCS`).
 * :mod:`.operands` -- the shared operand checks and layout helpers.
@@ -32,15 +34,18 @@ from __future__ import annotations
 from .contractions import (cross, diagonal, inner, kron, matrix_transpose, outer, tensordot,
                            trace, vecdot)
 from .decompositions import qr, svd, svdvals
+from .eigen import eig, eigvals
 from .einsum import einsum
 from .gather_path import cholesky, det, eigh, eigvalsh, gather_limit, inv, slogdet, solve
+from .least_squares import lstsq
 from .matrix_functions import matrix_power, matrix_rank, pinv
 from .matrix_product import matmul
-from .norms import matrix_norm, norm, vector_norm
+from .norms import cond, matrix_norm, norm, vector_norm
 from .numpy_dispatch import GUFUNCS, HANDLED_FUNCTIONS  # noqa: F401  (GUFUNCS: for ufuncs.py)
 
 __all__ = ["matmul", "tensordot", "vecdot", "einsum", "inner", "outer", "kron", "trace",
            "diagonal", "cross",
            "norm", "vector_norm", "matrix_norm", "qr", "svd", "svdvals", "solve", "inv", "det",
            "slogdet", "cholesky", "eigh", "eigvalsh", "matrix_transpose", "gather_limit",
-           "matrix_rank", "pinv", "matrix_power", "HANDLED_FUNCTIONS"]
+           "matrix_rank", "pinv", "matrix_power", "lstsq", "cond", "eig", "eigvals",
+           "HANDLED_FUNCTIONS"]

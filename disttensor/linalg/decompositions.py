@@ -37,7 +37,7 @@ from .gather_path import check_gather_size, run_gathered
 from .operands import (batch_layout, block_of, check_distarray, check_matrix, distribution_on,
                        flat_grid, laid_out, replicated, split_sizes_of)
 
-__all__ = ["qr", "svd", "svdvals", "singular_values", "check_svd_size"]
+__all__ = ["qr", "svd", "svdvals", "singular_values", "check_svd_size", "tsqr_r"]
 
 
 # -- TSQR --------------------------------------------------------------------------------------
@@ -75,6 +75,12 @@ def _tsqr(a: DistArray, want_q: bool):
     d = x.distribution
     qd = Distribution((m, min(m, n)), d.grid_dims, (g, None), (split_sizes_of(x, 0), None))
     return DistArray(xp.ascontiguousarray(q), qd, grid), r
+
+
+def tsqr_r(a: DistArray) -> np.ndarray:
+    """The ``R`` factor of a 2-D DistArray by TSQR (collective): a NumPy array
+    (``min(m, n) x n``), the same on every rank (``lstsq`` factors ``[a | b]`` with it)."""
+    return _tsqr(a, False)[1]
 
 
 @collective_entry

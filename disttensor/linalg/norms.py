@@ -1,4 +1,5 @@
-"""Norms: ``vector_norm``, ``matrix_norm`` (array API) and ``norm`` (``numpy.linalg.norm``).
+"""Norms: ``vector_norm``, ``matrix_norm`` (array API), ``norm`` (``numpy.linalg.norm``) and
+the condition number ``cond``.
 
 Collective over ``x``'s grid; the ranks agree ``x``'s metadata, ``ord``, ``axis`` and
 ``keepdims`` first, and an invalid order or axis raises NumPy's ``ValueError`` on every rank.
@@ -12,9 +13,16 @@ all-reduce each).  ``matrix_norm`` with ``2``, ``-2`` or ``'nuc'`` uses singular
 when wide), of stacks through the gather path (guarded by ``DISTTENSOR_GATHER_LIMIT``).
 ``norm`` follows ``numpy.linalg.norm``'s rules for ``ord`` and ``axis``.  Integer and boolean
 input is computed in float64.
+
+``cond(x, p)``: for one matrix and ``p`` ``None``/``2``/``-2`` the ratio of its extreme
+singular values (TSQR, as ``matrix_norm(x, 2)``; a 0-d replicated result); other orders, and
+stacks, by the gather path (``numpy.linalg.cond`` on every rank after gathering ``x``, which
+needs the inverse; guarded by ``DISTTENSOR_GATHER_LIMIT``; the result split like ``x``'s batch
+axes).  As NumPy, a NaN ratio of a matrix without NaN entries is ``inf``.
 """
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
@@ -22,9 +30,11 @@ import numpy as np
 from ..core.array import DistArray
 from ..core.entry import agreed, canon, collective_entry
 from .decompositions import check_svd_size, singular_values
-from .operands import as_float, check_distarray, insert_axis, remove_axis
+from .gather_path import check_gather_size, run_gathered
+from .operands import (as_float, batch_layout, block_of, check_distarray, check_matrix,
+                       check_square, insert_axis, remove_axis, replicated)
 
-__all__ = ["vector_norm", "matrix_norm", "norm"]
+__all__ = ["vector_norm", "matrix_norm", "norm", "cond"]
 
 
 def _vector_norm(x: DistArray, axes, keepdims: bool, ord) -> DistArray:
@@ -147,3 +157,31 @@ def norm(x: DistArray, ord=None, axis=None, keepdims: bool = False) -> DistArray
         for t in sorted(axes):
             r = insert_axis(r, t)
     return r
+
+
+@collective_entry
+def cond(x: DistArray, p=None) -> DistArray:
+    """``numpy.linalg.cond`` (collective): a DistArray, 0-d for one matrix (module
+    docstring for the paths); NumPy's ``LinAlgError`` for fewer than two dimensions, empty
+    matrices and, for ``p`` other than ``None``/``2``/``-2``, non-square ones."""
+    check_distarray(x, "cond")
+    with agreed(x.grid.cart, "cond", x=x, p=canon(p)):
+        check_matrix(x, "cond")
+        if x.size == 0 and math.prod(x.shape[-2:]) == 0:
+            raise np.linalg.LinAlgError("cond is not defined on empty arrays")
+        by_svd = x.ndim == 2 and (p is None or (p in (2, -2) and type(p) is not bool))
+        if not by_svd:
+            if not (p is None or p in (2, -2)):
+                check_square(x)
+                if not any(p == o and type(p) is not bool for o in _MATRIX_ORDS):
+                    raise ValueError("Invalid norm order for matrices.")
+            check_gather_size("cond", x)
+    if not by_svd:
+        r = np.asarray(run_gathered(x, lambda m: np.linalg.cond(m, p), x))
+        return block_of(r, x.grid, batch_layout(x, r.shape), x.xp)
+    s = np.asarray(singular_values(x).local)
+    with np.errstate(all="ignore"):
+        r = s[-1] / s[0] if p == -2 else s[0] / s[-1]
+    if np.isnan(r):  # the SVD raised for NaN entries: a NaN ratio here is 0/0
+        r = np.inf
+    return replicated(np.asarray(r, dtype=s.dtype), x.grid)

@@ -16,11 +16,13 @@ import numpy as np
 from .contractions import (cross, diagonal, inner, kron, matrix_transpose, outer, tensordot,
                            trace, vecdot)
 from .decompositions import qr, svd, svdvals
+from .eigen import eig, eigvals
 from .einsum import einsum
 from .gather_path import cholesky, det, eigh, eigvalsh, inv, slogdet, solve
+from .least_squares import lstsq
 from .matrix_functions import matrix_power, matrix_rank, pinv
 from .matrix_product import matmul
-from .norms import matrix_norm, norm, vector_norm
+from .norms import cond, matrix_norm, norm, vector_norm
 
 __all__ = ["HANDLED_FUNCTIONS", "GUFUNCS"]
 
@@ -96,6 +98,10 @@ HANDLED_FUNCTIONS = {
     np.linalg.cholesky: lambda a, /, *, upper=False: cholesky(a, upper=upper),
     np.linalg.eigh: lambda a, UPLO="L": eigh(a, UPLO),
     np.linalg.eigvalsh: lambda a, UPLO="L": eigvalsh(a),
+    np.linalg.eig: eig,
+    np.linalg.eigvals: eigvals,
+    np.linalg.lstsq: lambda a, b, rcond=None: lstsq(a, b, rcond),
+    np.linalg.cond: lambda x, p=None: cond(x, p),
     np.linalg.matrix_power: matrix_power,
     np.linalg.matrix_rank: lambda A, tol=None, hermitian=False, *, rtol=None:
         _np_matrix_rank(A, tol, hermitian, rtol),
