@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# One-command GPU verification of disttensor, written for the GPU machine lent through the
-# device tool (one H100/H200, CUDA 13, CuPy 14, cuDNN 9 wheel, no network; python3 there is
-# /opt/torch/.venv/bin/python3 and is NOT this repo's .venv).  See README.md, "GPU
-# verification", for the exact device-tool calls.
+# One-command GPU verification of disttensor on a machine with an NVIDIA GPU (tested with
+# H100/H200, CUDA 13, CuPy 14, the cuDNN 9 wheel).  It works offline: what it installs comes
+# from build/wheels (scripts/gpu_wheels.sh, run where PyPI is reachable).  See README.md,
+# "Running on NVIDIA GPUs".
 #
-#   bash scripts/gpu_wheels.sh                 # HERE first: wheels into build/wheels (carried)
-#   bash scripts/gpu_check.sh tests            # device call 1 (~6-9 min)
-#   bash scripts/gpu_check.sh bench            # device call 2 (~4-7 min)
+#   bash scripts/gpu_check.sh PHASE [REPORT_DIR]
+#     REPORT_DIR: where the report goes (default: $OUT if set, else build/gpu-check)
+#
+#   bash scripts/gpu_wheels.sh                 # where PyPI is reachable: wheels into build/wheels
+#   bash scripts/gpu_check.sh tests            # ~6-9 min
+#   bash scripts/gpu_check.sh bench            # ~4-7 min
 #   bash scripts/gpu_check.sh all              # both (needs GPU_CHECK_BUDGET of ~1000 s)
 #   bash scripts/gpu_check.sh sanitize         # compute-sanitizer memcheck/racecheck of the
 #                                              # RawKernels (optional, ~3-6 min)
@@ -32,7 +35,7 @@
 #
 # Fail soft: each step runs under `timeout`, a failing or timed-out step is recorded and the
 # script goes on; steps that no longer fit in the time budget are skipped (and recorded).
-# Results under $OUT (the device tool returns what is written there; default
+# Results under REPORT_DIR (or $OUT; default
 # build/gpu-check when OUT is unset):
 #   gpu_report.md     status of every step, environment, failures, every bench figure
 #   gpu_bench.csv     the bench figures (bench/_results.py columns)
@@ -40,16 +43,19 @@
 #   gpu_logs.tar.gz   every step's full log (pytest output, rank logs, nvcc, sanitizer)
 # The exit status is 0 when every step passed or was skipped for lack of GPU/MPI, 1 otherwise.
 #
-# Knobs: GPU_CHECK_BUDGET (seconds for the whole run; default 560 for one phase, a device call
-# may run 600), GPU_CHECK_FULL=1, GPU_CHECK_PYTHON, GPU_CHECK_WHEELS (default build/wheels),
+# Knobs: GPU_CHECK_BUDGET (seconds for the whole run; default 560 for one phase), GPU_CHECK_FULL=1, GPU_CHECK_PYTHON, GPU_CHECK_WHEELS (default build/wheels),
 # GPU_CHECK_WORK (scratch, default /tmp/disttensor-gpu-check).
 set -uo pipefail
+CALLER_PWD=$PWD
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 PHASE=${1:-all}
 case "$PHASE" in tests|bench|all|sanitize) ;; *)
-  echo "usage: bash scripts/gpu_check.sh [tests|bench|all|sanitize]" >&2; exit 2 ;;
+  echo "usage: bash scripts/gpu_check.sh [tests|bench|all|sanitize] [REPORT_DIR]" >&2; exit 2 ;;
 esac
+if [ $# -ge 2 ]; then  # a report directory of the user's choice (relative to where they are)
+  case "$2" in /*) OUT=$2 ;; *) OUT=$CALLER_PWD/$2 ;; esac
+fi
 T0=$(date +%s)
 if [ "$PHASE" = all ]; then BUDGET=${GPU_CHECK_BUDGET:-1100}; else BUDGET=${GPU_CHECK_BUDGET:-560}; fi
 OUT=${OUT:-$ROOT/build/gpu-check}

@@ -1,14 +1,12 @@
 #!/usr/bin/env bash
-# Download, HERE (where PyPI is reachable), the wheels that scripts/gpu_check.sh installs on the
-# GPU machine lent through the device tool (which reaches no package registry).  They go to
-# build/wheels/ (git-ignored: build/ is in .gitignore), which the device tool's run call takes
-# along when it names it in `carry`:
+# Download, where PyPI is reachable, the wheels that scripts/gpu_check.sh installs on a GPU
+# machine that has no network access.  They go to build/wheels/ (git-ignored: build/ is in
+# .gitignore); copy that folder along with the repository:
 #
-#   bash scripts/gpu_wheels.sh            # here, once (about 21 MB; skips what is already there)
-#   device run: carry ["build/wheels"], command "bash scripts/gpu_check.sh tests"
+#   bash scripts/gpu_wheels.sh            # once (about 21 MB; skips what is already there)
+#   bash scripts/gpu_check.sh tests       # then, on the GPU machine
 #
-# Target: the GPU image's python3 (/opt/torch/.venv/bin/python3, CPython 3.12, x86-64 glibc;
-# /work/.library/device/KINDS.md).  That image already has CuPy 14 (cupy-cuda13x), the cuDNN 9
+# Target: CPython 3.12 on x86-64 glibc with CuPy 14 (cupy-cuda13x), the cuDNN 9
 # libraries (nvidia-cudnn-cu13), mpi4py, h5py, numba, numpy, pytest, hypothesis and PyTorch.
 #
 #   build/wheels/required/   installed when missing there:
@@ -67,5 +65,5 @@ for entry in "${WHEELS[@]}"; do
   fi
 done
 echo "build/wheels: $(du -sh "$DEST" | cut -f1) in $(find "$DEST" -name '*.whl' | wc -l) wheels" \
-  "(the device tool carries at most 64 MiB with the working tree)"
+  "(keep it small: it travels with the repository)"
 exit $fail

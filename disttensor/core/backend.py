@@ -22,14 +22,54 @@ def _cupy():
 
 @lru_cache(maxsize=1)
 def gpu_available() -> bool:
-    """Whether CuPy imports and sees at least one CUDA device."""
+    """Whether CuPy imports and sees at least one CUDA device.  The first call also binds this
+    process to its GPU (:func:`bind_local_device`)."""
     cp = _cupy()
     if cp is None:
         return False
     try:
-        return cp.cuda.runtime.getDeviceCount() > 0
+        count = cp.cuda.runtime.getDeviceCount()
     except Exception:
         return False
+    if count > 0:
+        bind_local_device(cp, count)
+    return count > 0
+
+
+# the node-local rank as the common launchers export it (Open MPI, MPICH/Hydra, MVAPICH,
+# Slurm's srun, Cray PALS), first found wins
+LOCAL_RANK_VARIABLES = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                        "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "PALS_LOCAL_RANKID",
+                        "PMI_LOCAL_RANK")
+
+
+def local_device_index(count: int, environ) -> int | None:
+    """The GPU ordinal this process should use among ``count`` visible ones: ``DISTTENSOR_GPU``
+    if set, else the node-local rank (from the launcher's environment) modulo ``count``; None
+    where neither is known or only one device is visible (then CuPy's current device stays).
+    Pure: the environment is passed in."""
+    explicit = environ.get("DISTTENSOR_GPU", "").strip()
+    if explicit:
+        idx = int(explicit)
+        if not 0 <= idx < count:
+            raise ValueError(f"DISTTENSOR_GPU={idx}, but {count} GPU(s) are visible")
+        return idx
+    if count <= 1:
+        return None
+    for name in LOCAL_RANK_VARIABLES:
+        v = environ.get(name, "").strip()
+        if v.isdigit():
+            return int(v) % count
+    return None
+
+
+def bind_local_device(cp, count: int) -> None:
+    """Make GPU :func:`local_device_index` CuPy's current device for this process (one rank
+    per GPU under ``mpirun -n <GPUs>``, each on its own device instead of all on device 0)."""
+    import os
+    idx = local_device_index(count, os.environ)
+    if idx is not None:
+        cp.cuda.Device(idx).use()
 
 
 def array_module(arr):

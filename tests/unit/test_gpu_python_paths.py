@@ -239,3 +239,16 @@ def test_device_allreduce_is_queued_on_the_given_stream(fake_nccl, monkeypatch):
 
 def test_gpu_paths_without_a_gpu():
     assert gpucomm.gpu_paths() == {"gradient sums": "no GPU", "halo exchange": "no GPU"}
+
+
+# -- one GPU per rank ---------------------------------------------------------------------------
+def test_local_device_index_from_the_launchers_environment():
+    from disttensor.core.backend import local_device_index
+    assert local_device_index(4, {"OMPI_COMM_WORLD_LOCAL_RANK": "6"}) == 2
+    assert local_device_index(8, {"MPI_LOCALRANKID": "3", "SLURM_LOCALID": "5"}) == 3
+    assert local_device_index(8, {"SLURM_LOCALID": "5"}) == 5
+    assert local_device_index(1, {"SLURM_LOCALID": "5"}) is None   # one visible GPU
+    assert local_device_index(4, {}) is None                        # nothing known
+    assert local_device_index(4, {"DISTTENSOR_GPU": "1", "SLURM_LOCALID": "3"}) == 1
+    with pytest.raises(ValueError, match="DISTTENSOR_GPU=4"):
+        local_device_index(4, {"DISTTENSOR_GPU": "4"})
