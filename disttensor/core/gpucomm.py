@@ -15,10 +15,12 @@ Three paths, chosen per MPI communicator, the same on every rank of it:
   kept for :func:`gpu_paths`.
 * **CUDA-aware MPI** (:func:`disttensor.core.comm.cuda_aware_mpi`): device buffers go to MPI
   directly after the stream is synchronised.
-* **Pinned host staging** otherwise: device -> pinned host buffer -> MPI -> pinned buffer ->
-  device, through buffers from :func:`pinned_buffer`, kept and reused per purpose (page-locked
-  memory makes the copies run at full PCIe/NVLink-C2C speed and asynchronous; allocating it
-  per message costs more than the copy).
+* **Pinned host staging** otherwise: device -> page-locked host buffer -> MPI -> page-locked
+  buffer -> device.  The halo/redistribution exchanges
+  (:class:`disttensor.core.comm.PieceExchange`) make their page-locked scratch once and reuse
+  it for every exchange; the gradient buckets of :mod:`disttensor.nn.parallel` are page-locked
+  (the copies then run at full link speed; allocating page-locked memory per message would
+  cost more than the copy).
 
 CuPy is imported lazily; on a machine without it this module imports, and every query answers
 "no GPU".
@@ -31,7 +33,8 @@ import threading
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["nccl_communicator", "nccl_reason", "device_allreduce", "pinned_buffer",
+__all__ = ["nccl_communicator", "nccl_reason", "device_allreduce", "device_allgather",
+          
            "gpu_paths", "NCCL_DTYPES"]
 
 # NumPy dtype name -> the cupy.cuda.nccl datatype constant's name
@@ -139,21 +142,22 @@ def device_allreduce(comm: MPI.Comm, arr, op: str = "sum", stream=None):
     return arr
 
 
-_pinned: dict = {}
-
-
-def pinned_buffer(key, shape, dtype) -> np.ndarray:
-    """A page-locked host array of ``shape``/``dtype`` for purpose ``key``, reused across calls
-    (grown when a larger one is asked for; the contents are not kept).  Not thread-safe per
-    key: one user at a time."""
-    import cupyx
-    dtype = np.dtype(dtype)
-    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    buf = _pinned.get(key)
-    if buf is None or buf.nbytes < n:
-        buf = cupyx.empty_pinned(max(n, 1), dtype=np.uint8)
-        _pinned[key] = buf
-    return buf[:n].view(dtype).reshape(shape)
+def device_allgather(comm: MPI.Comm, arr, stream=None):
+    """``(comm.size, arr.size)``: every rank's 1-D CuPy array ``arr`` in rank order, gathered
+    on the device with NCCL (queued on ``stream``, default CuPy's current one); ``None`` where
+    NCCL is not used on ``comm`` or not for this dtype.  Collective; the same size and dtype on
+    every rank."""
+    nc = nccl_communicator(comm)
+    name = NCCL_DTYPES.get(np.dtype(arr.dtype).name)
+    if nc is None or name is None:
+        return None
+    from cupy.cuda import nccl
+    import cupy
+    s = stream if stream is not None else cupy.cuda.get_current_stream()
+    send = cupy.ascontiguousarray(arr.reshape(-1))
+    out = cupy.empty((comm.size, send.size), dtype=send.dtype)
+    nc.allGather(send.data.ptr, out.data.ptr, send.size, getattr(nccl, name), s.ptr)
+    return out
 
 
 def gpu_paths(comm: MPI.Comm | None = None) -> dict:

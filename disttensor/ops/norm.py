@@ -48,38 +48,56 @@ class BatchNormSaved:
 
 
 def _local_moments(k, a, c: int):
-    """This block's per-channel count, mean and sum of squared deviations (float64, host),
-    in two passes over the block: the one-pass ``sum(x^2) - n*mean^2`` loses about
-    ``mean^2/var`` ulps (1e-10 relative error of float64 variances was seen in tests)."""
-    from ..core.backend import array_module, to_host
+    """This block's per-channel count, mean and sum of squared deviations (float64, on the
+    block's device), in two passes over the block: the one-pass ``sum(x^2) - n*mean^2`` loses
+    about ``mean^2/var`` ulps (1e-10 relative error of float64 variances was seen in tests)."""
+    from ..core.backend import array_module
     xp = array_module(a)
     n = _count(a)
     if n == 0:
-        return 0, np.zeros(c), np.zeros(c)
+        return 0, xp.zeros(c), xp.zeros(c)
     s, _ = k.channel_sums(a)
-    mean = to_host(s).astype(np.float64) / n
+    mean = xp.asarray(s, dtype=xp.float64) / n
     ones = xp.ones(c, dtype=xp.float64)
-    s2, sxx = k.channel_sums_backward(a, a, xp.asarray(mean), ones)
-    s2, sxx = to_host(s2).astype(np.float64), to_host(sxx).astype(np.float64)
+    s2, sxx = k.channel_sums_backward(a, a, mean, ones)
+    s2, sxx = xp.asarray(s2, dtype=xp.float64), xp.asarray(sxx, dtype=xp.float64)
     # sum((x - m)^2) = sum(x (x - m)) - m (sum(x) - n m), the last term a rounding correction
-    m2 = np.maximum(sxx - mean * (s2 - n * mean), 0.0)
+    m2 = xp.maximum(sxx - mean * (s2 - n * mean), 0.0)
     return n, mean, m2
+
+
+def _gather_rows(comm, mine):
+    """``(comm.size, len(mine))``: every rank's ``mine`` in rank order, on ``mine``'s device
+    (NCCL for CuPy arrays where it runs on ``comm``, else MPI through the host).  Collective."""
+    from ..core.backend import array_module, to_host
+    xp = array_module(mine)
+    if xp is not np:
+        from ..core.gpucomm import device_allgather
+        every = device_allgather(comm, mine)
+        if every is not None:
+            return every
+    host = np.ascontiguousarray(to_host(mine))
+    every = np.empty((comm.size, host.size))
+    comm.Allgather(host, every)
+    return every if xp is np else xp.asarray(every)
 
 
 def _combine_moments(comm, n_r: int, mean_r, m2_r):
     """Count, mean and sum of squared deviations over the ranks of ``comm`` (or this rank
     alone when ``comm`` is None), combined exactly as Chan et al.'s parallel update, in rank
-    order so every rank gets bit-identical results (one Allgather of 2C+1 doubles)."""
+    order so every rank gets bit-identical results (one all-gather of 2C+1 doubles, on the
+    device with NCCL for GPU blocks)."""
+    from ..core.backend import array_module
     c = len(mean_r)
     if comm is None or comm.size == 1:
         return float(n_r), mean_r, m2_r
-    mine = np.concatenate([[float(n_r)], mean_r, m2_r])
-    every = np.empty((comm.size, 2 * c + 1))
-    comm.Allgather(mine, every)
+    xp = array_module(mean_r)
+    mine = xp.concatenate([xp.asarray([float(n_r)]), mean_r, m2_r])
+    every = _gather_rows(comm, mine)
     counts, means, m2s = every[:, 0], every[:, 1:c + 1], every[:, c + 1:]
     n = float(counts.sum())
     if n == 0:
-        return 0.0, np.zeros(c), np.zeros(c)
+        return 0.0, xp.zeros(c), xp.zeros(c)
     mean = (counts[:, None] * means).sum(axis=0) / n
     m2 = m2s.sum(axis=0) + (counts[:, None] * (means - mean) ** 2).sum(axis=0)
     return n, mean, m2

@@ -252,3 +252,35 @@ def test_local_device_index_from_the_launchers_environment():
     assert local_device_index(4, {"DISTTENSOR_GPU": "1", "SLURM_LOCALID": "3"}) == 1
     with pytest.raises(ValueError, match="DISTTENSOR_GPU=4"):
         local_device_index(4, {"DISTTENSOR_GPU": "4"})
+
+
+def test_device_allgather_gathers_rank_rows_on_the_device(fake_nccl, monkeypatch):
+    nccl, made = fake_nccl
+    nccl.NCCL_FLOAT64 = 8
+    gathered = []
+
+    class FakeCupyArray:
+        def __init__(self, shape, dtype):
+            self.shape, self.dtype = shape, np.dtype(dtype)
+            self.size = int(np.prod(shape))
+            self.data = types.SimpleNamespace(ptr=0x1000 + self.size)
+
+        def reshape(self, *s):
+            return self
+
+    cupy = types.SimpleNamespace(
+        ascontiguousarray=lambda a: a,
+        empty=lambda shape, dtype: FakeCupyArray(shape, dtype),
+        cuda=types.SimpleNamespace(nccl=nccl,
+                                   get_current_stream=lambda: types.SimpleNamespace(ptr=9)))
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setitem(sys.modules, "cupy.cuda", cupy.cuda)
+    monkeypatch.setitem(sys.modules, "cupy.cuda.nccl", nccl)
+    comm = _FakeComm()
+    nc = gpucomm.nccl_communicator(comm)
+    nc.allGather = lambda send, recv, count, dtype, stream: gathered.append(
+        (send, recv, count, dtype, stream))
+    mine = FakeCupyArray((5,), np.float64)
+    out = gpucomm.device_allgather(comm, mine)
+    assert out.shape == (2, 5) and out.dtype == np.float64
+    assert gathered == [(mine.data.ptr, out.data.ptr, 5, nccl.NCCL_FLOAT64, 9)]
