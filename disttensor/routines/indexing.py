@@ -18,6 +18,9 @@ with explicit uneven ownership: rank ``c`` along it owns the hits of its own fla
 (:func:`disttensor.routines.searching.hits_distribution`).  ``x[mask] = v`` writes in place
 (``v`` a scalar, a NumPy array of length ``count_nonzero(mask)``, or a 1-D DistArray).
 
+Index arrays and boolean masks over some of the axes (``x[idx]``, ``X[X[:, 0] > 0]``) go to
+:mod:`disttensor.routines.fancy_indexing` (gather / scatter with ``MPI_Alltoallv``).
+
 ``take``: the indices are replicated (a DistArray of indices is gathered), the input is made
 whole along ``axis``, taken locally and cut into balanced blocks again.  ``take_along_axis``:
 both arrays whole along ``axis`` in the layout of ``indices``, taken locally, redistributed
@@ -143,8 +146,11 @@ def getitem(x: DistArray, key) -> DistArray:
     """``x[key]`` (collective: the ranks agree on the key; a rank-dependent index raises).
     A boolean mask (DistArray or NumPy array of ``x``'s shape) selects as
     :func:`mask_getitem`."""
-    if _is_mask(key):
+    if _is_mask(key, x.shape):
         return mask_getitem.__wrapped__(x, key)  # this entry point's agreement is its own
+    from .fancy_indexing import fancy_getitem, is_fancy_key
+    if is_fancy_key(key):  # index arrays, partial masks: routines/fancy_indexing.py
+        return fancy_getitem.__wrapped__(x, key)
     with agreed(x.grid.cart, "getitem", x=x, key=key):
         sels, new_axes = normalize_key(key, x.shape)
     local_sl, dist = _selection(x, sels)
@@ -164,10 +170,12 @@ def getitem(x: DistArray, key) -> DistArray:
     return y
 
 
-def _is_mask(key) -> bool:
-    """A DistArray key (masks are the DistArray keys supported) or a NumPy boolean array."""
-    return isinstance(key, DistArray) or (isinstance(key, np.ndarray) and key.dtype == np.bool_
-                                          and key.ndim >= 1)
+def _is_mask(key, shape) -> bool:
+    """A boolean mask (DistArray or NumPy array) of the indexed array's whole ``shape``."""
+    if isinstance(key, DistArray):
+        return key.dtype == np.bool_ and key.shape == tuple(shape)
+    return (isinstance(key, np.ndarray) and key.dtype == np.bool_ and key.ndim >= 1
+            and key.shape == tuple(shape))
 
 
 def _insert_axes(y: DistArray, positions) -> DistArray:
@@ -186,8 +194,11 @@ def setitem(x: DistArray, key, value) -> None:
     """``x[key] = value`` (collective: the ranks agree on the key and on the value's
     metadata; a scalar value is data, agreed by type)."""
     from ..core.array import _check_grids
-    if _is_mask(key):
+    if _is_mask(key, x.shape):
         return mask_setitem.__wrapped__(x, key, value)
+    from .fancy_indexing import fancy_setitem, is_fancy_key
+    if is_fancy_key(key):
+        return fancy_setitem.__wrapped__(x, key, value)
     if isinstance(value, (list, tuple)):  # nested sequences are arrays, as in NumPy
         value = np.asarray(value)
     with agreed(x.grid.cart, "setitem", x=x, key=key, value=operand_key(value)):
