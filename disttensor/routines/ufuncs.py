@@ -176,8 +176,9 @@ def array_ufunc(ufunc, method, inputs, kwargs):
             more["dtype"] = kwargs["dtype"]
         return getattr(reductions, op)(
             x, axis=kwargs.get("axis", 0), keepdims=kwargs.get("keepdims", False), **more)
-    if method != "__call__":
-        return NotImplemented
+    if method != "__call__":  # reduce, accumulate, outer, at, reduceat
+        from .ufunc_methods import ufunc_method
+        return ufunc_method(ufunc, method, inputs, kwargs)
     if ufunc.signature is not None:  # gufuncs: np.matmul, np.vecdot (disttensor.linalg)
         from ..linalg import GUFUNCS
         impl = GUFUNCS.get(ufunc)
