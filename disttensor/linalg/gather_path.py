@@ -17,8 +17,6 @@ for stacks (and ``svd`` with ``full_matrices=True``).
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from ..core.array import DistArray
@@ -26,29 +24,11 @@ from ..core.comm import collective
 from ..core.distribution import Distribution
 from ..core.entry import agreed, collective_entry, operand_key
 from ..core.grid import ProcessGrid
+from ..core.memory import check_gather_size, gather_limit  # noqa: F401 - re-exported
 from .operands import block_of, check_distarray, check_matrix, check_square, comm_of, operand_pair
 
 __all__ = ["solve", "inv", "det", "slogdet", "cholesky", "eigh", "eigvalsh", "gather_limit",
            "check_gather_size", "run_gathered"]
-
-_DEFAULT_GATHER_LIMIT = 1 << 30
-
-
-def gather_limit() -> int:
-    """Bytes the gather path may replicate on every rank (``DISTTENSOR_GATHER_LIMIT``)."""
-    v = os.environ.get("DISTTENSOR_GATHER_LIMIT")
-    return _DEFAULT_GATHER_LIMIT if not v else int(float(v))
-
-
-def check_gather_size(call: str, *xs) -> None:
-    """``ValueError`` when the DistArrays ``xs`` together exceed :func:`gather_limit` bytes
-    (call it inside ``agreed``: it reads agreed metadata only, so every rank raises)."""
-    total = sum(x.nbytes for x in xs)
-    lim = gather_limit()
-    if total > lim:
-        raise ValueError(f"{call}: the gather path would replicate {total} bytes on every rank, "
-                         f"more than DISTTENSOR_GATHER_LIMIT={lim} bytes")
-
 
 def _replicated_dist(shape, grid: ProcessGrid) -> Distribution:
     return Distribution(shape, grid.dims, None)

@@ -27,6 +27,8 @@ from ..core.entry import (agreed, canon, collective_entry, device_key, dtype_key
     operand_key, split_key)
 from ..core.backend import normalize_device, to_host, xp_for
 from ..core.grid import ProcessGrid, get_default_grid
+from ..core.comm import collective
+from ..core.memory import allocate
 from ._operands import anchor, check_array
 from .ufuncs import align
 
@@ -64,30 +66,33 @@ def layout_args(shape, grid: ProcessGrid, split, sizes, device="cpu", halo=None,
     return out
 
 
+def _new_array(call: str, g: ProcessGrid, shape, dtype, split, sizes, device="cpu", halo=None,
+               fill=None):
+    """The layout of a creation call and its local buffer (``fill``: ``None`` uninitialised,
+    else the value of every owned element; halo cells are zero).  Call it inside the call's
+    agreed block with ``rank_local=True``: the allocation may fail on one rank only
+    (:func:`disttensor.core.memory.allocate`) and that block makes every rank raise."""
+    grid, dist = make_distribution(shape, g, split, sizes)
+    xp = xp_for(normalize_device(device))
+    h = normalize_halo(halo, dist.ndim)
+    bshape = tuple(lo + n + hi for (lo, hi), n in zip(h, dist.block_shape(grid.coords)))
+    haloed = any(lo or hi for lo, hi in h)
+    buf = allocate(bshape, dtype, xp=xp, fill=0 if haloed and fill is not None else fill,
+                   rank=g.cart.rank, call=call)
+    x = DistArray(buf, dist, grid, h)
+    if haloed and fill is not None and not (np.isscalar(fill) and fill == 0):
+        x.local[...] = fill
+    return x
+
+
 def _alloc(call, shape, dtype, grid, split, sizes, device, halo, fill, fill_value=None):
     g = _grid(grid)
-    # device availability is rank-local (a node without a GPU): its failure is agreed even
-    # when nested in another entry point
-    with agreed(g.cart, call, rank_local=device_key(device) != "cpu",
-                dtype=dtype_key(dtype, float),
+    # rank_local: the allocation (and a device's availability) may fail on one rank only
+    with agreed(g.cart, call, rank_local=True, dtype=dtype_key(dtype, float),
                 **layout_args(shape, g, split, sizes, device, halo),
                 **({} if fill_value is None else {"fill_value": np.asarray(fill_value)})):
-        grid, dist = make_distribution(shape, g, split, sizes)
-        xp = xp_for(normalize_device(device))
-        h = normalize_halo(halo, dist.ndim)
         dtype = np.dtype(float if dtype is None else dtype)
-    block = dist.block_shape(grid.coords)
-    bshape = tuple(lo + n + hi for (lo, hi), n in zip(h, block))
-    if fill is None:
-        buf = xp.empty(bshape, dtype=dtype)
-    elif fill == 0:
-        buf = xp.zeros(bshape, dtype=dtype)
-    else:
-        buf = xp.zeros(bshape, dtype=dtype)
-        x = DistArray(buf, dist, grid, h)
-        x.local[...] = fill
-        return x
-    return DistArray(buf, dist, grid, h)
+        return _new_array(call, g, shape, dtype, split, sizes, device, halo, fill)
 
 
 @collective_entry
@@ -122,12 +127,12 @@ def full(shape, fill_value, dtype=None, grid=None, split=None, sizes=None, devic
 def _like(call, x: DistArray, dtype, fill):
     if not isinstance(x, DistArray):
         raise TypeError(f"{call} needs a DistArray, got {type(x).__name__}")
-    with agreed(x.grid.cart, call, x=x, dtype=dtype_key(dtype),
+    # rank_local: the allocation may fail on one rank only
+    with agreed(x.grid.cart, call, rank_local=True, x=x, dtype=dtype_key(dtype),
                 **({} if fill is None else {"fill_value": np.asarray(fill)})):
         dtype = x.dtype if dtype is None else np.dtype(dtype)
-    xp = x.xp
-    shape = x.local_shape
-    buf = xp.empty(shape, dtype) if fill is None else xp.full(shape, fill, dtype)
+        buf = allocate(x.local_shape, dtype, xp=x.xp, fill=fill, rank=x.grid.cart.rank,
+                       call=call)
     return DistArray(buf, x.distribution, x.grid)
 
 
@@ -163,23 +168,41 @@ def local_index_grid(x: DistArray):
     return out
 
 
+def arange_dtype(start, stop, step, dtype=None) -> np.dtype:
+    """The dtype of ``numpy.arange(start, stop, step, dtype=dtype)`` (pure): ``dtype`` if
+    given, else NumPy's rule: at least the default integer, promoted with the type of each of
+    ``start``, ``stop`` and ``step`` (``arange(5.0)`` and ``arange(0, 5.0)`` are float64)."""
+    if dtype is not None:
+        return np.dtype(dtype)
+    out = np.dtype(np.intp)
+    for v in (start, stop, step):
+        if v is not None:
+            out = np.promote_types(out, np.asarray(v).dtype)
+    return out
+
+
 @collective_entry
 def arange(start, stop=None, step=1, dtype=None, grid=None, split=None, sizes=None,
            device="cpu") -> DistArray:
-    """Like ``numpy.arange``, with NumPy's formula: the first two elements are ``start`` and
-    ``start + step`` cast to the dtype, element ``i >= 2`` is ``v0 + i * (v1 - v0)`` evaluated
-    in the dtype (float32 for float16), so the values are bit-identical to NumPy's."""
+    """Like ``numpy.arange`` (NumPy's dtype rule, :func:`arange_dtype`; its length
+    ``ceil((stop - start) / step)``), with NumPy's formula: the first two elements are
+    ``start`` and ``start + step`` cast to the dtype, element ``i >= 2`` is
+    ``v0 + i * (v1 - v0)`` evaluated in the dtype (float32 for float16), so the values are
+    bit-identical to NumPy's."""
     if stop is None:
         start, stop = 0, start
     g = _grid(grid)
-    with agreed(g.cart, "arange", start=start, stop=stop, step=step, dtype=dtype_key(dtype),
-                **layout_args(None, g, split, sizes, device, ndim=1)):
+    with agreed(g.cart, "arange", rank_local=True, start=start, stop=stop, step=step,
+                dtype=dtype_key(dtype), **layout_args(None, g, split, sizes, device, ndim=1)):
         if step == 0:
             raise ZeroDivisionError("arange step cannot be zero")
-        out_dtype = np.arange(start, start, step, dtype=dtype).dtype  # NumPy's dtype rule
+        out_dtype = arange_dtype(start, stop, step, dtype)
+        if out_dtype.kind in "OSUV":
+            raise TypeError(f"arange: no {out_dtype} ranges (the arguments {start!r}, "
+                            f"{stop!r}, {step!r} do not fit a numeric dtype)")
         n = max(0, int(np.ceil((stop - start) / step)))
         normalize_device(device)
-    x = empty((n,), dtype=out_dtype, grid=g, split=split, sizes=sizes, device="cpu")
+        x = _new_array("arange", g, (n,), out_dtype, split, sizes)
     (i,) = local_index_grid(x)
     if out_dtype.kind in "iu" and all(isinstance(v, (int, np.integer)) for v in (start, step)):
         vals = start + i * step  # exact (no wrap-around in int64 for sane ranges)
@@ -199,15 +222,15 @@ def linspace(start, stop, num=50, endpoint=True, dtype=None, grid=None, split=No
              device="cpu") -> DistArray:
     """Like ``numpy.linspace`` (same formula: ``start + i * step``, last point ``stop``)."""
     g = _grid(grid)
-    with agreed(g.cart, "linspace", start=start, stop=stop, num=num, endpoint=bool(endpoint),
+    with agreed(g.cart, "linspace", rank_local=True, start=start, stop=stop, num=num, endpoint=bool(endpoint),
                 dtype=dtype_key(dtype), **layout_args(None, g, split, sizes, device, ndim=1)):
         num = int(num)
         if num < 0:
             raise ValueError(f"Number of samples, {num}, must be non-negative.")
         dt = np.result_type(start, stop, float(num)) if dtype is None else np.dtype(dtype)
         normalize_device(device)
+        x = _new_array("linspace", g, (num,), dt, split, sizes)
     div = (num - 1) if endpoint else num
-    x = empty((num,), dtype=dt, grid=g, split=split, sizes=sizes, device="cpu")
     (i,) = local_index_grid(x)
     delta = np.float64(stop) - np.float64(start)
     if div > 0:
@@ -249,12 +272,12 @@ def from_global(a, grid=None, split=None, sizes=None, root=None, device="cpu",
                     halo=None if halo is None else halo_key(halo, nd)):
             if err is not None:
                 raise err
-            grid_, dist = make_distribution(host.shape, g, split, sizes)
             normalize_device(device)
-            if halo is not None:
-                normalize_halo(halo, dist.ndim)
-        # always a copy (never alias the caller's array); `...` keeps 0-d blocks arrays
-        local = np.array(host[dist.block_slices(g.coords) + (Ellipsis,)], copy=True, order="C")
+            # always a copy (never alias the caller's array), with its halo cells
+            x = _new_array("from_global", g, host.shape, host.dtype, split, sizes, halo=halo,
+                           fill=None if halo is None else 0)
+        x.local[...] = host[x.local_slices + (Ellipsis,)]
+        return x.to_device(device) if device != "cpu" else x
     else:
         # the array's number of axes is known on the root only: split and halo agree as given
         with agreed(comm, "from_global", rank_local=True, root=root, grid=g, split=canon(split),
@@ -280,7 +303,10 @@ def from_global(a, grid=None, split=None, sizes=None, root=None, device="cpu",
             src = Distribution(shape, (comm.size,), (0,), [psizes] + [None] * (len(shape) - 1))
             mine = (np.ascontiguousarray(host) if comm.rank == root
                     else np.empty((0,) + tuple(shape[1:]), dtype))
-            local = redistribute_blocks(comm, mine, src, dist)
+            with collective(comm):  # the block may be too large for one rank only
+                local = allocate(dist.block_shape(g.coords), dtype, rank=comm.rank,
+                                 call="from_global")
+            local = redistribute_blocks(comm, mine, src, dist, out=local)
     x = DistArray(local, dist, grid_)
     if device != "cpu":
         x = x.to_device(device)
@@ -295,13 +321,14 @@ def eye(n_rows, n_cols=None, k=0, dtype=None, grid=None, split=None, sizes=None,
     """The 2-D array with ones on diagonal ``k`` (``n_rows x n_cols``), in the given layout."""
     g = _grid(grid)
     m = n_rows if n_cols is None else n_cols
-    with agreed(g.cart, "eye", n_rows=canon(n_rows), n_cols=canon(m), k=canon(k),
-                dtype=dtype_key(dtype, float),
+    with agreed(g.cart, "eye", rank_local=True, n_rows=canon(n_rows), n_cols=canon(m),
+                k=canon(k), dtype=dtype_key(dtype, float),
                 **layout_args((n_rows, m), g, split, sizes, device)):
         n_rows, m, k = operator.index(n_rows), operator.index(m), operator.index(k)
         if n_rows < 0 or m < 0:
             raise ValueError("negative dimensions are not allowed")
-    x = zeros((n_rows, m), dtype=dtype, grid=g, split=split, sizes=sizes, device="cpu")
+        x = _new_array("eye", g, (n_rows, m), np.dtype(float if dtype is None else dtype),
+                       split, sizes, fill=0)
     i, j = local_index_grid(x)
     x.local[...] = (j - i == k)
     return x.to_device(device) if device != "cpu" else x

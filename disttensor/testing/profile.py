@@ -39,9 +39,10 @@ import functools
 import hashlib
 import os
 import re
-import warnings
 
 from hypothesis import HealthCheck, settings
+
+from ..core.warn import warn
 
 __all__ = ["PROFILE", "RankDivergenceWarning", "load_mpi_profile", "disable_local_constants",
            "draw_digest", "check_same_draw", "check_draws"]
@@ -141,11 +142,11 @@ def check_same_draw(value, comm=None, what: str = "drawn value") -> bool:
     groups: dict[int, list[int]] = {}
     for r, d in enumerate(digests):
         groups.setdefault(d, []).append(r)
-    warnings.warn(
+    warn(
         f"the ranks drew different values for the {what}: ranks {list(groups.values())} agree "
         f"among themselves (this is rank {comm.Get_rank()}, which drew {_short(value)}); load "
         "the disttensor-mpi profile on every rank and draw nothing rank-dependent",
-        RankDivergenceWarning, stacklevel=2)
+        RankDivergenceWarning, rank_local=True)
     return False
 
 

@@ -53,10 +53,10 @@ from __future__ import annotations
 
 import math
 import threading
-import warnings
 
 import numpy as np
 
+from ....core.warn import warn
 from .operands import pass_shapes
 from .rawmodules import cupy
 
@@ -233,9 +233,9 @@ def _warn_cudnn_failure(cudnn, op, dtype, err):
     key = (op, np.dtype(dtype).name, type(err).__name__)
     if key not in _warned:
         _warned.add(key)
-        warnings.warn(f"cuDNN frontend failed to build a conv {op} graph for {np.dtype(dtype)} "
-                      f"({type(err).__name__}: {err}); using im2col for it", RuntimeWarning,
-                      stacklevel=4)
+        warn(f"cuDNN frontend failed to build a conv {op} graph for {np.dtype(dtype)} "
+             f"({type(err).__name__}: {err}); using im2col for it", RuntimeWarning,
+             rank_local=True)
 
 
 def _cudnn_execute(plan, arrays, index=None):

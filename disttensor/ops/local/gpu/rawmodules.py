@@ -118,10 +118,10 @@ def load_module(name):
                     raise full_error from None
                 reason = f"{type(full_error).__name__}: {str(full_error).strip()[:500]}"
                 HALF_UNAVAILABLE[name] = reason
-                import warnings
-                warnings.warn(f"the float16 instances of the GPU kernels {name!r} did not "
-                              f"compile ({reason}); float32/float64 work, float16 input "
-                              "raises TypeError", RuntimeWarning, stacklevel=3)
+                from ....core.warn import warn
+                warn(f"the float16 instances of the GPU kernels {name!r} did not "
+                     f"compile ({reason}); float32/float64 work, float16 input "
+                     "raises TypeError", RuntimeWarning, rank_local=True)
             _modules[name] = entry
     return entry
 

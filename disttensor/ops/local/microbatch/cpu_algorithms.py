@@ -10,11 +10,11 @@ over the whole micro-batch) and the register-blocked ones of :mod:`..cpu.conv_di
 """
 from __future__ import annotations
 
-import warnings
 
 import numpy as np
 
 from ..cpu import conv_im2col
+from ....core.warn import warn
 
 __all__ = ["Im2colTiled", "Im2colBatched", "cpu_algorithms"]
 
@@ -92,8 +92,8 @@ def _direct_algorithms() -> dict:
         except ImportError:
             pass
         except Exception as err:  # noqa: BLE001 - a broken optional module must not break conv
-            warnings.warn(f"conv_direct failed to import ({type(err).__name__}: {err}); its "
-                          "algorithms are not used", RuntimeWarning, stacklevel=2)
+            warn(f"conv_direct failed to import ({type(err).__name__}: {err}); its "
+                 "algorithms are not used", RuntimeWarning)
         _direct_cache["algos"] = algos
     return _direct_cache["algos"]
 

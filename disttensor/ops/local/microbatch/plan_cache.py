@@ -24,8 +24,9 @@ import platform
 import sys
 import tempfile
 import threading
-import warnings
 from pathlib import Path
+
+from ....core.warn import warn
 
 __all__ = ["PlanCache", "cache_dir", "fingerprint", "key_of"]
 
@@ -119,14 +120,13 @@ class PlanCache:
         except (FileNotFoundError, NotADirectoryError):
             return {}
         except (OSError, ValueError) as err:
-            warnings.warn(f"ignoring the unreadable convolution plan cache {path} "
-                          f"({type(err).__name__}: {err}); it will be rewritten",
-                          RuntimeWarning, stacklevel=4)
+            warn(f"ignoring the unreadable convolution plan cache {path} "
+                 f"({type(err).__name__}: {err}); it will be rewritten", RuntimeWarning)
             return {}
         if (not isinstance(data, dict) or data.get("format") != FORMAT
                 or not isinstance(data.get("entries"), dict)):
-            warnings.warn(f"ignoring the convolution plan cache {path}: not a format-{FORMAT} "
-                          "plan file; it will be rewritten", RuntimeWarning, stacklevel=4)
+            warn(f"ignoring the convolution plan cache {path}: not a format-{FORMAT} "
+                 "plan file; it will be rewritten", RuntimeWarning)
             return {}
         return data["entries"]
 
@@ -176,8 +176,8 @@ class PlanCache:
             except OSError as err:
                 if not self._write_warned:
                     self._write_warned = True
-                    warnings.warn(f"cannot write the convolution plan cache {path} ({err}); "
-                                  "plans are kept in memory only", RuntimeWarning, stacklevel=3)
+                    warn(f"cannot write the convolution plan cache {path} ({err}); "
+                         "plans are kept in memory only", RuntimeWarning, rank_local=True)
 
     def clear_memory(self) -> None:
         """Forget what was read (the next access re-reads the file)."""

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import math
 import time
-import warnings
 
+from ....core.warn import warn
 from . import settings
 from .cpu_algorithms import Im2colTiled
 from .problem import ConvProblem
@@ -140,4 +140,4 @@ def warn_once(key, msg):
     """Issue ``msg`` as a :class:`RuntimeWarning` unless ``key`` was warned about before."""
     if key not in _warned:
         _warned.add(key)
-        warnings.warn(msg, RuntimeWarning, stacklevel=4)
+        warn(msg, RuntimeWarning, rank_local=True)
