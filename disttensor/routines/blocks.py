@@ -300,7 +300,7 @@ def apply_along_axis(func1d, axis, arr, *args, **kwargs):
     shape = arr.shape[:ax] + res_shape + arr.shape[ax + 1:]
     out_d = Distribution(shape, d.grid_dims, out_split, out_sizes)
     if g is None or k == 0:
-        return DistArray(xp.ascontiguousarray(r), out_d, grid)
+        return DistArray(r, out_d, grid)  # a new array (np.ascontiguousarray makes 0-d 1-d)
     out = cut_balanced(r, shape, out_d, grid, {ax: g})
     if res_shape[0] == arr.shape[ax] and k == 1 and out.distribution != arr.distribution:
         out = out.redistribute(distribution=arr.distribution)

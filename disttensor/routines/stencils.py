@@ -184,8 +184,13 @@ def map_overlap(fn, x, depth=None, boundary=None, trim=True, *, dtype=None, sten
         check_edge_modes(x.shape, halo, modes)
     dist = x.distribution
     h = _halo_buffer(x, halo)
-    edge = tuple(None if m in ("none", "periodic") or m == ("constant", 0) else m
-                 for m in modes)
+    # the exchange leaves zeros and periodic images; the rest is filled axis after axis, and a
+    # zero axis after a filled one is filled again (its corners are zero, as np.pad's)
+    edge = []
+    for m in modes:
+        zero_left = m == ("constant", 0) and all(e is None for e in edge)
+        edge.append(None if m in ("none", "periodic") or zero_left else m)
+    edge = tuple(edge)
     with nested():
         ex = HaloExchange(h, tuple("periodic" if m == "periodic" else "zero" for m in modes),
                           persistent=False)
