@@ -19,6 +19,7 @@ from . import creation, logic, manipulation, mathematical, npyio, padding, reduc
 from . import searching, sets, sorting, statistics
 from . import blocks
 from .indexing import take, take_along_axis
+from .fancy_indexing import put as _put
 from .manipulation import flip
 from .ufuncs import elementwise
 from ..core.backend import array_module
@@ -200,6 +201,7 @@ def _routines():
         # indexing
         np.take: lambda a, indices, axis=None, out=None, mode="raise": take(a, indices, axis),
         np.take_along_axis: lambda arr, indices, axis=-1: take_along_axis(arr, indices, axis),
+        np.put: lambda a, ind, v, mode="raise": _put(a, ind, v, mode),
         # logic
         np.isclose: logic.isclose,
         np.allclose: logic.allclose,
