@@ -45,6 +45,7 @@ from .routines.manipulation import (broadcast_arrays, broadcast_to, concatenate,
                                     flip, moveaxis, repeat, reshape, roll, squeeze, stack,
                                     swapaxes, tile, transpose, unstack)
 from .routines.padding import pad
+from .routines.fancy_indexing import put
 from .routines.blocks import apply_along_axis, map_blocks
 from .routines.stencils import map_overlap
 from .routines.reductions import (all, any, max, mean, min, nanmax, nanmean, nanmin, nanprod,
