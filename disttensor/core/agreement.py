@@ -27,6 +27,44 @@ hashing is a dictionary lookup), and the all-reduce is a few microseconds on sha
 The all-reduce itself is never skipped: whether another rank's arguments match cannot be known
 without communicating, and a rank that skipped while another did not would hang.
 
+Deferred agreement of calls that move no data
+---------------------------------------------
+An elementwise call whose DistArray operands all share one layout (and whose other operands
+are scalars) moves no data: each rank computes on its own block.  Agreeing it at once would
+cost an all-reduce (tens of microseconds on a loaded machine) for a call that takes one.  So on
+more than one rank such a call is not agreed when it runs; it is recorded with
+:func:`defer`: its canonical description (the call's name and the tokens of its operands, as
+for an agreed call) is folded into a rolling 127-bit digest kept per communicator, and the last
+64 descriptions are kept for the error message.  The next agreement over the *same*
+communicator (:func:`disttensor.core.entry.agreed` of any entry point, :func:`agree`,
+:func:`settle`) takes the pending record and agrees it together with its own arguments, in its
+one all-reduce.  How the guarantee "no rank moves data on arguments the other ranks did not
+get" holds:
+
+* a deferred call moves no data, by construction: the decision to defer is made per rank from
+  the operands' layouts, and any call that redistributes, or whose operands are not all of one
+  layout, is agreed at once;
+* every call that moves data over a communicator is agreed first (the library's rule), and that
+  agreement includes every call deferred over the same communicator since the previous
+  agreement, in order: ranks whose deferred calls differed (another function, another operand
+  layout or dtype, another scalar type, one call more or less) raise
+  :class:`ArgumentMismatchError` on every rank before that data moves, naming the first
+  differing call and its arguments;
+* a rank that deferred a call while another agreed it at once (its operand needed a
+  redistribution there: a layout that differs between ranks) meets the other in its next
+  agreement: the digests differ and both raise, before the redistribution moves data;
+* a result computed from a deferred call carries its metadata into the calls that use it,
+  which agree it as their own operand, so inconsistent metadata is caught there even when it
+  is used over another communicator;
+* a deferred call that raises on one rank (a dtype it does not support) is retried as an
+  agreed call, so the error (or the mismatch behind it) is raised on every rank.
+
+The cost of a deferred call is one dictionary look-up and some integer arithmetic; the
+mismatch is raised at the next communicating call rather than at the call that caused it
+(the message names both).  ``DISTTENSOR_AGREEMENT=eager`` (read at import), the block
+:func:`eager`, or ``DISTTENSOR_DEBUG=1`` agree every call at once, to stop at the first
+differing call; :func:`settle` agrees the pending calls now (one all-reduce).
+
 ``DISTTENSOR_DEBUG=1`` (read at import) turns on the heavier checks for debugging sessions:
 the digest cache is off, replicated arrays are compared by value (a digest of their bytes)
 rather than by shape and dtype, and :func:`disttensor.nn.parallel.check_replicas` compares
@@ -35,6 +73,7 @@ cost with it; it is not meant for production: mismatches then hang again).
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import os
@@ -48,9 +87,12 @@ from mpi4py import MPI
 from . import watchdog as _watchdog
 
 __all__ = ["ArgumentMismatchError", "agree", "token", "digest", "status_allreduce",
-           "DEBUG", "enabled", "disabled", "current_call", "describe"]
+           "DEBUG", "enabled", "disabled", "current_call", "describe", "deferring", "eager",
+           "defer", "take_pending", "settle", "EAGER"]
 
 DEBUG = os.environ.get("DISTTENSOR_DEBUG", "0").lower() not in ("", "0", "false", "no")
+#: every call agreed at once (no deferred agreement): DISTTENSOR_AGREEMENT=eager or debugging
+EAGER = DEBUG or os.environ.get("DISTTENSOR_AGREEMENT", "deferred").lower() == "eager"
 
 _state = threading.local()
 _ADDRESS = re.compile(r"at 0x[0-9a-fA-F]+")
@@ -76,6 +118,26 @@ def disabled():
         yield
     finally:
         _state.enabled = prev
+
+
+def deferring() -> bool:
+    """Whether calls that move no data may defer their agreement (see the module docstring):
+    agreement is on and neither :data:`EAGER` nor an :func:`eager` block asks for each call
+    to be agreed at once."""
+    return getattr(_state, "enabled", True) and not getattr(_state, "eager", EAGER)
+
+
+@contextlib.contextmanager
+def eager():
+    """Agree every call at once in this thread for the block (no deferred agreement), as
+    ``DISTTENSOR_AGREEMENT=eager`` does for the whole run: a rank-dependent argument then
+    raises at the call that takes it.  Every rank must do the same."""
+    prev = getattr(_state, "eager", EAGER)
+    _state.eager = True
+    try:
+        yield
+    finally:
+        _state.eager = prev
 
 
 # -- canonical descriptions ----------------------------------------------------------------------
@@ -117,6 +179,8 @@ def token(value):
                 "DistArray", value.distribution, value.grid.dims, value.halo, value.dtype.str,
                 value.device)
         return tok
+    if t is PendingCalls:
+        return ("deferred calls", value.count, value.rolling)
     if isinstance(value, bool):
         return ("bool", value)  # not True == 1: the digest cache would merge them
     if value is None or isinstance(value, (int, str, bytes)):
@@ -184,21 +248,39 @@ def current_call():
     return getattr(_state, "call", None)
 
 
+def _describe_distarray(d, dtype, grid_dims, halo, device) -> str:
+    sizes = tuple(None if d.split[t] is None else
+                  tuple(b - a for a, b in zip(d.offsets[t][:-1], d.offsets[t][1:]))
+                  for t in range(d.ndim))
+    return (f"DistArray(shape={d.shape}, dtype={np.dtype(dtype)}, split={d.split}, "
+            f"sizes={sizes}, grid={grid_dims}, halo={halo}, device={device!r})")
+
+
+def describe_token(tok, limit: int = 400) -> str:
+    """Readable form of an argument known only by its :func:`token` (a deferred call's)."""
+    if isinstance(tok, tuple) and len(tok) == 6 and tok[0] == "DistArray":
+        s = _describe_distarray(tok[1], tok[4], tok[2], tok[3], tok[5])
+    elif isinstance(tok, tuple) and len(tok) == 2 and tok[0] == "scalar":
+        s = f"{tok[1]} scalar"
+    else:
+        s = repr(tok)
+    return s if len(s) <= limit else s[:limit - 3] + "..."
+
+
 def describe(value, limit: int = 160) -> str:
     """Short readable form of an argument for messages."""
     from .array import DistArray
     if isinstance(value, DistArray):
-        d = value.distribution
-        sizes = tuple(None if d.split[t] is None else
-                      tuple(b - a for a, b in zip(d.offsets[t][:-1], d.offsets[t][1:]))
-                      for t in range(d.ndim))
-        s = (f"DistArray(shape={d.shape}, dtype={value.dtype}, split={d.split}, "
-             f"sizes={sizes}, grid={value.grid.dims}, halo={value.halo}, "
-             f"device={value.device!r})")
+        s = _describe_distarray(value.distribution, value.dtype, value.grid.dims, value.halo,
+                                value.device)
     elif hasattr(value, "shape") and hasattr(value, "dtype") and not isinstance(value, np.generic):
         t = _array_token(value)
         s = f"array(shape={t[1]}, dtype={np.dtype(t[2])}" + (f", digest={t[3][:12]})" if DEBUG
                                                               else ")")
+    elif isinstance(value, (list, tuple)) and any(isinstance(v, DistArray) for v in value):
+        # (a DistArray's repr shows its values: describe the elements instead)
+        s = ", ".join(describe(v, limit) for v in value)
+        s = f"[{s}]" if isinstance(value, list) else f"({s}{',' if len(value) == 1 else ''})"
     else:
         s = repr(value)
     return s if len(s) <= limit else s[:limit - 3] + "..."
@@ -217,9 +299,134 @@ def status_allreduce(comm: MPI.Comm, failed: bool, dig: tuple[int, int] | None
     return bool(buf[0]), not (buf[1] == ~buf[3] and buf[2] == ~buf[4])
 
 
+# -- deferred agreement (module docstring) -------------------------------------------------------
+_P127 = (1 << 127) - 1  # the rolling digest is a polynomial hash modulo this prime
+_MULT = 0x5851F42D4C957F2D_9E3779B97F4A7C15 % _P127
+_M64 = (1 << 64) - 1
+LOG_LENGTH = 64  # deferred calls kept (described) for the error message
+
+
+class PendingCalls:
+    """The calls deferred over one communicator since its last agreement: their number, a
+    rolling digest of their descriptions in order, and the last :data:`LOG_LENGTH`
+    descriptions ``(call, ((name, token), ...))``.  Passed as an argument of the next agreement
+    (its token is ``(count, rolling)``)."""
+    __slots__ = ("comm", "count", "rolling", "log")
+
+    def __init__(self, comm):
+        self.comm = comm
+        self.count = 0
+        self.rolling = 0
+        self.log = collections.deque(maxlen=LOG_LENGTH)
+
+    def __repr__(self):
+        return f"<{self.count} deferred call(s)>"
+
+
+def _pending_map() -> dict:
+    m = getattr(_state, "pending", None)
+    if m is None:
+        m = _state.pending = {}
+    return m
+
+
+def defer(comm: MPI.Comm, call: str, tokens: tuple) -> None:
+    """Record a call over ``comm`` that moves no data, to be agreed with the next agreement over
+    ``comm`` (no message).  ``tokens``: ``((name, token(arg)), ...)``, hashable; every rank
+    must describe an equal call equally.  Only where :func:`deferring` is true."""
+    m = getattr(_state, "pending", None) or _pending_map()
+    p = m.get(id(comm))
+    if p is None or p.comm is not comm:
+        p = m[id(comm)] = PendingCalls(comm)
+    entry = (call, tokens)
+    try:
+        a, b = _digest_cached(entry)
+    except TypeError:
+        a, b = _digest_of(entry)
+    p.rolling = (p.rolling * _MULT + ((a & _M64) << 64 | (b & _M64)) + 1) % _P127
+    p.count += 1
+    p.log.append(entry)
+
+
+def take_pending(comm: MPI.Comm) -> PendingCalls | None:
+    """Remove and return the calls deferred over ``comm`` (``None`` if there are none): the
+    caller agrees them now, as an argument of its agreement."""
+    m = getattr(_state, "pending", None)
+    if not m:
+        return None
+    p = m.get(id(comm))
+    if p is None or p.comm is not comm:
+        return None
+    del m[id(comm)]
+    return p
+
+
+def settle(comm: MPI.Comm | None) -> None:
+    """Collective over ``comm``: agree the calls deferred over it now (one small all-reduce,
+    also when none are pending on this rank: every rank must call it).  Raises
+    :class:`ArgumentMismatchError` on every rank if they differed."""
+    agree(comm, "settle")
+
+
+def _pending_rows(p: PendingCalls | None) -> tuple[int, list]:
+    """``(count, [(index, call, shown, tokens)])`` of a rank's deferred calls, for messages."""
+    if p is None:
+        return 0, []
+    base = p.count - len(p.log)
+    return p.count, [(base + i, c, {k: describe_token(t) for k, t in toks},
+                      {k: repr(t) for k, t in toks}) for i, (c, toks) in enumerate(p.log)]
+
+
+def _deferred_error(everyone, call_of_rank) -> ArgumentMismatchError | None:
+    """The error naming the first call (deferred or current) that differs between ranks."""
+    seqs, lo = [], 0
+    for call, shown, toks, (count, rows) in everyone:
+        seq = {i: (c, sh, tk) for i, c, sh, tk in rows}
+        seq[count] = (call, shown, toks)
+        seqs.append(seq)
+        lo = max(lo, rows[0][0] if rows else count)
+    hi = max(max(s) for s in seqs)
+    for i in range(lo, hi + 1):
+        items = [s.get(i) for s in seqs]
+        if items[0] is not None and all(it is not None and it[0] == items[0][0]
+                                        and it[2] == items[0][2] for it in items):
+            continue
+        where = ("" if all(i == max(s) for s in seqs) else
+                 f" (call {i + 1} since the ranks last agreed: calls that move no data are "
+                 f"agreed with the next call that communicates, here {call_of_rank}; "
+                 "DISTTENSOR_AGREEMENT=eager agrees each call at once)")
+        if any(it is None for it in items) or len({it[0] for it in items}) > 1:
+            by_rank = ", ".join(f"rank {r}: {'<none>' if it is None else it[0]}"
+                                for r, it in enumerate(items))
+            return ArgumentMismatchError(
+                f"the ranks of a communicator reached different collective calls ({by_rank}): "
+                "a rank-dependent branch skips or adds a collective call" + where)
+        return ArgumentMismatchError(_argument_message(items[0][0], [it[1] for it in items],
+                                                       [it[2] for it in items]) + where)
+    return None
+
+
+def _argument_message(call: str, shown: list[dict], toks: list[dict]) -> str:
+    names = list(dict.fromkeys(k for sh in shown for k in sh))
+    parts = []
+    for k in names:
+        vals = [t.get(k, "<missing>") for t in toks]
+        if len(set(vals)) > 1:
+            by_rank = ", ".join(f"rank {r}: {sh.get(k, '<missing>')}"
+                                for r, sh in enumerate(shown))
+            parts.append(f"{k!r} ({by_rank})")
+    detail = "; ".join(parts) if parts else "(the digests differ but no argument does)"
+    return (f"{call}: arguments differ between ranks, they must be the same on every rank of "
+            f"the communicator: {detail}")
+
+
 def mismatch_error(comm: MPI.Comm, call: str, args: dict) -> ArgumentMismatchError:
     """Collective (all-gather of the readable arguments): the error every rank raises when the
-    digests of a call differed."""
+    digests of a call differed.  Where calls were deferred (an argument ``PendingCalls``), the
+    first differing call among the deferred ones and this one is named."""
+    pending = next((v for v in args.values() if type(v) is PendingCalls), None)
+    args = {k: v for k, v in args.items() if type(v) is not PendingCalls}
+
     def flat(args):  # sequences element-wise, so a long argument list names the item
         out = {}
         for k, v in args.items():
@@ -231,26 +438,25 @@ def mismatch_error(comm: MPI.Comm, call: str, args: dict) -> ArgumentMismatchErr
         return out
     mine = flat(args)
     mine = (call, {k: describe(v, 400) for k, v in mine.items()},
-            {k: repr(token(v)) for k, v in mine.items()})
+            {k: repr(token(v)) for k, v in mine.items()}, _pending_rows(pending))
     everyone = comm.allgather(mine)
+    if any(e[3][0] for e in everyone):
+        err = _deferred_error(everyone, call)
+        if err is not None:
+            return err
+        return ArgumentMismatchError(
+            f"{call}: calls that moved no data differed between ranks more than {LOG_LENGTH} "
+            "calls before this one (deferred agreement); run with DISTTENSOR_AGREEMENT=eager "
+            "to stop at the first differing call")
+    everyone = [e[:3] for e in everyone]
     calls = [c for c, _, _ in everyone]
     if len(set(calls)) > 1:
         by_rank = ", ".join(f"rank {r}: {c}" for r, c in enumerate(calls))
         return ArgumentMismatchError(
             f"the ranks of a communicator reached different collective calls ({by_rank}): "
             "a rank-dependent branch skips or adds a collective call")
-    names = list(dict.fromkeys(k for _, shown, _ in everyone for k in shown))
-    parts = []
-    for k in names:
-        toks = [t.get(k, "<missing>") for _, _, t in everyone]
-        if len(set(toks)) > 1:
-            vals = ", ".join(f"rank {r}: {shown.get(k, '<missing>')}"
-                             for r, (_, shown, _) in enumerate(everyone))
-            parts.append(f"{k!r} ({vals})")
-    detail = "; ".join(parts) if parts else "(the digests differ but no argument does)"
-    return ArgumentMismatchError(
-        f"{call}: arguments differ between ranks, they must be the same on every rank of the "
-        f"communicator: {detail}")
+    return ArgumentMismatchError(_argument_message(call, [sh for _, sh, _ in everyone],
+                                                   [tk for _, _, tk in everyone]))
 
 
 def enter(call: str, args: dict) -> tuple[int, int] | None:
@@ -265,10 +471,14 @@ def enter(call: str, args: dict) -> tuple[int, int] | None:
 
 def agree(comm: MPI.Comm | None, call: str, /, **args) -> None:
     """Collective over ``comm``: raise :class:`ArgumentMismatchError` on every rank unless
-    every rank called ``call`` with equal ``args`` (compared through :func:`token`).  One
-    small all-reduce; nothing on one rank or when agreement is :func:`disabled`."""
+    every rank called ``call`` with equal ``args`` (compared through :func:`token`), and made the
+    same calls deferred over ``comm`` since its last agreement.  One small all-reduce; nothing
+    on one rank or when agreement is :func:`disabled`."""
     if comm is None or comm.size == 1:
         return
+    pending = take_pending(comm) if enabled() else None
+    if pending is not None:
+        args["calls before"] = pending  # the calls deferred over comm are agreed here
     dig = enter(call, args)
     if dig is None:
         return

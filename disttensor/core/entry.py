@@ -23,7 +23,7 @@ from .backend import normalize_device
 from .comm import collective
 from .layout import normalize_halo
 
-__all__ = ["collective_entry", "nested", "agreed", "canon", "dtype_key", "halo_key", "split_key",
+__all__ = ["collective_entry", "nested", "depth", "agreed", "canon", "dtype_key", "halo_key", "split_key",
            "device_key", "operand_key"]
 
 class _Nesting(threading.local):
@@ -31,6 +31,11 @@ class _Nesting(threading.local):
 
 
 _NESTING = _Nesting()
+
+
+def depth() -> int:
+    """How many collective entry points this thread is inside (0: at the user's level)."""
+    return _NESTING.depth
 
 
 def collective_entry(fn):
@@ -68,13 +73,18 @@ def agreed(comm, call: str, /, *, rank_local: bool = False, **args):
     In the outermost entry point (see :func:`collective_entry`) this is
     ``comm.collective(comm, call, **args)``: one all-reduce agrees ``args`` across the ranks
     (:class:`~disttensor.core.agreement.ArgumentMismatchError` on every rank if they differ) and
-    any exception the block raised (raised on every rank).  Nested in another entry point, or
+    any exception the block raised (raised on every rank), together with the calls deferred
+    over ``comm`` since its last agreement (see :mod:`disttensor.core.agreement`: elementwise
+    calls that move no data).  Nested in another entry point, or
     with agreement :func:`~disttensor.core.agreement.disabled`, the block runs plainly, since its
     checks depend only on agreed, replicated metadata; with ``rank_local=True`` (checks that
     read rank-local data, such as a local block's shape) failures are still agreed."""
     from . import agreement
     multi = comm is not None and comm.size > 1
     if multi and _NESTING.depth <= 1 and agreement.enabled():
+        pending = agreement.take_pending(comm)
+        if pending is not None:  # calls deferred over comm are agreed with this one
+            args["calls before"] = pending
         with collective(comm, call, **args):
             yield
     elif multi and rank_local:

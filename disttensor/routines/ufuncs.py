@@ -13,7 +13,10 @@ import numbers
 import numpy as np
 
 from ..core.array import DistArray, _check_grids
+from ..core.agreement import defer, deferring, token
+from ..core.agreement import enabled as agreement_enabled
 from ..core.entry import agreed, canon, collective_entry, operand_key
+from ..core.entry import depth as entry_depth
 from ..core.backend import array_module, to_device
 from ..core.distribution import Distribution
 from ..core.grid import ProcessGrid
@@ -197,8 +200,96 @@ def _first_distarray(values):
     return None
 
 
-@collective_entry
+_SCALAR_TYPES = (int, float, complex, bool)
+_NAMES = tuple(f"x{i}" for i in range(1, 33))
+
+
 def _call(ufunc, inputs, kwargs):
+    """``ufunc(*inputs, **kwargs)``: the aligned fast path where it applies, else the agreed
+    path (:func:`_agreed_call`)."""
+    if not kwargs or (len(kwargs) == 1 and "out" in kwargs):
+        res = _aligned_call(ufunc, inputs, kwargs.get("out"))
+        if res is not None:
+            return res
+    return _agreed_call(ufunc, inputs, kwargs)
+
+
+def _aligned_call(ufunc, inputs, out):
+    """The fast path of a call that moves no data: every DistArray operand (and ``out=``) has
+    the layout of the first (same grid object, equal distribution, same device), the others are
+    Python or NumPy scalars, no keyword but ``out=``.  The ufunc runs on the local blocks; the
+    result has the operands' layout.  On more than one rank the call's agreement is deferred
+    (:func:`disttensor.core.agreement.defer`: agreed with the next call that communicates over
+    the grid); calls whose failure could depend on the data on one rank (integer powers,
+    ``np.seterr(...='raise')``) and calls that raise are left to the agreed path.  Returns
+    ``None`` where the fast path does not apply (nothing was computed or written then)."""
+    anchor = atok = None
+    locs, toks = [], []
+    for v in inputs:
+        t = type(v)
+        if t is DistArray:
+            tok = v.__dict__.get("_agreement_token") or token(v)
+            if anchor is None:
+                anchor, atok = v, tok
+            elif v._grid is not anchor._grid or tok[5] != atok[5] or (
+                    tok[1] is not atok[1] and tok[1] != atok[1]):
+                return None
+            locs.append(v._local)
+        elif t in _SCALAR_TYPES or isinstance(v, np.generic):
+            tok = ("scalar", t.__name__)
+            locs.append(v)
+        else:
+            return None
+        toks.append(tok)
+    if anchor is None or len(locs) > len(_NAMES):
+        return None
+    if out is not None:
+        out = out if isinstance(out, tuple) else (out,)
+        if len(out) != ufunc.nout:
+            return None
+        for o in out:
+            if type(o) is not DistArray or o._grid is not anchor._grid:
+                return None
+            tok = o.__dict__.get("_agreement_token") or token(o)
+            if tok[5] != atok[5] or (tok[1] is not atok[1] and tok[1] != atok[1]):
+                return None
+        out_tok = tuple(o.__dict__["_agreement_token"] for o in out)
+    cart = anchor._grid.cart
+    deferred = False
+    if cart.size > 1:
+        if ufunc is np.power or _may_fail_on_data(ufunc, locs):
+            return None  # (a negative integer exponent may be on one rank only)
+        if entry_depth() == 0 and agreement_enabled():
+            if not deferring():
+                return None  # eager agreement: the agreed path
+            deferred = True
+    try:
+        if out is None:
+            res = ufunc(*locs)
+        else:
+            res = ufunc(*locs, out=tuple(o._local for o in out))
+    except Exception:  # noqa: BLE001 - raised again by the agreed path, on every rank
+        if deferred:
+            return None
+        raise
+    if deferred:
+        named = tuple(zip(_NAMES, toks))
+        defer(cart, ufunc.__name__, named if out is None else named + (("out", out_tok),))
+    if out is not None:
+        return out[0] if ufunc.nout == 1 else out
+    if ufunc.nout == 1:
+        return _wrap_block(res, anchor)
+    return tuple(_wrap_block(r, anchor) for r in res)
+
+
+def _wrap_block(r, anchor: DistArray) -> DistArray:
+    if isinstance(r, np.generic):  # a 0-d block: NumPy returns a scalar
+        r = np.asarray(r)
+    return DistArray(r, anchor._dist, anchor._grid)
+
+
+@collective_entry
+def _agreed_call(ufunc, inputs, kwargs):
     """``ufunc(*inputs, **kwargs)`` with at least one DistArray among the inputs, ``out=`` or
     ``where=`` (collective: the ranks agree on the ufunc, the operands' metadata, the types
     of scalar operands and the keyword arguments before any operand is redistributed)."""

@@ -368,8 +368,17 @@ def test_reduction_arguments_differ():
     in_step("reduction differ")
 
 
+@pytest.fixture
+def eager_agreement():
+    """Every call agreed at once (no deferred agreement of calls that move no data), so a
+    rank-dependent argument raises at the call itself (tests/mpi/test_deferred_agreement.py
+    checks the deferred default)."""
+    with agreement.eager():
+        yield
+
+
 @two_ranks
-def test_ufunc_arguments_differ():
+def test_ufunc_arguments_differ(eager_agreement):
     a = dt.ones((2 * SIZE, 4))
     b = last_rank_only(a.redistribute(split=(None, 0)), dt.ones((2 * SIZE, 4)))
     with mismatch("add", "x2"):
