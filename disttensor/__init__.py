@@ -44,6 +44,9 @@ from .routines.logic import allclose, array_equal, isclose
 from .routines.manipulation import (broadcast_arrays, broadcast_to, concatenate, expand_dims,
                                     flip, moveaxis, repeat, reshape, roll, squeeze, stack,
                                     swapaxes, tile, transpose, unstack)
+from .routines.manipulation import (array_split, atleast_1d, atleast_2d, atleast_3d,
+                                    column_stack, dsplit, dstack, hsplit, hstack, ravel, rot90,
+                                    split, vsplit, vstack)
 from .routines.padding import pad
 from .routines.fancy_indexing import put
 from .routines.blocks import apply_along_axis, map_blocks
@@ -57,8 +60,12 @@ from .routines.sets import unique, unique_all, unique_counts, unique_inverse, un
 from .routines.sorting import argsort, sort
 from .routines.statistics import (bincount, histogram, median, nanmedian, nanpercentile,
                                   nanquantile, percentile, quantile)
+from .routines.histograms import (bincount, digitize, histogram, histogram2d, histogram_bin_edges,
+                                  histogramdd)
+from .routines.averages import average, corrcoef, cov, ptp
 from . import fft, linalg, random  # NumPy's subpackages: dt.fft, dt.linalg, dt.random
 from .linalg import einsum, matmul, tensordot, vecdot
+from .linalg import inner, kron, outer
 
 __version__ = "0.1.0"
 

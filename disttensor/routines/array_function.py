@@ -18,6 +18,7 @@ import numpy as np
 from . import creation, logic, manipulation, mathematical, npyio, padding, reductions, scans
 from . import searching, sets, sorting, statistics
 from . import blocks
+from . import averages, histograms
 from .indexing import take, take_along_axis
 from .fancy_indexing import put as _put
 from .manipulation import flip
@@ -194,6 +195,20 @@ def _routines():
         np.repeat: m.repeat,
         np.flip: lambda m, axis=None: flip(m, range(m.ndim) if axis is None else axis),
         np.roll: m.roll,
+        np.rot90: m.rot90,
+        np.ravel: m.ravel,
+        np.atleast_1d: m.atleast_1d,
+        np.atleast_2d: m.atleast_2d,
+        np.atleast_3d: m.atleast_3d,
+        np.vstack: m.vstack,
+        np.hstack: m.hstack,
+        np.dstack: m.dstack,
+        np.column_stack: m.column_stack,
+        np.split: m.split,
+        np.array_split: m.array_split,
+        np.hsplit: m.hsplit,
+        np.vsplit: m.vsplit,
+        np.dsplit: m.dsplit,
         np.pad: lambda array, pad_width, mode="constant", **kw: padding.pad(array, pad_width,
                                                                            mode, **kw),
         np.apply_along_axis: lambda func1d, axis, arr, *args, **kwargs: blocks.apply_along_axis(
@@ -236,8 +251,17 @@ def _routines():
         np.nanmedian: lambda a, axis=None, out=None, overwrite_input=False, keepdims=False:
             st.nanmedian(a, axis=axis, keepdims=keepdims),
         np.histogram: lambda a, bins=10, range=None, density=None, weights=None:
-            st.histogram(a, bins=bins, range=range, density=density, weights=weights),
-        np.bincount: lambda x, weights=None, minlength=0: st.bincount(x, weights, minlength),
+            histograms.histogram(a, bins=bins, range=range, density=density, weights=weights),
+        np.bincount: lambda x, weights=None, minlength=0: histograms.bincount(x, weights,
+                                                                              minlength),
+        np.histogram2d: histograms.histogram2d,
+        np.histogramdd: histograms.histogramdd,
+        np.histogram_bin_edges: histograms.histogram_bin_edges,
+        np.digitize: histograms.digitize,
+        np.average: averages.average,
+        np.cov: averages.cov,
+        np.corrcoef: averages.corrcoef,
+        np.ptp: averages.ptp,
         # sets
         np.unique: _np_unique,
         np.isin: lambda element, test_elements, assume_unique=False, invert=False, **kw:

@@ -162,36 +162,6 @@ def test_unique(shape, data_, seed, kind):
     check(c.counts, np.unique_counts(a).counts.astype(np.int64), "unique_counts")
 
 
-@settings(max_examples=examples(20))
-@given(shape=shapes(1, 3, max_side=6, min_side=1), data_=st.data(), seed=st.integers(0, 2**16),
-       bins=st.integers(1, 6))
-@collective_checks
-def test_histogram_bincount(shape, data_, seed, bins):
-    layout = data_.draw(layouts(shape, SIZE, 2))
-    rng = np.random.default_rng(seed)
-    a = rng.normal(size=shape)
-    w = rng.random(shape)
-    x, wx = dist(a, layout), dist(w, layout)
-    h, e = np.histogram(x, bins=bins)
-    hw, ew = np.histogram(a, bins=bins)
-    expect(np.array_equal(h, hw) and np.array_equal(e, ew), "histogram auto range")
-    h, e = np.histogram(x, bins=bins, range=(-1, 1), weights=wx)
-    hw, ew = np.histogram(a, bins=bins, range=(-1, 1), weights=w)
-    expect(np.allclose(h, hw, rtol=1e-12, atol=0) and np.array_equal(e, ew), "weighted, range")
-    edges = np.array([-3.0, -0.5, 0.0, 0.1, 2.0])
-    expect(np.array_equal(np.histogram(x, bins=edges)[0], np.histogram(a, bins=edges)[0]),
-           "explicit edges")
-    n = a.size
-    ci = rng.integers(0, 7, n)
-    l1 = data_.draw(layouts((n,), SIZE, 2))
-    cx, cw = dist(ci, l1), dist(w.reshape(-1), l1)
-    expect(np.array_equal(np.bincount(cx, minlength=3), np.bincount(ci, minlength=3)),
-           "bincount")
-    expect(np.allclose(dt.bincount(cx, weights=cw, minlength=9),
-                       np.bincount(ci, weights=w.reshape(-1), minlength=9), rtol=1e-12),
-           "bincount weights")
-
-
 @settings(max_examples=examples(25))
 @given(shape=shapes(1, 3, max_side=6, min_side=1), data_=st.data(), seed=st.integers(0, 2**16),
        method=st.sampled_from(["linear", "lower", "higher", "nearest", "midpoint"]),
