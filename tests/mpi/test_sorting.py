@@ -206,7 +206,7 @@ def test_errors(comm):
     assert_raises_all(comm, np.exceptions.AxisError, "axis", lambda: dt.argsort(m, axis=-3))
     assert_raises_all(comm, ValueError, "x1 must be 1-D", lambda: dt.searchsorted(m, x))
     assert_raises_all(comm, ValueError, "side must be", lambda: dt.searchsorted(x, x, side="up"))
-    assert_raises_all(comm, IndexError, "does not match", lambda: x[np.ones(3, bool)])
+    assert_raises_all(comm, IndexError, "boolean index did not match", lambda: x[np.ones(3, bool)])
     assert_raises_all(comm, IndexError, "boolean mask", lambda: x[x])
     assert_raises_all(comm, ValueError, "cannot assign 3 input values",
                       lambda: x.__setitem__(x > 4, np.arange(3.0)))
