@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import disttensor as dt
 from checks import (SIZE, check_blocks as check, collective_checks, dist, examples, expect,
-                    last_rank_only, mismatch, settle)
+                    grid, last_rank_only, mismatch, settle)
 from conftest import assert_raises_all
 from mpi4py import MPI
 from disttensor.testing.strategies import layouts, shapes
@@ -52,6 +52,7 @@ def test_map_blocks_elementwise_aligned_and_block_info(c1, c2, data):
         loc = block_info[0]["array-location"]
         assert block_info[0]["shape"] == shape
         assert tuple(block_id) == block_info[0]["chunk-location"]
+        assert tuple(b - a for a, b in loc) == blk.shape
         idx = np.indices(blk.shape, dtype=float)
         return sum((i + lo) * 10.0 ** t for t, (i, (lo, _)) in enumerate(zip(idx, loc))) \
             if blk.ndim else np.zeros(())
@@ -156,6 +157,17 @@ def test_apply_along_axis_matches_numpy(c, name, data):
         expect(got.distribution == x.distribution, "a length-keeping func1d keeps the layout")
     check(np.apply_along_axis(fn, ax, x), want, "through np.apply_along_axis", rtol=1e-12,
           atol=1e-12)
+
+
+def test_apply_along_axis_keeps_an_uneven_layout(comm):
+    a = rand((3 * SIZE + 1, 2), 5)
+    sizes = [1] * SIZE
+    sizes[-1] += a.shape[0] - SIZE
+    x = dt.from_global(a, grid=grid((SIZE,)), split=(0, None), sizes=[sizes, None])
+    got = dt.apply_along_axis(np.cumsum, 0, x)
+    check(got, np.cumsum(a, axis=0), "cumsum along the split axis", rtol=1e-12,
+          layout=((SIZE,), (0, None), [sizes, None]))
+    settle()
 
 
 def test_apply_along_axis_bad_input(comm):
