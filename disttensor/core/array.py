@@ -40,15 +40,17 @@ from .distribution import Distribution
 from .entry import (agreed, canon, collective_entry, device_key, dtype_key, halo_key,
                     split_key)
 from .grid import ProcessGrid, get_default_grid
+from .array_methods import NumPyMethods
 from .layout import default_split, make_distribution, normalize_halo
 
 __all__ = ["DistArray"]
 
 
-class DistArray:
+class DistArray(NumPyMethods):
     """A distributed N-d array (see module docstring).  Create with :func:`disttensor.zeros`,
     :func:`disttensor.from_global`, ...; ``DistArray(buffer, distribution, grid, halo)`` wraps an
-    existing local buffer without checks."""
+    existing local buffer without checks.  The NumPy methods (``x.sum()``, ``x.ravel()``, ...)
+    come from :class:`~disttensor.core.array_methods.NumPyMethods`."""
 
     __array_priority__ = 1000
 
@@ -410,86 +412,7 @@ class DistArray:
                             "use x.to_numpy() for a global NumPy copy")
         return impl(*args, **kwargs)
 
-    # -- reductions ---------------------------------------------------------------------------
-    def sum(self, axis=None, dtype=None, keepdims=False):
-        from ..routines import reductions
-        return reductions.sum(self, axis=axis, dtype=dtype, keepdims=keepdims)
-
-    def prod(self, axis=None, dtype=None, keepdims=False):
-        from ..routines import reductions
-        return reductions.prod(self, axis=axis, dtype=dtype, keepdims=keepdims)
-
-    def mean(self, axis=None, dtype=None, keepdims=False):
-        from ..routines import reductions
-        return reductions.mean(self, axis=axis, dtype=dtype, keepdims=keepdims)
-
-    def var(self, axis=None, dtype=None, ddof=0, keepdims=False):
-        from ..routines import reductions
-        return reductions.var(self, axis=axis, dtype=dtype, ddof=ddof, keepdims=keepdims)
-
-    def std(self, axis=None, dtype=None, ddof=0, keepdims=False):
-        from ..routines import reductions
-        return reductions.std(self, axis=axis, dtype=dtype, ddof=ddof, keepdims=keepdims)
-
-    def min(self, axis=None, keepdims=False):
-        from ..routines import reductions
-        return reductions.min(self, axis=axis, keepdims=keepdims)
-
-    def max(self, axis=None, keepdims=False):
-        from ..routines import reductions
-        return reductions.max(self, axis=axis, keepdims=keepdims)
-
-    def argmin(self, axis=None, keepdims=False):
-        from ..routines import searching
-        return searching.argmin(self, axis=axis, keepdims=keepdims)
-
-    def argmax(self, axis=None, keepdims=False):
-        from ..routines import searching
-        return searching.argmax(self, axis=axis, keepdims=keepdims)
-
-    def any(self, axis=None, keepdims=False):
-        from ..routines import reductions
-        return reductions.any(self, axis=axis, keepdims=keepdims)
-
-    def all(self, axis=None, keepdims=False):
-        from ..routines import reductions
-        return reductions.all(self, axis=axis, keepdims=keepdims)
-
-    # -- sorting, searching, scans (disttensor.routines.sorting, .searching, .scans) ----------
-    def sort(self, axis=-1) -> None:
-        """Sort in place along ``axis`` (as ``ndarray.sort``; collective)."""
-        from ..routines import sorting
-        self._local[...] = sorting.sort(self, axis=axis).local
-
-    def argsort(self, axis=-1):
-        from ..routines import sorting
-        return sorting.argsort(self, axis=axis)
-
-    def cumsum(self, axis=None, dtype=None):
-        from ..routines import scans
-        return scans.cumsum(self, axis=axis, dtype=dtype)
-
-    def cumprod(self, axis=None, dtype=None):
-        from ..routines import scans
-        return scans.cumprod(self, axis=axis, dtype=dtype)
-
-    def nonzero(self):
-        from ..routines import searching
-        return searching.nonzero(self)
-
-    # -- shape manipulation -------------------------------------------------------------------
-    def transpose(self, *axes):
-        from ..routines import manipulation
-        if len(axes) == 1 and (axes[0] is None or not isinstance(axes[0], numbers.Integral)):
-            axes = axes[0]
-        return manipulation.transpose(self, axes or None)
-
-    def reshape(self, *shape):
-        from ..routines import manipulation
-        if len(shape) == 1 and not isinstance(shape[0], numbers.Integral):
-            shape = shape[0]
-        return manipulation.reshape(self, shape)
-
+    # -- indexing (the NumPy methods: core/array_methods.py) --------------------------------
     def __getitem__(self, key):
         from ..routines.indexing import getitem
         return getitem(self, key)
