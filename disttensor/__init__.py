@@ -47,9 +47,6 @@ from .routines.manipulation import (broadcast_arrays, broadcast_to, concatenate,
 from .routines.manipulation import (array_split, atleast_1d, atleast_2d, atleast_3d,
                                     column_stack, dsplit, dstack, hsplit, hstack, ravel, rot90,
                                     split, vsplit, vstack)
-from .routines.manipulation import (array_split, atleast_1d, atleast_2d, atleast_3d,
-                                    column_stack, dsplit, dstack, hsplit, hstack, ravel, rot90,
-                                    split, vsplit, vstack)
 from .routines.padding import pad
 from .routines.fancy_indexing import put
 from .routines.blocks import apply_along_axis, map_blocks
@@ -68,7 +65,6 @@ from .routines.histograms import (bincount, digitize, histogram, histogram2d, hi
 from .routines.averages import average, corrcoef, cov, ptp
 from . import fft, linalg, random  # NumPy's subpackages: dt.fft, dt.linalg, dt.random
 from .linalg import einsum, matmul, tensordot, vecdot
-from .linalg import inner, kron, outer
 from .linalg import inner, kron, outer
 
 __version__ = "0.1.0"
