@@ -19,7 +19,9 @@ every rank's minimum/maximum; with ``initial`` an empty min/max is allowed, and 
 needs ``initial`` for min/max (NumPy's ``ValueError``).  ``mean``/``var``/``std`` with
 ``where`` divide by the number of selected elements (NaN where there are none).
 
-``var``/``nanvar`` are two-pass (mean, then squared deviations).  Float sums add the ranks'
+``var``/``std`` over all axes make one pass over the local block and one all-gather of
+three numbers per rank (:mod:`disttensor.routines._moments`); over some axes, and
+``nanvar``, they are two-pass (mean, then squared deviations).  Float sums add the ranks'
 partial sums in another order than NumPy's pairwise sum: relative error ``O(n eps)`` in the
 worst case.  The nan forms skip NaN in the local partial results; ``nanmin``/``nanmax`` of an
 all-NaN slice give NaN (NumPy also warns).  For non-float dtypes they are the plain reductions.
@@ -37,6 +39,7 @@ from ..core.entry import agreed, canon, collective_entry, dtype_key, operand_key
 from ..core.backend import array_module
 from ..core.comm import allreduce
 from ..core.distribution import Distribution
+from ._moments import combine_over, local_moments
 from ._operands import check_array
 from .ufuncs import align
 
@@ -217,12 +220,24 @@ def mean(x: DistArray, axis=None, dtype=None, keepdims=False, *, where=True) -> 
 @collective_entry
 def var(x: DistArray, axis=None, dtype=None, ddof=0, keepdims=False, *,
         where=True) -> DistArray:
-    """Two-pass variance (mean first, then the sum of squared deviations)."""
+    """Variance.  Over all axes without ``where``: one pass over the local block in cache-sized
+    chunks (count, mean and squared deviations of each, merged with Chan's update; no
+    temporary of the block's size), then one all-gather of ``(n, mean, M2)`` per rank merged
+    the same way (:mod:`disttensor.routines._moments`), computed in float64 (complex128)
+    whatever the input's precision.  Otherwise two-pass (mean first, then the sum of squared
+    deviations)."""
     with _agreed("var", x, axis, keepdims, dtype=dtype_key(dtype), ddof=ddof,
                  where=operand_key(where)):
         axes = _axes(x, axis)
         out_dt, acc_dt = _mean_dtype(x, dtype)
         mask = _check_where(x, where)
+    real_dt = np.empty(0, out_dt).real.dtype
+    if mask is None and len(axes) == x.ndim:
+        work = np.result_type(acc_dt, np.float64)
+        n, _, m2 = combine_over(_comm(x, axes), local_moments(x.local, work))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            v = np.asarray(np.float64(m2) / builtins.max(n - ddof, 0), dtype=real_dt)
+        return _finish(x, x.xp.asarray(v).reshape((1,) * x.ndim), axes, keepdims)
     m = mean(x, axis=axes, dtype=acc_dt, keepdims=True, where=where)
     dev = x.local.astype(acc_dt, copy=False) - m.local
     xp = array_module(dev)
@@ -235,7 +250,6 @@ def var(x: DistArray, axis=None, dtype=None, ddof=0, keepdims=False, *,
     n = _mask_count(x, axes, mask)
     with np.errstate(invalid="ignore", divide="ignore"):
         v = part / (builtins.max(n - ddof, 0) if mask is None else xp.maximum(n - ddof, 0))
-    real_dt = np.empty(0, out_dt).real.dtype
     return _finish(x, v.astype(real_dt, copy=False), axes, keepdims)
 
 
