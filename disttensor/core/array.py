@@ -42,6 +42,7 @@ from .entry import (agreed, canon, collective_entry, device_key, dtype_key, halo
 from .grid import ProcessGrid, get_default_grid
 from .array_methods import NumPyMethods
 from .layout import default_split, make_distribution, normalize_halo
+from .memory import check_gather_size
 
 __all__ = ["DistArray"]
 
@@ -226,8 +227,29 @@ class DistArray(NumPyMethods):
         return self.shape[0]
 
     def __repr__(self) -> str:
-        return (f"DistArray(shape={self.shape}, dtype={self.dtype}, split={self.split}, "
-                f"grid={self._grid.dims}, device={self.device!r})")
+        """Never communicates (safe on one rank: pytest, debuggers, error messages): NumPy's
+        repr when this rank holds every value, else the metadata and this rank's block
+        (:mod:`disttensor.core.printing`)."""
+        from .printing import local_repr
+        return local_repr(self)
+
+    def __str__(self) -> str:
+        """The values as NumPy prints them (:mod:`disttensor.core.printing`): a 0-d array's
+        value on every rank (no communication: it is replicated); otherwise collective, the
+        text (summarised as NumPy would; only the shown elements are gathered) on rank 0 of the
+        grid and ``""`` on the other ranks, so ``print(x)`` on every rank shows it once."""
+        from .printing import to_str
+        return to_str(self)
+
+    def __format__(self, spec: str) -> str:
+        """As NumPy: a 0-d array formats as its scalar on every rank, without communication
+        (``f"{x.sum():.2f}"``); otherwise an empty ``spec`` is ``str(x)`` and any other spec
+        raises ``TypeError``."""
+        if self.ndim == 0:
+            return format(to_host(self._local)[()], spec)
+        if spec:
+            raise TypeError("unsupported format string passed to DistArray.__format__")
+        return str(self)
 
     # -- halo ---------------------------------------------------------------------------------
     @collective_entry
@@ -313,12 +335,16 @@ class DistArray(NumPyMethods):
 
     @collective_entry
     def gather(self, root: int = 0):
-        """Collective: the global array (NumPy) on ``root``, ``None`` elsewhere."""
+        """Collective: the global array (NumPy) on ``root``, ``None`` elsewhere (``ValueError``
+        on every rank beyond ``DISTTENSOR_GATHER_LIMIT`` bytes, see
+        :func:`disttensor.core.memory.gather_limit`)."""
         from .redistribute import redistribute_blocks
         comm = self._grid.cart
         with agreed(comm, "gather", x=self, root=root):
             if not isinstance(root, numbers.Integral) or not 0 <= root < comm.size:
                 raise ValueError(f"root {root} outside 0..{comm.size - 1}")
+            check_gather_size("gather", self, what="gathering the array puts",
+                              where=f"on rank {root}")
         local = to_host(self._local)
         if self.ndim == 0:
             return np.array(local) if comm.rank == root else None
@@ -330,10 +356,12 @@ class DistArray(NumPyMethods):
 
     @collective_entry
     def to_numpy(self) -> np.ndarray:
-        """Collective: the global array as NumPy on every rank."""
+        """Collective: the global array as NumPy on every rank (``ValueError`` on every rank
+        beyond ``DISTTENSOR_GATHER_LIMIT`` bytes, see
+        :func:`disttensor.core.memory.gather_limit`; ``np.asarray(x)`` is this too)."""
         from .redistribute import redistribute_blocks
         with agreed(self._grid.cart, "to_numpy", x=self):
-            pass
+            check_gather_size("to_numpy", self, what="gathering the array puts")
         if self.ndim == 0:
             return np.array(to_host(self._local))
         local = np.ascontiguousarray(to_host(self._local))
@@ -345,25 +373,42 @@ class DistArray(NumPyMethods):
         return a if dtype is None else a.astype(dtype)
 
     def item(self):
+        """The only element as a Python scalar: local for a 0-d array (its value is
+        replicated), collective (gathered) for other arrays of size 1."""
         if self.size != 1:
             raise ValueError("can only convert an array of size 1 to a Python scalar")
+        if self.ndim == 0:
+            return to_host(self._local).item()
         return self.to_numpy().item()
 
+    # Python scalar conversions: collective (the value is gathered), with NumPy's rules and
+    # messages, checked on the global shape and dtype, so every rank raises alike
+    def _scalar(self):
+        if self.ndim != 0:
+            raise TypeError("only 0-dimensional arrays can be converted to Python scalars")
+        return self.item()
+
     def __float__(self):
-        return float(self.item())
+        return float(self._scalar())
 
     def __complex__(self):
-        return complex(self.item())
+        return complex(self._scalar())
 
     def __int__(self):
-        return int(self.item())
+        return int(self._scalar())
 
     def __bool__(self):
+        if self.size == 0:
+            raise ValueError("The truth value of an empty array is ambiguous. Use `array.size "
+                             "> 0` to check that an array is not empty.")
+        if self.size > 1:
+            raise ValueError("The truth value of an array with more than one element is "
+                             "ambiguous. Use a.any() or a.all()")
         return bool(self.item())
 
     def __index__(self):
-        if self.dtype.kind not in "iu":
-            raise TypeError("only integer arrays can be used as an index")
+        if self.ndim != 0 or self.dtype.kind not in "iu":
+            raise TypeError("only integer scalar arrays can be converted to a scalar index")
         return int(self.item())
 
     @collective_entry

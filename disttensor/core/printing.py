@@ -161,7 +161,10 @@ def array_repr(x, root: int | None = None) -> str | None:
     values, summarize = _gather_selection(x, root, "array_repr")
     if values is None:
         return None
-    return _as_distarray_repr(_numpy_text(values, summarize, np.array_repr), _layout_suffix(x))
+    text = _numpy_text(values, summarize, np.array_repr)
+    if summarize:  # NumPy >= 2.2 names the shape of a summarised array: the global one
+        text = text.replace(f"shape={values.shape}", f"shape={x.shape}")
+    return _as_distarray_repr(text, _layout_suffix(x))
 
 
 def to_str(x) -> str:
