@@ -17,7 +17,9 @@ or extent), and ``fn`` returns an array of its input's shape.
 """
 from __future__ import annotations
 
+import contextlib
 import numbers
+from collections import OrderedDict
 
 from ..core.array import DistArray
 from ..core.entry import agreed, canon, collective_entry, dtype_key, nested, operand_key
@@ -82,14 +84,53 @@ def normalize_boundary_modes(boundary, nd: int) -> tuple:
     return tuple(out)
 
 
-def _halo_buffer(x: DistArray, halo) -> DistArray:
-    """``x``'s block in a new buffer with ``halo`` cells (left unset: the exchange writes them
-    all)."""
-    shape = tuple(lo + n + hi for (lo, hi), n in zip(halo, x.local_shape))
-    buf = x.xp.empty(shape, dtype=x.dtype)
-    h = DistArray(buf, x.distribution, x.grid, halo)
-    h.local[...] = x.local
-    return h
+class _Workspace:
+    """A halo buffer of one layout with its exchange, edge fill and window math, kept between
+    calls (:func:`_workspace`): ``x``'s block is copied into it on every call."""
+
+    def __init__(self, x: DistArray, halo, modes):
+        shape = tuple(lo + n + hi for (lo, hi), n in zip(halo, x.local_shape))
+        self.h = DistArray(x.xp.empty(shape, dtype=x.dtype), x.distribution, x.grid, halo)
+        # the exchange leaves zeros and periodic images; the rest is filled axis after axis,
+        # and a zero axis after a filled one is filled again (its corners are zero, as np.pad's)
+        edge = []
+        for m in modes:
+            zero_left = m == ("constant", 0) and all(e is None for e in edge)
+            edge.append(None if m in ("none", "periodic") or zero_left else m)
+        self.edge = tuple(edge)
+        with nested():
+            self.ex = HaloExchange(
+                self.h, tuple("periodic" if m == "periodic" else "zero" for m in modes))
+            self.fill = EdgeFill(self.h, self.edge) if any(e is not None for e in edge) \
+                else None
+        self.win = _Windows(self.h, halo, modes)
+        self.busy = False
+
+
+_WORKSPACES: OrderedDict = OrderedDict()
+_KEEP = 4   # layouts whose workspace is kept (least recently used dropped)
+
+
+@contextlib.contextmanager
+def _workspace(x: DistArray, halo, modes):
+    """The kept workspace of ``x``'s layout (a new one when none is, or when it is in use: a
+    function that calls map_overlap again), ``x``'s block copied in."""
+    key = (x.grid, x.grid.cart.py2f(), x.distribution, x.dtype.str, x.device, halo, modes)
+    ws = _WORKSPACES.get(key)
+    if ws is None or ws.busy:
+        ws = _Workspace(x, halo, modes)
+        if key not in _WORKSPACES:
+            _WORKSPACES[key] = ws
+            while len(_WORKSPACES) > _KEEP:
+                _WORKSPACES.popitem(last=False)
+    else:
+        _WORKSPACES.move_to_end(key)
+    ws.h.local[...] = x.local
+    ws.busy = True
+    try:
+        yield ws
+    finally:
+        ws.busy = False
 
 
 class _Windows:
@@ -182,20 +223,15 @@ def map_overlap(fn, x, depth=None, boundary=None, trim=True, *, dtype=None, sten
                 raise ValueError(f"depth {max(lo, hi)} on axis {t} is larger than the axis "
                                  f"({n}) with boundary {m if isinstance(m, str) else m[1]!r}")
         check_edge_modes(x.shape, halo, modes)
-    dist = x.distribution
-    h = _halo_buffer(x, halo)
-    # the exchange leaves zeros and periodic images; the rest is filled axis after axis, and a
-    # zero axis after a filled one is filled again (its corners are zero, as np.pad's)
-    edge = []
-    for m in modes:
-        zero_left = m == ("constant", 0) and all(e is None for e in edge)
-        edge.append(None if m in ("none", "periodic") or zero_left else m)
-    edge = tuple(edge)
-    with nested():
-        ex = HaloExchange(h, tuple("periodic" if m == "periodic" else "zero" for m in modes),
-                          persistent=False)
-        fill = EdgeFill(h, edge) if any(e is not None for e in edge) else None
-    win = _Windows(h, halo, modes)
+    with _workspace(x, halo, modes) as ws:
+        return _apply(fn, x, ws, halo, trim, stencil, dtype_key(dtype), kwargs)
+
+
+def _apply(fn, x, ws, halo, trim, stencil, dtype, kwargs):
+    """map_overlap's work after the agreement (collective: the exchange, the edge fill and
+    :func:`~disttensor.routines.blocks.assemble`)."""
+    dist, nd = x.distribution, x.ndim
+    h, ex, fill, win, edge = ws.h, ws.ex, ws.fill, ws.win, ws.edge
     full = tuple((0, n) for n in h.local_shape)
     # axes whose halo needs messages or the edge fill: the interior pass stays off their halo
     moving = tuple(t for t in range(nd) if halo[t] != (0, 0) and (
@@ -211,7 +247,7 @@ def map_overlap(fn, x, depth=None, boundary=None, trim=True, *, dtype=None, sten
         r, err = call_local(fn, h.buffer[src], **kwargs)
         if err is None and trim:
             r, err = call_local(_trimmed, x.xp.asarray(r), cut, "map_overlap")
-        return assemble("map_overlap", x.grid, r, err, dist.split, dtype=dtype_key(dtype),
+        return assemble("map_overlap", x.grid, r, err, dist.split, dtype=dtype,
                         operands=[h.buffer])
     ex.begin()
     out, err = None, None
@@ -238,5 +274,5 @@ def map_overlap(fn, x, depth=None, boundary=None, trim=True, *, dtype=None, sten
                 r, err = call_local(_trimmed, x.xp.asarray(r), cut, "map_overlap")
             if err is None:
                 out[tuple(slice(a, b) for a, b in rim)] = r
-    return assemble("map_overlap", x.grid, out, err, dist.split, dtype=dtype_key(dtype),
+    return assemble("map_overlap", x.grid, out, err, dist.split, dtype=dtype,
                     operands=[h.buffer])
