@@ -22,8 +22,6 @@ Differences from NumPy: ``cov``/``corrcoef`` always return a DistArray (replicat
 """
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 
 from ..core.array import DistArray
@@ -31,6 +29,7 @@ from ..core.entry import agreed, canon, collective_entry, dtype_key, operand_key
 from ..core.backend import to_host
 from ..core.comm import allreduce
 from ..core.distribution import Distribution
+from ..core.warn import warn
 from . import reductions
 from ._operands import axis_tuple, check_array, unsplit
 from .manipulation import concatenate, expand_dims
@@ -235,7 +234,7 @@ def cov(m: DistArray, y=None, rowvar=True, bias=False, ddof=None, fweights=None,
             fact = v1 - ddof * float(_all_sum(X, np.asarray((wl * _local_weights(aw, X)).sum())))\
                 / v1
     if fact <= 0:
-        warnings.warn("Degrees of freedom <= 0 for slice", RuntimeWarning, stacklevel=3)
+        warn("Degrees of freedom <= 0 for slice", RuntimeWarning)
         fact = 0.0
     xc = loc - avg[:, None]
     xw = xc if wl is None else xc * wl

@@ -179,3 +179,16 @@ def test_gather_limit_holds_for_to_numpy_and_gather(monkeypatch, dims):
     ok = np.array_equal(got, a) and (np.array_equal(root, a) if RANK == SIZE - 1 else
                                      root is None)
     assert_all_ranks(COMM, ok, "under the limit the gathers must work")
+
+
+# -- library warnings: once per job, at the user's line --------------------------------------
+def test_a_library_warning_shows_once_per_job_at_the_users_line():
+    x = dt.from_global(np.ones((3, 1)))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = __import__("inspect").currentframe().f_lineno + 1
+        dt.cov(x)  # ddof >= the number of observations: NumPy's RuntimeWarning
+    seen = [(w.filename, w.lineno, str(w.message)) for w in caught
+            if issubclass(w.category, RuntimeWarning)]
+    want = [(__file__, line, "Degrees of freedom <= 0 for slice")] if RANK == 0 else []
+    assert_all_ranks(COMM, seen == want, f"warnings {seen}, expected {want}")
