@@ -9,17 +9,22 @@ without the user asking: pytest's assertion rewriting and its failure reports, d
 ``if rank == 0`` branch.  ``print(x)`` and ``str(x)`` are what a user writes on every rank of
 an SPMD script to look at the values.  So:
 
-* ``str(x)`` (and ``print(x)``, ``f"{x}"``, ``format(x, "")``) is **collective** over the
-  array's grid, like every other call on a DistArray: the ranks agree on the call (argument
-  agreement, so a ``str`` made on one rank while the others make another collective call
-  raises :class:`~disttensor.core.agreement.ArgumentMismatchError` on every rank instead of
+* ``str(x)`` (and ``print(x)``, ``f"{x}"``, ``format(x, "")``) of an array with at least
+  one axis is **collective** over the array's grid, like every other call on a DistArray: the
+  ranks agree on the call (argument agreement, so a ``str`` made on one rank while the others
+  make another collective call raises
+  :class:`~disttensor.core.agreement.ArgumentMismatchError` on every rank instead of
   hanging), only the elements NumPy would show are gathered to rank 0 of the grid (for an
   array larger than ``np.get_printoptions()['threshold']``, the ``edgeitems`` leading and
-  trailing items of each long axis: a few hundred elements, never the whole array), and
-  rank 0 formats them with NumPy (its print options: precision, linewidth, ...).  Rank 0's
-  ``str(x)`` is exactly ``str(x.to_numpy())``; the other ranks' ``str(x)`` is ``""``, so
-  ``print(x)`` on every rank shows the values once per job (the other ranks print an empty
-  line).  Use :func:`array_str` / :func:`array_repr` for the text on every rank.
+  trailing items of each long axis: a few hundred elements, never the whole array; the
+  selection is also held to ``DISTTENSOR_GATHER_LIMIT``), and rank 0 formats them with NumPy
+  (its print options: precision, linewidth, ...).  Rank 0's ``str(x)`` is exactly
+  ``str(x.to_numpy())``; the other ranks' ``str(x)`` is ``""``, so ``print(x)`` on every rank
+  shows the values once per job (the other ranks print an empty line).  Use
+  :func:`array_str` / :func:`array_repr` for the text on every rank.
+* A 0-d array (the result of a full reduction) holds its value on every rank, so ``str``,
+  ``format`` (``f"{x.sum():.3f}"``), ``float``/``int`` and ``item`` of it never communicate
+  and give NumPy's scalar text on every rank: ``if rank == 0: print(loss)`` is safe.
 * ``repr(x)`` **never communicates**.  When this rank holds every value (a one-rank grid, or
   no axis split: a replicated array, 0-d results of reductions) it is NumPy's ``repr`` with
   ``DistArray`` for ``array`` and the layout appended:
@@ -28,8 +33,9 @@ an SPMD script to look at the values.  So:
   ``DistArray(shape=(10,), dtype=float64, split=(0,), grid=(2,), device='cpu'; rank 1 holds
   [5:10]: [5. 6. 7. 8. 9.])``.
 
-Differences from NumPy: ``str(x)`` is ``""`` on ranks other than 0; ``repr(x)`` of an array
-split over several ranks shows its metadata and the local block, not the global values.
+Differences from NumPy: ``str(x)`` of an array with an axis is ``""`` on ranks other than 0
+(and must be called on every rank); ``repr(x)`` of an array split over several ranks shows its
+metadata and the local block, not the global values.
 """
 from __future__ import annotations
 
@@ -41,7 +47,8 @@ from .backend import array_module, to_host
 from .entry import agreed, collective_entry
 from .memory import check_gather_size
 
-__all__ = ["array_str", "array_repr", "to_str", "local_repr", "summary_indices"]
+__all__ = ["array_str", "array_repr", "array2string", "to_str", "local_repr",
+           "summary_indices"]
 
 _REPR_PREFIX = "DistArray("
 
@@ -165,6 +172,38 @@ def array_repr(x, root: int | None = None) -> str | None:
     if summarize:  # NumPy >= 2.2 names the shape of a summarised array: the global one
         text = text.replace(f"shape={values.shape}", f"shape={x.shape}")
     return _as_distarray_repr(text, _layout_suffix(x))
+
+
+def _options(**opts):
+    """``np.printoptions`` with the options given (``None``: the current one)."""
+    return np.printoptions(**{k: v for k, v in opts.items() if v is not None})
+
+
+@collective_entry
+def array2string(a, max_line_width=None, precision=None, suppress_small=None, separator=" ",
+                 prefix="", *, threshold=None, edgeitems=None, sign=None, floatmode=None,
+                 suffix="", formatter=None, legacy=None) -> str:
+    """``numpy.array2string`` of a DistArray (``np.array2string(x)`` dispatches here):
+    collective over its grid, the text on every rank; only the shown elements are gathered
+    (see the module docstring)."""
+    with _options(threshold=threshold, edgeitems=edgeitems):
+        values, summarize = _gather_selection(a, None, "array2string")
+    return np.array2string(values, max_line_width, precision, suppress_small, separator,
+                           prefix, threshold=0 if summarize else values.size + 1,
+                           edgeitems=edgeitems, sign=sign, floatmode=floatmode,
+                           suffix=suffix, formatter=formatter, legacy=legacy)
+
+
+def numpy_array_str(a, max_line_width=None, precision=None, suppress_small=None) -> str:
+    """``numpy.array_str`` of a DistArray: :func:`array_str` on every rank."""
+    with _options(linewidth=max_line_width, precision=precision, suppress=suppress_small):
+        return array_str(a)
+
+
+def numpy_array_repr(arr, max_line_width=None, precision=None, suppress_small=None) -> str:
+    """``numpy.array_repr`` of a DistArray: :func:`array_repr` on every rank."""
+    with _options(linewidth=max_line_width, precision=precision, suppress=suppress_small):
+        return array_repr(arr)
 
 
 def to_str(x) -> str:

@@ -24,6 +24,7 @@ from .fancy_indexing import put as _put
 from .manipulation import flip
 from .ufuncs import elementwise
 from ..core.backend import array_module
+from ..core import printing
 
 __all__ = ["HANDLED", "implementation"]
 
@@ -268,6 +269,10 @@ def _routines():
             sets.isin(element, test_elements, invert),
         # input and output
         np.save: _np_save,
+        # printing (text on every rank; str(x)/print(x): rank 0 only, core/printing)
+        np.array2string: printing.array2string,
+        np.array_str: printing.numpy_array_str,
+        np.array_repr: printing.numpy_array_repr,
     }
     if hasattr(np, "cumulative_sum"):
         table[np.cumulative_sum] = \

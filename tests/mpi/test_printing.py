@@ -101,3 +101,25 @@ def test_str_on_one_rank_only_is_an_error_on_every_rank_not_a_hang():
         else:
             x.to_numpy()
     assert_all_ranks(COMM, float(x.sum()) == 15.0)
+
+
+@pytest.mark.parametrize("dims,split", [((SIZE,), (0, None)), ((1, SIZE), (None, 1))])
+def test_numpys_printing_functions_give_the_text_on_every_rank(dims, split):
+    a = np.arange(40 * 50, dtype=np.float64).reshape(40, 50) / 3
+    x = dt.from_global(a, grid=grid(dims), split=split)
+    cases = {
+        "array2string": (lambda v: np.array2string(v, precision=2, separator=", ")),
+        "array2string all": (lambda v: np.array2string(v, threshold=a.size)),
+        "array2string edge 1": (lambda v: np.array2string(v, threshold=5, edgeitems=1)),
+        "array_str": (lambda v: np.array_str(v, precision=3)),
+        "array_repr": (lambda v: np.array_repr(v, max_line_width=60)),
+    }
+    bad = []
+    for what, fn in cases.items():
+        got, want = fn(x), fn(a)
+        if what == "array_repr":
+            want = "DistArray(" + want[len("array("):-1].replace("\n      ", "\n" + " " * 10) \
+                + f", split={x.split}, grid={dims})"
+        if got != want:
+            bad.append(f"{what}:\n{got}\n!=\n{want}")
+    assert_all_ranks(COMM, not bad, "\n".join(bad))
