@@ -11,6 +11,10 @@
 #                        tested with disttensor.testing) under mpiexec -n 1..4, plain pytest
 #                        under the launcher (the disttensor pytest plugin), each under a timeout
 #   3. CUDA sources      every disttensor/**/*.cu compiled with nvcc (skipped without nvcc)
+#   3b. RawKernels on the host  every GPU RawKernel (name expression of gpu/rawmodules.py)
+#                        compiled with g++ through tests/host_cuda/cuda_host.h and run
+#                        against the CPU kernels, plain and under ASan+UBSan
+#                        (tests/host_cuda/run.py; skipped without g++)
 # Every step runs even when an earlier one failed; a summary table closes the output and the
 # exit status is non-zero if any step failed.
 #
@@ -186,6 +190,25 @@ else
   done
   if [ $nbad -eq 0 ]; then record "nvcc compile" "PASS(${#CU_FILES[@]} files)" $(( $(date +%s) - t0 ))
   else record "nvcc compile" "FAIL($nbad/${#CU_FILES[@]} files)" $(( $(date +%s) - t0 )); fi
+fi
+
+# --- 3b. the GPU RawKernels executed on the host ----------------------------------------------
+banner "RawKernels on the host (g++, plain and ASan+UBSan builds)"
+t0=$(date +%s)
+if ! command -v "${CXX:-g++}" >/dev/null 2>&1; then
+  echo "no C++ compiler (${CXX:-g++}): skipping the host RawKernels"
+  record "host RawKernels" "SKIP(no g++)" $(( $(date +%s) - t0 ))
+else
+  HOST_LOG=$(mktemp)
+  timeout -k 10 900 "$PY" tests/host_cuda/run.py 2>&1 | tee "$HOST_LOG"
+  rc=${PIPESTATUS[0]}
+  # the conftest prints "host RawKernels (<variant> build): <ran> of <all> kernels ..."
+  nk=$(grep -o 'host RawKernels ([a-z]* build): [0-9]* of [0-9]*' "$HOST_LOG" \
+       | sed 's/.*(\([a-z]*\) build): \([0-9]*\) of \([0-9]*\)/\1 \2\/\3/' | paste -sd, -)
+  rm -f "$HOST_LOG"
+  echo "kernels run on the host: ${nk:-none}"
+  if [ "$rc" = 0 ]; then record "host RawKernels" "PASS(${nk// /:})" $(( $(date +%s) - t0 ))
+  else record "host RawKernels" "FAIL(rc=$rc)" $(( $(date +%s) - t0 )); fi
 fi
 
 # --- summary -------------------------------------------------------------------------------------

@@ -4,7 +4,10 @@
 // "bn_forward_apply<float>").
 //
 // Layout: any (N, C, *spatial) C-contiguous array viewed as (N, C, S), S = prod(spatial)
-// (S = 1 for 2-D input); element i has channel (i / S) % C.  Every index is 64-bit.
+// (S = 1 for 2-D input); element i has channel (i / S) % C.  The kernels that divide per
+// element (channel sums, batch-norm apply, softmax) use int indices where every index value
+// fits in 32 bits (dtk::index32_fits, common.cuh), long long otherwise; the activations,
+// which only step through flat indices, and channel_finalize are 64-bit throughout.
 // Arithmetic in the accumulation type (float for __half/float, double for double); the
 // per-channel sums are accumulated in double, in a fixed order (two stages: per-block partial
 // sums, then one thread per channel adds its partials in block order), so they are
@@ -34,31 +37,24 @@ const int REDUCE_BLOCK = 256;  // blockDim.x of channel_partial (gpu/batchnorm.p
 
 }  // namespace dtk_pw
 
-// Stage 1 of the per-channel sums.  Grid (B, min(C, 65535)), block REDUCE_BLOCK threads.
-// Block (b, c) sums its grid-stride share of channel c's M = N*S elements and writes
-// p1[c*B + b], p2[c*B + b]:
-//   MODE 0: a = x             -> (sum x, sum x*x)
-//   MODE 1: a = dy, b = x     -> (sum dy, sum dy*xhat), xhat = (x - mean[c]) * invstd[c]
-template <typename T, int MODE>
-__global__ void channel_partial(const T* __restrict__ a, const T* __restrict__ b,
-                                const double* __restrict__ mean,
-                                const double* __restrict__ invstd,
-                                long long C, long long S, long long M,
-                                double* __restrict__ p1, double* __restrict__ p2) {
+template <typename T, int MODE, typename I>
+__device__ void channel_partial_body(const T* __restrict__ a, const T* __restrict__ b,
+                                     const double* __restrict__ mean,
+                                     const double* __restrict__ invstd, I C, I S, I M,
+                                     double* __restrict__ p1, double* __restrict__ p2) {
     __shared__ double sh1[dtk_pw::REDUCE_BLOCK];
     __shared__ double sh2[dtk_pw::REDUCE_BLOCK];
-    const long long B = gridDim.x;
-    for (long long c = blockIdx.y; c < C; c += gridDim.y) {
+    const I B = gridDim.x;
+    for (I c = blockIdx.y; c < C; c += gridDim.y) {
         double s1 = 0.0, s2 = 0.0;
         double mu = 0.0, is = 0.0;
         if (MODE == 1) {
             mu = mean[c];
             is = invstd[c];
         }
-        for (long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x; j < M;
-             j += B * blockDim.x) {
-            const long long n = j / S;
-            const long long idx = (n * C + c) * S + (j - n * S);
+        for (I j = (I)(blockIdx.x * blockDim.x + threadIdx.x); j < M; j += B * (I)blockDim.x) {
+            const I n = j / S;
+            const I idx = (n * C + c) * S + (j - n * S);
             const double va = (double)dtk::Num<T>::load(a[idx]);
             if (MODE == 0) {
                 s1 += va;
@@ -87,6 +83,23 @@ __global__ void channel_partial(const T* __restrict__ a, const T* __restrict__ b
     }
 }
 
+// Stage 1 of the per-channel sums.  Grid (B, min(C, 65535)), block REDUCE_BLOCK threads.
+// Block (b, c) sums its grid-stride share of channel c's M = N*S elements and writes
+// p1[c*B + b], p2[c*B + b]:
+//   MODE 0: a = x             -> (sum x, sum x*x)
+//   MODE 1: a = dy, b = x     -> (sum dy, sum dy*xhat), xhat = (x - mean[c]) * invstd[c]
+template <typename T, int MODE>
+__global__ void channel_partial(const T* __restrict__ a, const T* __restrict__ b,
+                                const double* __restrict__ mean,
+                                const double* __restrict__ invstd,
+                                long long C, long long S, long long M,
+                                double* __restrict__ p1, double* __restrict__ p2) {
+    if (dtk::index32_fits(dtk::max3(M * C, C * (long long)gridDim.x, C + gridDim.y)))
+        channel_partial_body<T, MODE, int>(a, b, mean, invstd, C, S, M, p1, p2);
+    else
+        channel_partial_body<T, MODE, long long>(a, b, mean, invstd, C, S, M, p1, p2);
+}
+
 // Stage 2: out[c] = sum_b p[c*B + b], in block order.
 __global__ void channel_finalize(const double* __restrict__ p1, const double* __restrict__ p2,
                                  long long C, long long B,
@@ -103,19 +116,47 @@ __global__ void channel_finalize(const double* __restrict__ p1, const double* __
 }
 
 // y = x*scale[c] + shift[c]
+template <typename T, typename I>
+__device__ void bn_forward_apply_body(const T* __restrict__ x, T* __restrict__ y,
+                                      const double* __restrict__ scale,
+                                      const double* __restrict__ shift, I C, I S, I total) {
+    typedef typename dtk::Num<T>::acc acc;
+    DTK_GRID_LOOP(I, i, total) {
+        const I c = (i / S) % C;
+        y[i] = dtk::Num<T>::store(dtk::Num<T>::load(x[i]) * (acc)scale[c] + (acc)shift[c]);
+    }
+}
+
 template <typename T>
 __global__ void bn_forward_apply(const T* __restrict__ x, T* __restrict__ y,
                                  const double* __restrict__ scale,
                                  const double* __restrict__ shift,
                                  long long C, long long S, long long total) {
-    typedef typename dtk::Num<T>::acc acc;
-    DTK_GRID_STRIDE(i, total) {
-        const long long c = (i / S) % C;
-        y[i] = dtk::Num<T>::store(dtk::Num<T>::load(x[i]) * (acc)scale[c] + (acc)shift[c]);
-    }
+    if (dtk::index32_fits(total))
+        bn_forward_apply_body<T, int>(x, y, scale, shift, C, S, total);
+    else
+        bn_forward_apply_body<T, long long>(x, y, scale, shift, C, S, total);
 }
 
 // dx = gamma[c]*invstd[c]*(dy - mean_dy[c] - xhat*mean_dy_xhat[c]), xhat = (x - mean[c])*invstd[c]
+template <typename T, typename I>
+__device__ void bn_backward_apply_body(const T* __restrict__ dy, const T* __restrict__ x,
+                                       T* __restrict__ dx, const double* __restrict__ mean,
+                                       const double* __restrict__ invstd,
+                                       const double* __restrict__ gamma,
+                                       const double* __restrict__ mean_dy,
+                                       const double* __restrict__ mean_dy_xhat,
+                                       I C, I S, I total) {
+    typedef typename dtk::Num<T>::acc acc;
+    DTK_GRID_LOOP(I, i, total) {
+        const I c = (i / S) % C;
+        const acc is = (acc)invstd[c];
+        const acc xh = (dtk::Num<T>::load(x[i]) - (acc)mean[c]) * is;
+        const acc g = dtk::Num<T>::load(dy[i]) - (acc)mean_dy[c] - xh * (acc)mean_dy_xhat[c];
+        dx[i] = dtk::Num<T>::store((acc)gamma[c] * is * g);
+    }
+}
+
 template <typename T>
 __global__ void bn_backward_apply(const T* __restrict__ dy, const T* __restrict__ x,
                                   T* __restrict__ dx,
@@ -125,14 +166,12 @@ __global__ void bn_backward_apply(const T* __restrict__ dy, const T* __restrict_
                                   const double* __restrict__ mean_dy,
                                   const double* __restrict__ mean_dy_xhat,
                                   long long C, long long S, long long total) {
-    typedef typename dtk::Num<T>::acc acc;
-    DTK_GRID_STRIDE(i, total) {
-        const long long c = (i / S) % C;
-        const acc is = (acc)invstd[c];
-        const acc xh = (dtk::Num<T>::load(x[i]) - (acc)mean[c]) * is;
-        const acc g = dtk::Num<T>::load(dy[i]) - (acc)mean_dy[c] - xh * (acc)mean_dy_xhat[c];
-        dx[i] = dtk::Num<T>::store((acc)gamma[c] * is * g);
-    }
+    if (dtk::index32_fits(total))
+        bn_backward_apply_body<T, int>(dy, x, dx, mean, invstd, gamma, mean_dy, mean_dy_xhat,
+                                       C, S, total);
+    else
+        bn_backward_apply_body<T, long long>(dy, x, dx, mean, invstd, gamma, mean_dy,
+                                             mean_dy_xhat, C, S, total);
 }
 
 template <typename T>
@@ -200,52 +239,71 @@ __global__ void activation_backward(const T* __restrict__ dy, const T* __restric
 }
 
 // Softmax (or log-softmax) over the channel axis: one thread per (n, s) position, P = N*S.
-template <typename T>
-__global__ void softmax_channels(const T* __restrict__ x, T* __restrict__ y,
-                                 long long C, long long S, long long P, int log_softmax) {
+template <typename T, typename I>
+__device__ void softmax_channels_body(const T* __restrict__ x, T* __restrict__ y, I C, I S, I P,
+                                      int log_softmax) {
     typedef typename dtk::Num<T>::acc acc;
-    DTK_GRID_STRIDE(p, P) {
-        const long long n = p / S;
-        const long long base = n * C * S + (p - n * S);
+    DTK_GRID_LOOP(I, p, P) {
+        const I n = p / S;
+        const I base = n * C * S + (p - n * S);
         acc m = dtk::Num<T>::load(x[base]);
-        for (long long c = 1; c < C; ++c) {
+        for (I c = 1; c < C; ++c) {
             const acc v = dtk::Num<T>::load(x[base + c * S]);
             if (v > m) m = v;
         }
         acc s = acc(0);
-        for (long long c = 0; c < C; ++c) s += dtk_pw::ex(dtk::Num<T>::load(x[base + c * S]) - m);
+        for (I c = 0; c < C; ++c) s += dtk_pw::ex(dtk::Num<T>::load(x[base + c * S]) - m);
         if (log_softmax) {
             const acc lse = m + dtk_pw::lg(s);
-            for (long long c = 0; c < C; ++c)
+            for (I c = 0; c < C; ++c)
                 y[base + c * S] =
                     dtk::Num<T>::store(dtk::Num<T>::load(x[base + c * S]) - lse);
         } else {
             const acc inv = acc(1) / s;
-            for (long long c = 0; c < C; ++c)
+            for (I c = 0; c < C; ++c)
                 y[base + c * S] =
                     dtk::Num<T>::store(dtk_pw::ex(dtk::Num<T>::load(x[base + c * S]) - m) * inv);
         }
     }
 }
 
-// dx = y * (dy - sum_c dy*y)
 template <typename T>
-__global__ void softmax_channels_backward(const T* __restrict__ dy, const T* __restrict__ y,
-                                          T* __restrict__ dx, long long C, long long S,
-                                          long long P) {
+__global__ void softmax_channels(const T* __restrict__ x, T* __restrict__ y,
+                                 long long C, long long S, long long P, int log_softmax) {
+    if (dtk::index32_fits(P * C))
+        softmax_channels_body<T, int>(x, y, C, S, P, log_softmax);
+    else
+        softmax_channels_body<T, long long>(x, y, C, S, P, log_softmax);
+}
+
+// dx = y * (dy - sum_c dy*y)
+template <typename T, typename I>
+__device__ void softmax_channels_backward_body(const T* __restrict__ dy,
+                                               const T* __restrict__ y, T* __restrict__ dx,
+                                               I C, I S, I P) {
     typedef typename dtk::Num<T>::acc acc;
-    DTK_GRID_STRIDE(p, P) {
-        const long long n = p / S;
-        const long long base = n * C * S + (p - n * S);
+    DTK_GRID_LOOP(I, p, P) {
+        const I n = p / S;
+        const I base = n * C * S + (p - n * S);
         acc s = acc(0);
-        for (long long c = 0; c < C; ++c)
+        for (I c = 0; c < C; ++c)
             s += dtk::Num<T>::load(dy[base + c * S]) * dtk::Num<T>::load(y[base + c * S]);
-        for (long long c = 0; c < C; ++c) {
-            const long long k = base + c * S;
+        for (I c = 0; c < C; ++c) {
+            const I k = base + c * S;
             dx[k] = dtk::Num<T>::store(dtk::Num<T>::load(y[k]) *
                                           (dtk::Num<T>::load(dy[k]) - s));
         }
     }
+}
+
+template <typename T>
+__global__ void softmax_channels_backward(const T* __restrict__ dy, const T* __restrict__ y,
+                                          T* __restrict__ dx, long long C, long long S,
+                                          long long P) {
+    if (dtk::index32_fits(P * C))
+        softmax_channels_backward_body<T, int>(dy, y, dx, C, S, P);
+    else
+        softmax_channels_backward_body<T, long long>(dy, y, dx, C, S, P);
 }
 
 // Explicit instantiations: `nvcc -c` then checks every kernel body, and NVRTC finds the same
