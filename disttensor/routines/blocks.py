@@ -209,6 +209,9 @@ def map_blocks(fn, *args, dtype=None, chunks=None, drop_axis=None, new_axis=None
             raise TypeError("map_blocks needs at least one DistArray argument")
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+        if any(isinstance(v, DistArray) for v in kwargs.values()):
+            raise TypeError("map_blocks: pass DistArrays positionally (keyword arguments reach "
+                            "fn as they are)")
         grid, dist, _device = elementwise_layout([a for _, a in arrays])
         nd = dist.ndim
         drop = axis_tuple(() if drop_axis is None else drop_axis, nd)

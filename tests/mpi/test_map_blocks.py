@@ -106,6 +106,8 @@ def test_map_blocks_bad_input_raises_on_every_rank(comm):
                       lambda: dt.map_blocks(3, x))
     assert_raises_all(comm, ValueError, "axes",
                       lambda: dt.map_blocks(lambda b: b.sum(axis=1), x))
+    assert_raises_all(comm, TypeError, "positionally",
+                      lambda: dt.map_blocks(np.add, x, x2=x))
     assert_raises_all(comm, ValueError, "chunks",
                       lambda: dt.map_blocks(np.negative, x, chunks=(6,)))
 
