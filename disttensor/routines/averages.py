@@ -225,6 +225,8 @@ def cov(m: DistArray, y=None, rowvar=True, bias=False, ddof=None, fweights=None,
         fact = nobs - ddof
     else:
         v1 = float(_all_sum(X, np.asarray(wl.sum())))
+        if v1 == 0:
+            raise ZeroDivisionError("Weights sum to zero, can't be normalized")
         avg = _all_sum(X, (loc * wl).sum(axis=1)) / v1
         if ddof == 0:
             fact = v1
