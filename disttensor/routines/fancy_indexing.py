@@ -42,7 +42,8 @@ from ..core.backend import to_host
 from ..core.comm import collective
 from ..core.distribution import Distribution
 from ..core.entry import agreed, canon, collective_entry, operand_key
-from .fancy_keys import FancyPlan, as_key_entries, is_fancy_key, plan_key
+from .fancy_keys import (FancyPlan, as_key_entries, broadcast_index_shapes, is_fancy_key,
+                         plan_key, shape_str)
 from .sorting import alltoallv
 from .ufuncs import align
 
@@ -92,28 +93,24 @@ class _Fancy:
     rdist: Distribution
 
 
+def _check_writable(plan: FancyPlan) -> None:
+    if any(k is None or (k.step is not None and k.step < 0) for k in plan.basic):
+        raise TypeError("assignment through index arrays supports slices with a positive "
+                        "step and no None (np.newaxis) entries")
+
+
 def _view(x: DistArray, plan: FancyPlan, write: bool) -> DistArray:
     """``x[plan.basic]``: a view on ``x``'s block (slices with a positive step), else (new axes,
     negative steps) a copy through basic indexing; ``write`` refuses the copy."""
     from .indexing import _selection, getitem, normalize_key
     sels, new_axes = normalize_key(plan.basic, x.shape)
     if new_axes or any(s.flip for s in sels):
-        if write:
-            raise TypeError("assignment through index arrays supports slices with a positive "
-                            "step and no None (np.newaxis) entries")
+        assert not write  # _check_writable
         return getitem(x, plan.basic)
     if all(s.count == n and s.step == 1 for s, n in zip(sels, x.shape)):
         return x
     local_sl, dist = _selection(x, sels)
     return DistArray(x.local[local_sl], dist, x.grid)
-
-
-def _broadcast_shape(shapes) -> tuple:
-    try:
-        return tuple(np.broadcast_shapes(*shapes))
-    except ValueError:
-        raise IndexError("shape mismatch: indexing arrays could not be broadcast together with "
-                         "shapes " + "".join(f"{tuple(s)} " for s in shapes)) from None
 
 
 def _check_bounds(arrays, plan: FancyPlan, x_shape) -> None:
@@ -140,7 +137,7 @@ def _prepare(x: DistArray, key, plan: FancyPlan, write: bool) -> _Fancy:
     b_shape = None
     own = None  # the distribution of the index axes when the result follows the index
     with collective(grid.cart):
-        b_shape = _broadcast_shape([i.shape for i in idx])
+        b_shape = broadcast_index_shapes([i.shape for i in idx])
         if dists:
             d0 = dists[0].distribution
             for i in dists:
@@ -308,7 +305,7 @@ def _scatter(f: _Fancy, value, ufunc=None) -> None:
         allrows = np.concatenate([rows] * reps) if reps > 1 else rows
         vals, _ = alltoallv(comm, np.ascontiguousarray(allrows[order]).reshape(-1),
                             counts * row)
-        vals = y.xp.asarray(vals.reshape((-1,) + rest_shape))
+        vals = y.xp.asarray(vals.reshape((req.shape[0],) + rest_shape))
     apply(tuple(y.xp.asarray(r) for r in req.T), vals)
 
 
@@ -320,12 +317,31 @@ def _local_key(key):
     return tuple(conv(k) for k in key) if isinstance(key, tuple) else conv(key)
 
 
-def _whole(r, grid) -> DistArray:
-    return DistArray(r, Distribution(r.shape, grid.dims), grid)
-
-
-def _shape_str(shape) -> str:
-    return "(" + ",".join(str(n) for n in shape) + ("," if len(shape) == 1 else "") + ")"
+def _one_rank_result(x: DistArray, key, plan: FancyPlan, r) -> DistArray:
+    """``r = x.local[key]`` on a one-rank grid, with the split the documented layout gives
+    (the same on every grid; one block, so only the split matters)."""
+    key = key if isinstance(key, tuple) else (key,)
+    ysplit, a = [], 0
+    for k in plan.basic:
+        ysplit.append(None if k is None else x.split[a])
+        a += k is not None
+    rest = [g for t, g in enumerate(ysplit) if t not in plan.axes]
+    nb = r.ndim - len(rest)
+    dists = [k for k in key if isinstance(k, DistArray)]
+    adv = [ysplit[t] for t in plan.axes if ysplit[t] is not None]
+    first = None
+    if len(dists) == 1 and dists[0].ndim == nb and dists[0].dtype != np.bool_ \
+            and all(g is None for g in dists[0].split[1:]) and dists[0].split[:1] != (None,):
+        first = dists[0].split[0] if dists[0].split[0] not in rest else None
+    elif len(dists) == 1 and dists[0].dtype == np.bool_ and nb == 1:
+        first = next((g for g in dists[0].split if g is not None), None)
+        first = None if first in rest else first
+    elif adv and nb:
+        first = adv[0]
+    bsplit = ([first] + [None] * (nb - 1)) if nb else []
+    p = plan.position
+    split = rest[:p] + bsplit + rest[p:]
+    return DistArray(r, Distribution(r.shape, x.grid.dims, split), x.grid)
 
 
 def _value(value):
@@ -339,7 +355,7 @@ def fancy_getitem(x: DistArray, key) -> DistArray:
     with agreed(x.grid.cart, "getitem", x=x, key=_key_meta(key)):
         plan = plan_key(key, x.shape)
     if x.grid.size == 1:
-        return _whole(x.xp.ascontiguousarray(x.local[_local_key(key)]), x.grid)
+        return _one_rank_result(x, key, plan, x.xp.ascontiguousarray(x.local[_local_key(key)]))
     return _gather(_prepare(x, key, plan, write=False))
 
 
@@ -350,8 +366,8 @@ def _check_value(f: _Fancy, value) -> None:
         if np.broadcast_shapes(vshape, rshape) != rshape:
             raise ValueError
     except ValueError:
-        raise ValueError(f"shape mismatch: value array of shape {_shape_str(vshape)} could not "
-                         f"be broadcast to indexing result of shape {_shape_str(rshape)}") \
+        raise ValueError(f"shape mismatch: value array of shape {shape_str(vshape)} could not "
+                         f"be broadcast to indexing result of shape {shape_str(rshape)}") \
             from None
 
 
@@ -363,6 +379,7 @@ def fancy_setitem(x: DistArray, key, value) -> None:
     key, value = as_key_entries(key), _value(value)
     with agreed(x.grid.cart, "setitem", x=x, key=_key_meta(key), value=operand_key(value)):
         plan = plan_key(key, x.shape)
+        _check_writable(plan)
         if isinstance(value, DistArray):
             _check_grids(value.grid, x.grid)
     if x.grid.size == 1:
@@ -390,6 +407,7 @@ def ufunc_at(ufunc, a: DistArray, indices, b=None) -> None:
             raise ValueError(f"{ufunc.__name__}.at: only unary and binary ufuncs with one "
                              "output are supported")
         plan = plan_key(indices, a.shape)
+        _check_writable(plan)
         if isinstance(b, DistArray):
             _check_grids(b.grid, a.grid)
     if a.grid.size == 1:

@@ -10,7 +10,8 @@ import numpy as np
 
 from ..core.array import DistArray
 
-__all__ = ["FancyPlan", "plan_key", "is_fancy_key", "is_array_key", "as_key_entries"]
+__all__ = ["FancyPlan", "plan_key", "is_fancy_key", "is_array_key", "as_key_entries",
+           "broadcast_index_shapes", "shape_str"]
 
 _BAD_TYPE = ("only integers, slices (`:`), ellipsis (`...`), numpy.newaxis (`None`) and "
              "integer or boolean arrays are valid indices")
@@ -68,6 +69,7 @@ def plan_key(key, shape) -> FancyPlan:
     many indices and boolean arrays of the wrong shape).  Array entries need only ``shape``
     and ``dtype``.  The index arrays, in order: each integer (array) entry, and each boolean
     entry of ``k`` axes as ``k`` arrays (its ``nonzero()``)."""
+    key = as_key_entries(key)
     key = key if isinstance(key, tuple) else (key,)
     kinds = [_kind(k) for k in key]
     if kinds.count("ellipsis") > 1:
@@ -125,3 +127,17 @@ def as_key_entries(key):
             return a.astype(np.intp) if a.size == 0 else a
         return k
     return tuple(conv(k) for k in key) if isinstance(key, tuple) else conv(key)
+
+
+def broadcast_index_shapes(shapes) -> tuple:
+    """The broadcast shape of the index arrays (NumPy's ``IndexError`` if they do not)."""
+    try:
+        return tuple(np.broadcast_shapes(*shapes))
+    except ValueError:
+        raise IndexError("shape mismatch: indexing arrays could not be broadcast together with "
+                         "shapes " + "".join(f"{shape_str(s)} " for s in shapes)) from None
+
+
+def shape_str(shape) -> str:
+    """A shape as NumPy's indexing messages write it: ``(2,3)``, ``(2,)``."""
+    return "(" + ",".join(str(n) for n in shape) + ("," if len(shape) == 1 else "") + ")"
