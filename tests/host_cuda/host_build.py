@@ -72,8 +72,19 @@ def compiler():
     return shutil.which(os.environ.get("CXX", "g++"))
 
 
+# host-only kernel files of the tests: name -> (file, name expressions)
+TEST_MODULES = {
+    "selftest": (HERE / "kernels" / "selftest.cu",
+                 ("block_sum<float>", "block_sum<double>", "block_sum<int>", "block_reverse",
+                  "coordinates")),
+}
+
+
 def name_expressions(module):
-    """Every name expression of ``module`` NVRTC is asked for (all three types)."""
+    """Every name expression of ``module`` NVRTC is asked for (all three types), or those of a
+    test module of :data:`TEST_MODULES`."""
+    if module in TEST_MODULES:
+        return list(TEST_MODULES[module][1])
     _, templated, plain = rawmodules.MODULE_SPECS[module]
     return [t.format(T=ty) for t in templated for ty in TYPES] + list(plain)
 
@@ -82,6 +93,8 @@ def host_source(module):
     """The module's NVRTC source with the trampolines appended."""
     entries = "".join(ENTRY % {"j": j, "expr": e}
                       for j, e in enumerate(name_expressions(module)))
+    if module in TEST_MODULES:
+        return TEST_MODULES[module][0].read_text() + TRAILER % entries
     return rawmodules.module_source(module) + TRAILER % entries
 
 

@@ -31,7 +31,8 @@ def main(argv):
         return 3
     from disttensor.ops.local.gpu import rawmodules
     t0 = time.time()
-    jobs = [(m, v) for v in variants for m in sorted(rawmodules.MODULE_SPECS)]
+    modules = sorted(rawmodules.MODULE_SPECS) + sorted(host_build.TEST_MODULES)
+    jobs = [(m, v) for v in variants for m in modules]
     with ThreadPoolExecutor(max_workers=2) as ex:
         list(ex.map(lambda mv: host_build.build(*mv), jobs))
     print(f"host builds of {len(jobs)} libraries ({', '.join(variants)}): "

@@ -66,3 +66,50 @@ def test_shim_rejects_what_cupy_would_misread():
         k((1,), (256,), good[:-1])
     with pytest.raises(ValueError, match="CUDA limits"):
         k((1,), (2048,), good)
+
+
+def _selftest(expr):
+    return host_shim.HostModule("selftest", VARIANT).get_function(expr)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32], ids=str)
+def test_shared_memory_barriers_and_atomics(dtype):
+    """A shared-memory tree reduction per block (8 __syncthreads rounds over 256 real
+    threads) and atomicAdd of every element into one total, over 5 blocks (the last partial)."""
+    ct = {np.float32: "float", np.float64: "double", np.int32: "int"}[dtype]
+    rng = np.random.default_rng(1)
+    n = 4 * 256 + 77
+    x = rng.integers(-1000, 1000, n).astype(dtype)   # integers: sums exact in any order
+    out = np.zeros(5, dtype)
+    total = np.zeros(1, dtype)
+    count = np.zeros(1, np.int32)
+    _selftest(f"block_sum<{ct}>")((5,), (256,), (x, np.int64(n), out, total, count))
+    ref = np.add.reduceat(x.astype(np.int64), np.arange(0, n, 256))
+    np.testing.assert_array_equal(out, ref.astype(dtype))
+    assert total[0] == x.astype(np.int64).sum() and count[0] == n
+
+
+def test_syncthreads_orders_the_threads_of_a_block():
+    x = np.arange(3 * 1024, dtype=np.float64)
+    y = np.zeros_like(x)
+    _selftest("block_reverse")((3,), (1024,), (x, y))
+    np.testing.assert_array_equal(y, x.reshape(3, 1024)[:, ::-1].reshape(-1))
+
+
+def test_grid_and_block_coordinates():
+    grid, block = (3, 2, 2), (4, 3, 2)
+    nt, nb = int(np.prod(block)), int(np.prod(grid))
+    out = np.full(nt * nb, -1, np.int64)
+    _selftest("coordinates")(grid, block, (out,))
+    ref = []
+    for bz in range(grid[2]):
+        for by in range(grid[1]):
+            for bx in range(grid[0]):
+                for tz in range(block[2]):
+                    for ty in range(block[1]):
+                        for tx in range(block[0]):
+                            v = 0
+                            for p in (bx, by, bz, tx, ty, tz) + grid + block[:1]:
+                                v = v * 64 + p
+                            ref.append(v)
+    np.testing.assert_array_equal(out, np.array(ref, np.int64))
