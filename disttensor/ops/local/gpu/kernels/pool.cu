@@ -72,16 +72,17 @@ __device__ __forceinline__ Span<I> windows_holding(I i, I p, I k, I s, I on) {
 __device__ __forceinline__ long long labs_(long long v) { return v < 0 ? -v : v; }
 
 // The largest index value of a pooling kernel (for dtk::index32_fits): the sizes of x
-// (NC, D, H, W) and y (NC, oD, oH, oW), the window size, and per axis the reach of the last
-// window, |o*s - p| + k.
+// (NC, D, H, W) and y (NC, oD, oH, oW), the window size, and per axis the reach of the
+// windows, (o + 1)*s + |p| + k + n (windows_holding adds a stride to an input index).
 __device__ __forceinline__ long long extent(long long NC, long long D, long long H, long long W,
                                             long long oD, long long oH, long long oW,
                                             long long kD, long long kH, long long kW,
                                             long long sD, long long sH, long long sW,
                                             long long pD, long long pH, long long pW) {
     const long long sizes = dtk::max3(NC * D * H * W, NC * oD * oH * oW, kD * kH * kW);
-    const long long reach = dtk::max3(oD * sD + labs_(pD) + kD + D, oH * sH + labs_(pH) + kH + H,
-                                      oW * sW + labs_(pW) + kW + W);
+    const long long reach = dtk::max3((oD + 1) * sD + labs_(pD) + kD + D,
+                                      (oH + 1) * sH + labs_(pH) + kH + H,
+                                      (oW + 1) * sW + labs_(pW) + kW + W);
     return sizes > reach ? sizes : reach;
 }
 
