@@ -63,6 +63,14 @@ from .routines.statistics import (bincount, histogram, median, nanmedian, nanper
 from .routines.histograms import (bincount, digitize, histogram, histogram2d, histogram_bin_edges,
                                   histogramdd)
 from .routines.averages import average, corrcoef, cov, ptp
+from .routines.calculus import convolve, gradient, interp, nan_to_num, trapezoid
+from .routines.indexing import take
+from .routines.mathematical import diff, round  # noqa: A004  (NumPy's names)
+from numpy import (bitwise_and, bitwise_invert, bitwise_left_shift, bitwise_not, bitwise_or,
+                   bitwise_right_shift, bitwise_xor, invert, left_shift, right_shift)
+from numpy import (bool, complex64, complex128, float16, float32, float64,  # noqa: A004
+                   int8, int16, int32, int64, intp, uint8, uint16, uint32, uint64)
+from numpy import e, inf, nan, newaxis, pi
 from . import fft, linalg, random  # NumPy's subpackages: dt.fft, dt.linalg, dt.random
 from .linalg import einsum, matmul, tensordot, vecdot
 from .linalg import inner, kron, outer
@@ -81,3 +89,27 @@ def redistribute(x: DistArray, grid=None, split=None, sizes=None, distribution=N
 
 def astype(x: DistArray, dtype) -> DistArray:
     return x.astype(dtype)
+
+
+def asarray(a, dtype=None, *, grid=None, split=None, sizes=None, device=None,
+            copy=None) -> DistArray:
+    """NumPy's ``asarray`` for DistArrays (collective).  A DistArray is returned as it is, cast
+    to ``dtype``, moved to ``device`` or redistributed to ``grid``/``split``/``sizes`` when
+    those are given (``copy=True`` copies it); anything else (a NumPy array, nested lists, a
+    scalar: the same value on every rank) is distributed with :func:`from_global` (split along
+    axis 0 of the default grid unless ``grid``/``split`` say otherwise).  ``copy=False`` with
+    data that is not a DistArray raises ``ValueError`` (it is always copied)."""
+    import numpy as _np
+    if isinstance(a, DistArray):
+        y = a
+        if dtype is not None and _np.dtype(dtype) != y.dtype:
+            y = y.astype(dtype)
+        if device is not None and device != y.device:
+            y = y.to_device(device)
+        if grid is not None or split is not None or sizes is not None:
+            y = y.redistribute(grid=grid, split=split, sizes=sizes)
+        return y.copy() if copy and y is a else y
+    if copy is False:
+        raise ValueError("asarray(copy=False): data that is not a DistArray is always copied")
+    return from_global(_np.asarray(a, dtype=dtype), grid=grid, split=split, sizes=sizes,
+                       device="cpu" if device is None else device)

@@ -6,6 +6,9 @@ OOPSLA'14) applied to a counter derived from them.  So every rank computes exact
 of its own block with no communication, the result does not depend on the grid, the split or
 the device (CuPy evaluates the same integer formula), and streams for different ``k`` are
 independent.  ``normal`` uses the Box-Muller transform on two such streams.
+
+Every draw takes NumPy's ``size=`` (an int or a tuple) as well as ``shape=`` (one of them;
+neither gives a 0-d DistArray, where NumPy would give a Python scalar).
 """
 from __future__ import annotations
 
@@ -39,6 +42,16 @@ def _key(seed: int, stream: int) -> np.uint64:
     return np.uint64(k[0])
 
 
+def _shape_of(shape, size, call: str):
+    """``(shape, error)``: ``size=`` (NumPy's name) or ``shape=`` of a draw; both given is a
+    ``TypeError`` that the draw raises inside its agreement block (on every rank)."""
+    if size is not None:
+        err = None if shape is None else TypeError(
+            f"{call}() got both 'size' and 'shape'; pass one of them")
+        return size, err
+    return (() if shape is None else shape), None
+
+
 class Generator:
     """A counter-based generator; every rank must create it with the same seed and make the
     same sequence of calls (each call is collective like any creation function)."""
@@ -48,7 +61,8 @@ class Generator:
         self.counter = 0
 
     @contextlib.contextmanager
-    def _agreed(self, call, shape, dtype, grid, split, sizes, device, **params):
+    def _agreed(self, call, shape, dtype, grid, split, sizes, device, shape_error=None,
+                **params):
         """Agreement of a draw: the seed and the stream counter (a rank that drew more or
         fewer arrays before is out of step) with the layout and the distribution's
         parameters."""
@@ -56,7 +70,10 @@ class Generator:
         gpu = device_key(device) != "cpu"
         with agreed(g.cart, f"Generator.{call}", rank_local=gpu, seed=self.seed,
                     stream=self.counter, dtype=dtype_key(dtype), **params,
+                    shape_error=None if shape_error is None else str(shape_error),
                     **layout_args(shape, g, split, sizes, device)):
+            if shape_error is not None:
+                raise shape_error
             np.dtype(dtype)
             if gpu:
                 xp_for(normalize_device(device))  # a node without a GPU fails here
@@ -89,26 +106,32 @@ class Generator:
         return DistArray(vals.astype(dtype), x.distribution, x.grid)
 
     @collective_entry
-    def random(self, shape, dtype="float64", grid=None, split=None, sizes=None, device="cpu"):
-        """Uniform in [0, 1)."""
-        with self._agreed("random", shape, dtype, grid, split, sizes, device):
+    def random(self, shape=None, dtype="float64", grid=None, split=None, sizes=None,
+               device="cpu", *, size=None):
+        """Uniform in [0, 1) (``shape`` or NumPy's ``size``)."""
+        shape, bad = _shape_of(shape, size, "random")
+        with self._agreed("random", shape, dtype, grid, split, sizes, device, bad):
             pass
         x, (b,), xp = self._bits(shape, grid, split, sizes, device)
         return self._wrap(x, self._unit(b, xp), dtype)
 
     @collective_entry
-    def uniform(self, low=0.0, high=1.0, shape=(), dtype="float64", grid=None, split=None,
-                sizes=None, device="cpu"):
-        with self._agreed("uniform", shape, dtype, grid, split, sizes, device, low=low,
+    def uniform(self, low=0.0, high=1.0, size=None, dtype="float64", grid=None, split=None,
+                sizes=None, device="cpu", *, shape=None):
+        """Uniform in [low, high) (NumPy's ``size`` or ``shape``)."""
+        shape, bad = _shape_of(shape, size, "uniform")
+        with self._agreed("uniform", shape, dtype, grid, split, sizes, device, bad, low=low,
                           high=high):
             pass
         x, (b,), xp = self._bits(shape, grid, split, sizes, device)
         return self._wrap(x, low + (high - low) * self._unit(b, xp), dtype)
 
     @collective_entry
-    def normal(self, loc=0.0, scale=1.0, shape=(), dtype="float64", grid=None, split=None,
-               sizes=None, device="cpu"):
-        with self._agreed("normal", shape, dtype, grid, split, sizes, device, loc=loc,
+    def normal(self, loc=0.0, scale=1.0, size=None, dtype="float64", grid=None, split=None,
+               sizes=None, device="cpu", *, shape=None):
+        """Normal (NumPy's ``size`` or ``shape``)."""
+        shape, bad = _shape_of(shape, size, "normal")
+        with self._agreed("normal", shape, dtype, grid, split, sizes, device, bad, loc=loc,
                           scale=scale):
             pass
         x, (b1, b2), xp = self._bits(shape, grid, split, sizes, device, streams=2)
@@ -118,12 +141,13 @@ class Generator:
         return self._wrap(x, loc + scale * z, dtype)
 
     @collective_entry
-    def integers(self, low, high=None, shape=(), dtype="int64", grid=None, split=None,
-                 sizes=None, device="cpu"):
-        """Integers in ``[low, high)`` (range below 2**53)."""
+    def integers(self, low, high=None, size=None, dtype="int64", grid=None, split=None,
+                 sizes=None, device="cpu", *, shape=None):
+        """Integers in ``[low, high)`` (range below 2**53; NumPy's ``size`` or ``shape``)."""
+        shape, bad = _shape_of(shape, size, "integers")
         if high is None:
             low, high = 0, low
-        with self._agreed("integers", shape, dtype, grid, split, sizes, device, low=low,
+        with self._agreed("integers", shape, dtype, grid, split, sizes, device, bad, low=low,
                           high=high):
             if high <= low:
                 raise ValueError(f"high <= low ({low}, {high})")

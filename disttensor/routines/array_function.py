@@ -18,7 +18,7 @@ import numpy as np
 from . import creation, logic, manipulation, mathematical, npyio, padding, reductions, scans
 from . import searching, sets, sorting, statistics
 from . import blocks
-from . import averages, histograms
+from . import averages, calculus, histograms
 from .indexing import take, take_along_axis
 from .fancy_indexing import put as _put
 from .manipulation import flip
@@ -263,6 +263,11 @@ def _routines():
         np.cov: averages.cov,
         np.corrcoef: averages.corrcoef,
         np.ptp: averages.ptp,
+        np.gradient: calculus.gradient,
+        np.trapezoid: calculus.trapezoid,
+        np.interp: calculus.interp,
+        np.convolve: calculus.convolve,
+        np.nan_to_num: calculus.nan_to_num,
         # sets
         np.unique: _np_unique,
         np.isin: lambda element, test_elements, assume_unique=False, invert=False, **kw:

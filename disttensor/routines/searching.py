@@ -175,15 +175,20 @@ def nanargmax(x: DistArray, axis=None, keepdims=False) -> DistArray:
 def where(condition, x=None, y=None) -> DistArray:
     """Elements of ``x`` where ``condition`` holds, else of ``y`` (the alignment rule of
     :mod:`disttensor.core.array`; NumPy arrays and scalars are replicated values).  The
-    one-argument form (``nonzero``) is not supported."""
+    one-argument form ``where(condition)`` is :func:`nonzero` (a tuple of index arrays laid
+    out as the module docstring says)."""
     ops = [np.asarray(o) if isinstance(o, (list, tuple)) else o for o in (condition, x, y)]
     first = anchor(ops)
     with agreed(None if first is None else first.grid.cart, "where",
                 condition=operand_key(ops[0]), x=operand_key(ops[1]), y=operand_key(ops[2])):
-        if x is None or y is None:
-            raise TypeError("where(condition) without x and y (nonzero) is not supported for "
-                            "DistArray")
-        grid, dist, device = elementwise_layout(ops)
+        if (x is None) != (y is None):
+            raise ValueError("either both or neither of x and y should be given")
+        if x is None:
+            check_array(condition, "condition")
+        else:
+            grid, dist, device = elementwise_layout(ops)
+    if x is None:
+        return nonzero(condition)
     locs = [align(o, grid, dist, device) for o in ops]
     xp = np if device == "cpu" else array_module(next(v for v in locs if hasattr(v, "shape")))
     return block_result(xp.where(*locs), grid, dist)
