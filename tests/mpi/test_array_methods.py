@@ -76,6 +76,8 @@ def test_shape_and_selection(c, data):
         check(x.ravel(order), a.ravel(order), f"ravel {order}")
         check(x.reshape(a.size, order=order), a.reshape(a.size, order=order),
               f"reshape {order}")
+        check(x.reshape(*shape[::-1], 1, order=order), a.reshape(*shape[::-1], 1, order=order),
+              f"reshape {order} n-d")
     check(x.reshape(*shape[::-1]), a.reshape(*shape[::-1]), "reshape *shape")
     check(x.transpose(), a.transpose(), "transpose")
     check(x.T, a.T, "T")
