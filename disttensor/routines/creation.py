@@ -200,7 +200,11 @@ def arange(start, stop=None, step=1, dtype=None, grid=None, split=None, sizes=No
         if out_dtype.kind in "OSUV":
             raise TypeError(f"arange: no {out_dtype} ranges (the arguments {start!r}, "
                             f"{stop!r}, {step!r} do not fit a numeric dtype)")
-        n = max(0, int(np.ceil((stop - start) / step)))
+        q = (stop - start) / step
+        # NumPy's length: a Python complex quotient counts the shorter of its two parts,
+        # other complex scalars their real part
+        n = max(0, min(int(np.ceil(q.real)), int(np.ceil(q.imag))) if isinstance(q, complex)
+                else int(np.ceil(np.real(q))))
         normalize_device(device)
         x = _new_array("arange", g, (n,), out_dtype, split, sizes)
     (i,) = local_index_grid(x)

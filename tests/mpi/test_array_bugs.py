@@ -45,12 +45,15 @@ def test_arange_takes_numpys_dtype_and_values_from_mixed_arguments(args, data):
 
 
 @pytest.mark.parametrize("args", [(5.0,), (0, 5.0), (0, 5, 1.0), (0, 1, 0.1), (1, 0, -0.1),
-                                  (0.5, 7), (np.float32(0), 3), (-3, 4, 0.7)])
+                                  (0.5, 7), (np.float32(0), 3), (-3, 4, 0.7), (0j, 3),
+                                  (np.complex64(0), 4 + 4j, 1 + 1j)])
 @pytest.mark.parametrize("dims", [(SIZE,), (1, SIZE)])
 def test_arange_float_ranges_equal_numpys(args, dims):
-    want = np.arange(*args)
-    x = dt.arange(*args, grid=grid(dims), split=None if len(dims) == 1 else (1,),
-                  sizes=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", np.exceptions.ComplexWarning)
+        want = np.arange(*args)
+        x = dt.arange(*args, grid=grid(dims), split=None if len(dims) == 1 else (1,),
+                      sizes=None)
     got = x.to_numpy()
     assert_all_ranks(COMM, got.dtype == want.dtype and got.shape == want.shape
                      and np.array_equal(got, want),
