@@ -101,7 +101,7 @@ def materialize(key, data_, shape, what="key"):
     return tuple(np_key), tuple(dt_key)
 
 
-@settings(max_examples=examples(8))
+@settings(max_examples=examples(6))
 @given(shape=shapes(1, 3, 5), data_=st.data(), seed=st.integers(0, 2**16))
 @collective_checks
 def test_getitem(shape, data_, seed):
@@ -112,7 +112,7 @@ def test_getitem(shape, data_, seed):
     check(x[dt_key], a[np_key], f"x[{np_key}]")
 
 
-@settings(max_examples=examples(8))
+@settings(max_examples=examples(6))
 @given(shape=shapes(1, 3, 5), data_=st.data(), seed=st.integers(0, 2**16),
        vkind=st.sampled_from(["scalar", "numpy", "row", "dist"]))
 @collective_checks
@@ -138,7 +138,7 @@ def test_setitem(shape, data_, seed, vkind):
     check(x, b, f"x[{np_key}] = {vkind}", layout=layout)
 
 
-@settings(max_examples=examples(8))
+@settings(max_examples=examples(6))
 @given(shape=shapes(1, 3, 5), data_=st.data(), seed=st.integers(0, 2**16),
        uf=st.sampled_from([np.add, np.subtract, np.maximum, np.negative]))
 @collective_checks
@@ -159,7 +159,7 @@ def test_ufunc_at(shape, data_, seed, uf):
     check(x, b, f"{uf.__name__}.at({np_key})", layout=layout)
 
 
-@settings(max_examples=examples(8))
+@settings(max_examples=examples(6))
 @given(shape=shapes(0, 3, 4), data_=st.data(), seed=st.integers(0, 2**16),
        mode=st.sampled_from(["raise", "wrap", "clip"]))
 @collective_checks
@@ -194,7 +194,7 @@ def hits_layout(mask, layout, nrows, ncols_shape):
                                   for t in range(1, len(d.shape))]
 
 
-@settings(max_examples=examples(8))
+@settings(max_examples=examples(6))
 @given(shape=shapes(2, 3, 5), data_=st.data(), seed=st.integers(0, 2**16))
 @collective_checks
 def test_row_mask(shape, data_, seed):
@@ -222,7 +222,7 @@ def test_row_mask(shape, data_, seed):
     check(x, b, "X[~mask] = row", layout=layout)
 
 
-@settings(max_examples=examples(8))
+@settings(max_examples=examples(6))
 @given(shape=shapes(1, 2, 6, min_side=1), data_=st.data(), seed=st.integers(0, 2**16))
 def test_gather_scatter_adjoint(shape, data_, seed):
     """<x[idx], y> == <x, scatter_add(idx, y)>: ``np.add.at`` with duplicates is the adjoint
