@@ -19,8 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import host_build as build  # noqa: E402
 import host_shim as shim  # noqa: E402
-
-VARIANT = os.environ.get("DISTTENSOR_HOST_CUDA_VARIANT", "plain")
+from host_helpers import VARIANT  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import host_shim
-from conftest import VARIANT
+from host_helpers import VARIANT
 
 
 def _lib():

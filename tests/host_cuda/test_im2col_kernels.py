@@ -12,7 +12,7 @@ import pytest
 
 from disttensor.ops.local.cpu import conv_im2col as cpu_conv
 from disttensor.ops.local.gpu.operands import out_extents
-from helpers import DTYPES, assert_close, rand, reference_input
+from host_helpers import DTYPES, assert_close, rand, reference_input
 
 import host_shim
 

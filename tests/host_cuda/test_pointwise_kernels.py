@@ -9,7 +9,7 @@ import pytest
 
 from disttensor.ops.local.cpu import pointwise as cpu_pw
 from disttensor.ops.local.gpu import rawmodules
-from helpers import DTYPES, assert_close, rand, reference_input
+from host_helpers import DTYPES, assert_close, rand, reference_input
 
 import host_shim
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from disttensor.ops.local.cpu import pool as cpu_pool
-from helpers import DTYPES, assert_close, rand, reference_input
+from host_helpers import DTYPES, assert_close, rand, reference_input
 
 import host_shim
 

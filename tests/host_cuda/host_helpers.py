@@ -1,7 +1,13 @@
-"""Shared by the host-kernel tests: random operands and the float16 comparison."""
+"""Shared by the host-kernel tests: the build variant, random operands and the float16
+comparison."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
+
+# the host build the tests run on: "plain" or "sanitized" (conftest.py)
+VARIANT = os.environ.get("DISTTENSOR_HOST_CUDA_VARIANT", "plain")
 
 DTYPES = (np.float32, np.float64, np.float16)
 RTOL = {np.float64: 1e-12, np.float32: 2e-6, np.float16: 2e-3}
