@@ -107,6 +107,33 @@ def test_convolve(n, m, seed, mode, via, data):
           **TOL)
 
 
+def tiny_blocks(n):
+    """Explicit sizes along axis 0 with single-element and empty blocks first (halos reach
+    past the neighbours), the rest on the last rank."""
+    head = [1, 0, 1][:SIZE - 1]
+    return tuple(head) + (n - sum(head),)
+
+
+@pytest.mark.parametrize("edge_order", [1, 2])
+@collective_checks
+def test_gradient_convolve_multi_hop(edge_order):
+    rng = np.random.default_rng(edge_order)
+    a = rng.normal(size=(7, 3))
+    layout = ((SIZE,), (0, None), (tiny_blocks(7), None))
+    x = dist(a, layout)
+    c = np.cumsum(rng.random(7) + 0.1)
+    for args in ((), (0.5,), (c, 2.0)):
+        got = dt.gradient(x, *args, edge_order=edge_order)
+        want = np.gradient(a, *args, edge_order=edge_order)
+        for g, w in zip(got, want):
+            check(g, w, f"gradient {len(args)} spacing args", layout=layout, **TOL)
+    s = rng.normal(size=9)
+    xs = dist(s, ((SIZE,), (0,), (tiny_blocks(9),)))
+    for k in (rng.normal(size=4), rng.normal(size=9)):
+        for mode in ("full", "same", "valid"):
+            check(dt.convolve(xs, k, mode), np.convolve(s, k, mode), f"convolve {mode}", **TOL)
+
+
 def test_bad_input(comm):
     x = dt.from_global(np.arange(12.0).reshape(3, 4))
     short = dt.from_global(np.arange(8.0).reshape(2, 4))
