@@ -2,19 +2,22 @@
 ``unique_counts``, ``unique_inverse``, ``unique_all``, NumPy's ``unique`` (``axis=None``
 only) and ``isin``.
 
-Algorithm (collective): flatten ``x`` (``x.reshape(-1)``), sort it with its permutation
-(:mod:`disttensor.routines.sorting`: sample sort along the split axis, stable), mark the first
-element of each run of equal values (the last element of the previous non-empty block is
-all-gathered along the grid axis, ``O(p)``), and select the marked elements locally.
-First-occurrence indices are the permutation at the marks (the sort is stable); counts are the
-distances between consecutive marks (the next block's first mark is all-gathered); inverse
-indices are a running count of the marks (:mod:`disttensor.routines.scans`) sent back to the
-elements' original positions by one ``MPI_Alltoallv`` (the inverse permutation).
+Algorithm (collective): flatten ``x`` (``x.reshape(-1)``) and take NumPy's ``unique`` of each
+block (values, counts and what else is asked).  Over one rank (or a replicated ``x``) that is
+the result.  Otherwise the local unique values (far fewer than the elements when values
+repeat) are merged: a values-only sample sort (splitters chosen among regular samples of the
+local uniques, one ``MPI_Alltoallv`` of :mod:`disttensor.routines.sorting`, so every copy
+of a value goes to the same rank), then the copies of each value are merged (counts summed,
+first index the lowest rank's: the blocks are in index order).  Inverse indices: each rank
+numbers its merged values (an ``Exscan`` of their counts gives the offsets), the numbers go
+back to the senders by the reverse ``MPI_Alltoallv``, and each element picks its value's
+number through its local inverse.  No ``(value, index)`` sort and no tie handling.
 
 Output distributions (data-dependent): ``values``, ``indices`` and ``counts`` are 1-D, split
 over the grid axis of the flattened ``x`` with explicit uneven ownership (rank ``c`` owns the
-unique values whose first sorted occurrence it held; replicated when ``x.reshape(-1)`` is);
-``inverse_indices`` has ``x``'s shape and distribution.  Indices and counts are ``int64``.
+``c``-th run of the sorted unique values, cut by the splitters; replicated when
+``x.reshape(-1)`` is); ``inverse_indices`` has ``x``'s shape and distribution.  Indices and
+counts are ``int64``.
 
 NaNs: the array API functions treat every NaN as distinct (``equal_nan=False``); NumPy's
 ``unique`` collapses them (``equal_nan=True``), as NumPy 2 does.
@@ -31,11 +34,9 @@ import numpy as np
 from ..core.array import DistArray
 from ..core.entry import agreed, canon, collective_entry, operand_key
 from ..core.backend import to_host
-from ..core.distribution import Distribution
 from ._operands import check_array
-from .scans import _scan
 from .searching import hits_distribution
-from .sorting import _sort_any, alltoallv
+from .sorting import alltoallv
 
 __all__ = ["unique_values", "unique_counts", "unique_inverse", "unique_all", "unique", "isin",
            "UniqueAllResult", "UniqueCountsResult", "UniqueInverseResult"]
@@ -52,18 +53,48 @@ def _eq(a, b, equal_nan: bool):
     return e
 
 
-def _scatter_back(comm, vals: np.ndarray, pos: np.ndarray, offsets, my_off: int, m: int):
-    """Inverse permutation: element ``vals[i]`` goes to global position ``pos[i]`` of a 1-D
-    array whose blocks along ``comm``'s ranks start at ``offsets``; returns this rank's block
-    (length ``m``, starting at ``my_off``)."""
-    owner = np.searchsorted(np.asarray(offsets), pos, side="right") - 1
-    order = np.argsort(owner, kind="stable")
-    counts = np.bincount(owner, minlength=comm.size) if owner.size else np.zeros(comm.size, int)
-    rv, _ = alltoallv(comm, vals[order], counts)
-    rp, _ = alltoallv(comm, pos[order], counts)
-    out = np.empty(m, dtype=vals.dtype)
-    out[rp - my_off] = rv
-    return out
+def _local_unique(a: np.ndarray, equal_nan: bool, want):
+    """NumPy's unique of a 1-D block: ``(values, first index, inverse, counts)`` (``None``
+    where not wanted; counts always: the merge sums them)."""
+    r = np.unique(a, return_index="indices" in want, return_inverse="inverse" in want,
+                  return_counts=True, equal_nan=equal_nan)
+    vals, rest = r[0], list(r[1:])
+    first = rest.pop(0) if "indices" in want else None
+    inv = rest.pop(0) if "inverse" in want else None
+    return vals, first, inv, rest[0]
+
+
+def _merge_unique(comm, u, first, counts, equal_nan: bool, want):
+    """Distributed merge of the ranks' local unique values ``u`` (sorted, with their global
+    first indices and counts): a values-only sample sort by value (every copy of a value goes
+    to one rank), then the copies merged (first index = the lowest rank's, the blocks being in
+    index order; counts summed).  Returns ``(values, first, counts, ids)``: this rank's run of
+    the global unique values and, for ``inverse``, the global number of each of ``u``."""
+    p = comm.size
+    m = u.shape[0]
+    samples = u[(np.arange(1, p) * m) // p] if m else u[:0]
+    sv = np.sort(np.concatenate(comm.allgather(samples)))
+    cuts = np.searchsorted(u, sv[(np.arange(1, p) * sv.size) // p], "left") if sv.size \
+        else np.zeros(p - 1, dtype=np.int64)
+    send = np.diff(np.concatenate([[0], cuts, [m]]).astype(np.int64))
+    ru, rc = alltoallv(comm, u, send)
+    rn, _ = alltoallv(comm, counts.astype(np.int64), send)
+    rf = alltoallv(comm, first.astype(np.int64), send)[0] if first is not None else None
+    order = np.argsort(ru, kind="stable")  # ties in source order: first indices ascending
+    s = ru[order]
+    start = np.ones(s.shape[0], dtype=bool)
+    start[1:] = ~_eq(s[1:], s[:-1], equal_nan)
+    heads = np.flatnonzero(start)
+    vals = s[heads]
+    cnt = np.add.reduceat(rn[order], heads) if heads.size else rn[:0]
+    fst = rf[order][heads] if rf is not None else None
+    ids = None
+    if "inverse" in want:
+        base = comm.exscan(int(heads.shape[0])) or 0
+        gid = np.empty(s.shape[0], dtype=np.int64)
+        gid[order] = np.cumsum(start) - 1 + base
+        ids, _ = alltoallv(comm, gid, rc)  # back to the senders, in the order they sent
+    return vals, fst, cnt, ids
 
 
 @collective_entry
@@ -75,56 +106,31 @@ def _unique(x: DistArray, equal_nan: bool, call: str, want: tuple, axis=None):
         if x.dtype.kind not in "biufc":
             raise TypeError(f"{call}: unsupported dtype {x.dtype}")
     y = x.reshape(-1) if x.ndim != 1 else x
-    n = y.shape[0]
-    vals, perm = _sort_any(y, 0, False, "both") if n else (y, y.astype(np.int64))
     xp = y.xp
-    s = to_host(vals.local)
-    pm = to_host(perm.local)
-    g = y.split[0]
-    comm = y.grid.sub_comm([g]) if g is not None and y.grid.dims[g] > 1 else None
     d = y.distribution
-    my_off = d.offsets[0][d.axis_coord(0, y.grid.coords)]
-    m = s.shape[0]
-    prev = None
-    if comm is not None:
-        info = comm.allgather(s[-1:])
-        for blk in info[:comm.rank][::-1]:
-            if blk.size:
-                prev = blk
-                break
-    start = np.ones(m, dtype=bool)
-    if m:
-        start[1:] = ~_eq(s[1:], s[:-1], equal_nan)
-        if prev is not None:
-            start[0] = not bool(_eq(s[:1], prev, equal_nan)[0])
-    pos = np.flatnonzero(start).astype(np.int64) + my_off
-    hd = hits_distribution(y, int(pos.shape[0]))
+    g = y.split[0]
+    loc = np.ascontiguousarray(to_host(y.local))
+    vals, first, inv, counts = _local_unique(loc, bool(equal_nan), want)
+    if g is not None and y.grid.dims[g] > 1:
+        comm = y.grid.sub_comm([g])
+        if first is not None:
+            first = first.astype(np.int64) + d.offsets[0][d.axis_coord(0, y.grid.coords)]
+        vals, first, counts, ids = _merge_unique(comm, vals, first, counts, bool(equal_nan),
+                                                 want)
+        if inv is not None:
+            inv = ids[inv]
+    hd = hits_distribution(y, int(vals.shape[0]))
 
-    def wrap(a):
-        return DistArray(a if xp is np else xp.asarray(a), hd, y.grid)
+    def wrap(a, dist=hd):
+        return DistArray(a if xp is np else xp.asarray(a), dist, y.grid)
 
-    out = {"values": wrap(s[start])}
+    out = {"values": wrap(vals)}
     if "indices" in want:
-        out["indices"] = wrap(pm[start].astype(np.int64))
+        out["indices"] = wrap(first.astype(np.int64))
     if "counts" in want:
-        nxt = n
-        if comm is not None:
-            firsts = comm.allgather(pos[:1])
-            for blk in firsts[comm.rank + 1:]:
-                if blk.size:
-                    nxt = int(blk[0])
-                    break
-        out["counts"] = wrap(np.diff(np.append(pos, nxt)).astype(np.int64))
+        out["counts"] = wrap(counts.astype(np.int64))
     if "inverse" in want:
-        st = DistArray(start.astype(np.int64), Distribution(d.shape, d.grid_dims, d.split,
-                                                            d.split_sizes), y.grid)
-        inv_sorted = to_host(_scan(st, 0, np.int64, "sum", False).local) - 1
-        if comm is None:
-            inv = np.empty(m, dtype=np.int64)
-            inv[pm] = inv_sorted
-        else:
-            inv = _scatter_back(comm, inv_sorted, pm.astype(np.int64), d.offsets[0], my_off, m)
-        r = DistArray(inv if xp is np else xp.asarray(inv), d, y.grid)
+        r = wrap(inv.reshape(-1).astype(np.int64), d)
         if x.ndim != 1:
             r = r.reshape(x.shape)
             if r.distribution != x.distribution:

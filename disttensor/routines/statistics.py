@@ -12,7 +12,11 @@ line's count of non-NaN elements), combining them with NumPy's formulas (methods
 ``linear``, ``lower``, ``higher``, ``nearest``, ``midpoint``); a line holding a NaN gives NaN
 (``quantile``).  ``percentile`` = ``quantile(q / 100)``; ``median`` = ``quantile(0.5)``.  The
 result is laid out like a reduction of ``x`` over ``axis`` (a vector ``q`` adds a leading
-unsplit axis).
+unsplit axis).  That sort is the fallback: on CPU blocks the order statistics are served by
+:mod:`disttensor.routines.order_statistics` (NumPy on whole lines; the sampled selection for
+``axis=None`` of split data), with NumPy's values, dtypes (float32 data and a list ``q`` give
+float64, a Python float ``q`` keeps float32) and empty-line rules (``median`` and the nan
+forms: NaN with NumPy's ``RuntimeWarning``; ``quantile``/``percentile``: ``IndexError``).
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ from . import reductions
 from ._operands import axis_index, check_array
 from .indexing import take_along_axis
 from .manipulation import expand_dims, squeeze, stack
+from .order_statistics import fast_quantile, numpy_dtype
 from .sorting import sort
 
 __all__ = ["quantile", "percentile", "median", "nanquantile", "nanpercentile", "nanmedian",
@@ -175,8 +180,9 @@ def _quantile_args(x, q, axis, method, keepdims, what: str, scale: float, kinds:
                              f"range [0, {scale:g}]")
         if axis is not None:
             ax = axis_index(axis, x.ndim)
-        if x.size == 0:
-            raise ValueError(f"{what} of an empty array is not supported for DistArrays")
+        if (x.size if ax is None else x.shape[ax]) == 0 and "median" not in what \
+                and not what.startswith("nan"):  # NumPy's error (median, nan*: NaN)
+            raise IndexError("index -1 is out of bounds for axis 0 with size 0")
         if x.dtype.kind not in kinds:
             raise TypeError("a must be an array of real numbers")
     return qa, ax
@@ -206,12 +212,16 @@ def _stack_quantiles(rs, qa, x, axis, ax, keepdims):
 @collective_entry
 def _quantile(x, q, axis, method, keepdims, what: str, scale: float):
     qa, ax = _quantile_args(x, q, axis, method, keepdims, what, scale, "biufmM")
+    fast = fast_quantile(x, q, axis, ax, method, keepdims, what)
+    if fast is not None:
+        return fast
     qa = qa / scale
     y, ax, s = _sorted_lines(x, axis, ax)
     n = y.shape[ax]
     nanline = np.isnan(_order_stat(s, ax, n - 1)) if s.dtype.kind == "f" else None
     rs = [_quantile_one(s, ax, n, float(v), method, nanline) for v in qa.reshape(-1)]
-    return _stack_quantiles(rs, qa, x, axis, ax, keepdims)
+    r = _stack_quantiles(rs, qa, x, axis, ax, keepdims)
+    return r.astype(numpy_dtype(x.dtype, q, method, what))
 
 
 def quantile(x: DistArray, q, axis=None, method="linear", keepdims=False):
@@ -268,11 +278,15 @@ def _nanquantile(x, q, axis, method, keepdims, what: str, scale: float):
     qa, ax = _quantile_args(x, q, axis, method, keepdims, what, scale, "biuf")
     if x.dtype.kind != "f":
         return _quantile(x, q, axis, method, keepdims, what, scale)
+    fast = fast_quantile(x, q, axis, ax, method, keepdims, what)
+    if fast is not None:
+        return fast
     qa = qa / scale
     y, ax, s = _sorted_lines(x, axis, ax)
     valid = reductions.sum(~np.isnan(y), axis=ax, dtype=np.int64, keepdims=True)
     rs = [_nanquantile_one(s, ax, valid, float(v), method) for v in qa.reshape(-1)]
-    return _stack_quantiles(rs, qa, x, axis, ax, keepdims)
+    r = _stack_quantiles(rs, qa, x, axis, ax, keepdims)
+    return r.astype(numpy_dtype(x.dtype, q, method, what))
 
 
 def nanquantile(x: DistArray, q, axis=None, method="linear", keepdims=False):

@@ -3,10 +3,12 @@
 * ``flip``: along a split axis the block of grid coordinate ``c`` goes to ``p-1-c`` (one
   ``Sendrecv`` with the mirrored rank) and the ownership sizes are reversed; along an unsplit
   axis the block is reversed locally.
-* ``roll``: along each rolled axis, the concatenation of the two slices ``x[n-s:]`` and
-  ``x[:n-s]`` (slicing moves nothing; the concatenation is one redistribution), redistributed
-  back to the input's ownership sizes: a shift moves at most two pieces per block, so each rank
-  sends to and receives from at most two ranks along that grid axis.  The result has the
+* ``roll``: along an axis every rank holds whole (unsplit, or split over one rank), NumPy's
+  ``roll`` of the local block (no messages).  Along each rolled split axis, the
+  concatenation of the two slices ``x[n-s:]`` and ``x[:n-s]`` (slicing moves nothing; the
+  concatenation is one redistribution), redistributed back to the input's ownership sizes: a
+  shift moves at most two pieces per block, so each rank sends to and receives from at most
+  two ranks along that grid axis.  The result has the
   input's distribution.  ``axis=None`` rolls the flattened array.
 * ``rot90``: NumPy's composition of ``flip`` and ``transpose``: the two axes swap places
   with their splits (no messages) and one of them is flipped (``k=2``: both), so the block
@@ -68,6 +70,11 @@ def flip(x: DistArray, axis) -> DistArray:
     return y
 
 
+def _whole(x: DistArray, axes) -> bool:
+    """Whether every rank holds ``x`` whole along ``axes`` (unsplit or over one rank)."""
+    return all(x.split[a] is None or x.grid.dims[x.split[a]] == 1 for a in axes)
+
+
 @collective_entry
 def roll(x: DistArray, shift, axis=None) -> DistArray:
     """Elements shifted by ``shift`` along ``axis`` (ints or tuples, wrapping around); the
@@ -90,16 +97,22 @@ def roll(x: DistArray, shift, axis=None) -> DistArray:
             if len(shifts) != len(axes):
                 raise ValueError("'shift' and 'axis' should be scalars or 1D sequences")
     if axes is None:
+        if _whole(x, range(x.ndim)):
+            return DistArray(x.xp.roll(x.local, shift), x.distribution, x.grid)
         flat = x.reshape(-1)
         return roll(flat, shift, 0).reshape(x.shape)
     total: dict[int, int] = {}
     for a, s in zip(axes, shifts):
         total[a] = total.get(a, 0) + s
+    local = {a: s for a, s in total.items() if _whole(x, (a,))}
     y = x
+    if local:  # axes every rank holds whole: NumPy's roll of the block, no messages
+        y = DistArray(x.xp.roll(x.local, tuple(local.values()), axis=tuple(local)),
+                      x.distribution, x.grid)
     for a, s in total.items():
         n = x.shape[a]
         s = s % n if n else 0
-        if s == 0:
+        if s == 0 or a in local:
             continue
         pre = (slice(None),) * a
         y = concatenate([y[pre + (slice(n - s, n),)], y[pre + (slice(0, n - s),)]], axis=a)
