@@ -362,7 +362,7 @@ class EdgeFill:
         for side, g0, g1 in _outside(off, c, lo, hi):
             dst = buf[_along(nd, t, slice(g0 - base, g1 - base))]
             if isinstance(mode, tuple):
-                fills.append((dst, mode[1], None))
+                fills.append((dst, mode[1], None))   # a constant: nothing to send back
                 continue
             s0, s1 = _source(side, g0, g1, n, mode)
             shape = list(buf.shape)
@@ -411,3 +411,21 @@ class EdgeFill:
                     dst[...] = src[_along(dst.ndim, t, slice(None, None, -1))]
                 else:
                     dst[...] = src
+
+    def reverse(self) -> None:
+        """The adjoint of :meth:`run` (a constant counts as zero: the linear part): every
+        filled cell's value is added into the cell it was copied from (on its owner, point to
+        point) and the filled cells are zeroed, axis after axis in reverse order."""
+        for t, fills, recvs, local, sends in reversed(self.steps):
+            for dst, src, mode in fills:
+                if mode == "reflect":
+                    src[...] = dst[_along(dst.ndim, t, slice(None, None, -1))]
+                elif mode is not None:
+                    src[...] = dst.sum(axis=t, keepdims=True)
+                dst[...] = 0
+            ex = PieceExchange(self.pcomm, recvs, sends, accumulate=True,
+                               persistent=False).start() if (sends or recvs) else None
+            for piece, owned in local:
+                owned += piece
+            if ex is not None:
+                ex.finish()

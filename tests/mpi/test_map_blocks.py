@@ -29,7 +29,7 @@ def rand(shape, seed):
     return np.random.default_rng(seed).standard_normal(shape)
 
 
-@settings(max_examples=examples(8))
+@settings(max_examples=examples(6))
 @given(case(), case(), st.data())
 @collective_checks
 def test_map_blocks_elementwise_aligned_and_block_info(c1, c2, data):
@@ -141,7 +141,7 @@ FUNCS = {
 }
 
 
-@settings(max_examples=examples(12))
+@settings(max_examples=examples(10))
 @given(case(min_side=1), st.sampled_from(sorted(FUNCS)), st.data())
 @collective_checks
 def test_apply_along_axis_matches_numpy(c, name, data):
