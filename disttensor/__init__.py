@@ -57,7 +57,7 @@ from .routines.scans import cumprod, cumsum, cumulative_prod, cumulative_sum
 from .routines.searching import (argmax, argmin, argwhere, count_nonzero, nanargmax, nanargmin,
                                  nonzero, searchsorted, where)
 from .routines.sets import unique, unique_all, unique_counts, unique_inverse, unique_values
-from .routines.sorting import argsort, sort
+from .routines.sorting import argpartition, argsort, lexsort, partition, sort, sort_complex
 from .routines.statistics import (bincount, histogram, median, nanmedian, nanpercentile,
                                   nanquantile, percentile, quantile)
 from .routines.histograms import (bincount, digitize, histogram, histogram2d, histogram_bin_edges,
