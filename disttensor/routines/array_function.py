@@ -122,6 +122,16 @@ def _np_sort(fn):
     return impl
 
 
+def _np_partition(fn):
+    """``np.partition``/``np.argpartition``: ``kind=``/``order=`` other than NumPy's default
+    raise."""
+    def impl(a, kth, axis=-1, kind="introselect", order=None):
+        if order is not None or kind != "introselect":
+            raise TypeError(f"{fn.__name__}: kind= and order= are not supported for DistArrays")
+        return fn(a, kth, axis=axis)
+    return impl
+
+
 def _np_q(fn):
     def impl(a, q, axis=None, out=None, overwrite_input=False, method="linear",
              keepdims=False, *, weights=None, interpolation=None):
@@ -236,6 +246,10 @@ def _routines():
         # sorting, searching, counting
         np.sort: _np_sort(sorting.sort),
         np.argsort: _np_sort(sorting.argsort),
+        np.partition: _np_partition(sorting.partition),
+        np.argpartition: _np_partition(sorting.argpartition),
+        np.lexsort: lambda keys, axis=-1: sorting.lexsort(keys, axis=axis),
+        np.sort_complex: sorting.sort_complex,
         np.where: searching.where,
         np.searchsorted: lambda a, v, side="left", sorter=None: searching.searchsorted(
             a, v, side=side, sorter=sorter),
