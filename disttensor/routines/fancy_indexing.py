@@ -335,16 +335,20 @@ def _one_rank_result(x: DistArray, key, plan: FancyPlan, r) -> DistArray:
         a += k is not None
     rest = [g for t, g in enumerate(ysplit) if t not in plan.axes]
     nb = r.ndim - len(rest)
-    dists = [k for k in key if isinstance(k, DistArray)]
-    adv = [ysplit[t] for t in plan.axes if ysplit[t] is not None]
-    first = None
-    if len(dists) == 1 and dists[0].ndim == nb and dists[0].dtype != np.bool_ \
-            and all(g is None for g in dists[0].split[1:]) and dists[0].split[:1] != (None,):
-        first = dists[0].split[0] if dists[0].split[0] not in rest else None
-    elif len(dists) == 1 and dists[0].dtype == np.bool_ and nb == 1:
+    dists = [k for k in key if isinstance(k, DistArray) and k.grid.dims == x.grid.dims]
+    first, own = None, False  # the result follows the index (see _prepare)
+    others_0d = all(isinstance(k, DistArray) or np.ndim(k) == 0 for k in key
+                    if not isinstance(k, (slice, type(None), type(Ellipsis))))
+    if len(dists) == 1 and dists[0].ndim == nb and dists[0].dtype != np.bool_ and others_0d \
+            and all(g is None for g in dists[0].split[1:]) \
+            and (dists[0].split[0] is None or dists[0].split[0] not in rest):
+        first, own = dists[0].split[0], True
+    elif len(dists) == 1 and dists[0].dtype == np.bool_ and nb == 1 and others_0d:
         first = next((g for g in dists[0].split if g is not None), None)
-        first = None if first in rest else first
-    elif adv and nb:
+        own = first is None or first not in rest
+        first = first if own else None
+    adv = [ysplit[t] for t in plan.axes if ysplit[t] is not None]
+    if not own and adv and nb:
         first = adv[0]
     bsplit = ([first] + [None] * (nb - 1)) if nb else []
     p = plan.position

@@ -179,6 +179,9 @@ def test_put(shape, data_, seed, mode):
     dt.put(x, dist(ind, data_.draw(layouts(ind.shape, SIZE, 2))), -v, mode=mode)
     np.put(b, ind, -v, mode=mode)
     check(x, b, "dt.put with a DistArray of indices", layout=layout)
+    x.put(ind[::-1], 2 * v, mode=mode)
+    b.put(ind[::-1], 2 * v, mode=mode)
+    check(x, b, "DistArray.put", layout=layout)
 
 
 def hits_layout(mask, layout, nrows, ncols_shape):
