@@ -6,8 +6,9 @@
 // Execution model (hostcuda::run_grid):
 //  * blocks run one after another, in order blockIdx = (0,0,0), (1,0,0), ... (x fastest);
 //  * the threads of a block are real threads (std::thread, one per threadIdx, kept in a pool
-//    from launch to launch); __syncthreads() is a std::barrier over them, and every
-//    block ends with one more barrier, so block b+1 starts after all of block b has finished;
+//    from launch to launch); __syncthreads() is a barrier over them (BlockBarrier: a
+//    divergent __syncthreads fails the launch instead of hanging), and every block ends with
+//    one more barrier, so block b+1 starts after all of block b has finished;
 //  * threadIdx/blockIdx/blockDim/gridDim are thread_local;
 //  * a kernel's `__shared__ T a[n]` is a `static` variable: one copy for the whole process,
 //    which is exactly per-block shared memory because one block runs at a time and launches
@@ -23,7 +24,6 @@
 #define DISTTENSOR_CUDA_HOST_H
 
 #include <atomic>
-#include <barrier>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -69,8 +69,44 @@ namespace hostcuda {
 // to 0 to run the 64-bit path on small sizes).  Defined by the generated trampolines.
 extern long long index32_limit;
 
-inline thread_local std::barrier<>* block_barrier = nullptr;
-inline thread_local long long syncs_in_block = 0;
+// What a thread's barrier wait throws once the threads of a block were found at different
+// barriers (run_grid then reports the launch as failed instead of hanging).
+struct DivergentBarrier {};
+
+// The barrier of a block's threads.  Each arrival says where it comes from (a __syncthreads
+// or the end of the block); a phase that mixes the two is a divergent __syncthreads
+// (undefined behaviour on a GPU, typically a hang): the barrier is then poisoned and every
+// wait on it, now or later, throws DivergentBarrier.
+class BlockBarrier {
+  public:
+    enum Kind { SYNC = 1, BLOCK_END = 2 };
+    explicit BlockBarrier(long long n) : n_(n) {}
+    void arrive_and_wait(Kind kind) {
+        if (poisoned_.load()) throw DivergentBarrier{};
+        const unsigned long long gen = gen_.load();  // read before arriving
+        kinds_.fetch_or(kind);
+        if (arrived_.fetch_add(1) + 1 == n_) {  // the last of this phase
+            const bool mixed = kinds_.exchange(0) == (SYNC | BLOCK_END);
+            arrived_.store(0);
+            if (mixed) poisoned_.store(true);
+            gen_.fetch_add(1);
+            gen_.notify_all();
+            if (mixed) throw DivergentBarrier{};
+            return;
+        }
+        gen_.wait(gen);  // until the phase's last arrival moves the generation on
+        if (poisoned_.load()) throw DivergentBarrier{};
+    }
+
+  private:
+    const long long n_;
+    std::atomic<long long> arrived_{0};
+    std::atomic<int> kinds_{0};
+    std::atomic<unsigned long long> gen_{0};
+    std::atomic<bool> poisoned_{false};
+};
+
+inline thread_local BlockBarrier* block_barrier = nullptr;
 
 template <typename To, typename From>
 inline To bits_as(From v) {
@@ -136,8 +172,7 @@ template <typename T>
 inline T __ldg(const T* p) { return *p; }
 
 inline void __syncthreads() {
-    ++hostcuda::syncs_in_block;
-    hostcuda::block_barrier->arrive_and_wait();
+    hostcuda::block_barrier->arrive_and_wait(hostcuda::BlockBarrier::SYNC);
 }
 
 template <typename T>
@@ -217,8 +252,8 @@ inline ThreadPool& pool() {
 }
 
 // Run `body` (the kernel call of one thread) over the grid, blocks one after another, the
-// threads of a block as real threads.  Returns 0, or -1 when the threads of a block passed
-// different numbers of __syncthreads (divergent barriers: undefined behaviour on a GPU).
+// threads of a block as real threads.  Returns 0, or -1 when the threads of a block met at
+// different barriers (a divergent __syncthreads; see BlockBarrier).
 template <typename Body>
 int run_grid(dim3 grid, dim3 block, Body body) {
     static std::mutex one_launch_at_a_time;
@@ -226,29 +261,28 @@ int run_grid(dim3 grid, dim3 block, Body body) {
     const long long nthreads = (long long)block.x * block.y * block.z;
     const long long nblocks = (long long)grid.x * grid.y * grid.z;
     if (nthreads <= 0 || nblocks <= 0) return 0;
-    std::barrier<> bar((std::ptrdiff_t)nthreads);
-    std::vector<long long> syncs((size_t)nthreads * (size_t)nblocks, 0);
+    BlockBarrier bar(nthreads);
+    std::atomic<bool> divergent{false};
     auto worker = [&](long long t) {
         threadIdx = uint3{(unsigned)(t % block.x), (unsigned)(t / block.x % block.y),
                           (unsigned)(t / block.x / block.y)};
         blockDim = block;
         gridDim = grid;
         block_barrier = &bar;
-        for (long long b = 0; b < nblocks; ++b) {
-            blockIdx = uint3{(unsigned)(b % grid.x), (unsigned)(b / grid.x % grid.y),
-                             (unsigned)(b / grid.x / grid.y)};
-            syncs_in_block = 0;
-            body();
-            syncs[(size_t)(b * nthreads + t)] = syncs_in_block;
-            bar.arrive_and_wait();  // the block is done
+        try {
+            for (long long b = 0; b < nblocks; ++b) {
+                blockIdx = uint3{(unsigned)(b % grid.x), (unsigned)(b / grid.x % grid.y),
+                                 (unsigned)(b / grid.x / grid.y)};
+                body();
+                bar.arrive_and_wait(BlockBarrier::BLOCK_END);  // the block is done
+            }
+        } catch (const DivergentBarrier&) {
+            divergent = true;
         }
         block_barrier = nullptr;
     };
     pool().run(nthreads, worker);
-    for (long long b = 0; b < nblocks; ++b)
-        for (long long t = 1; t < nthreads; ++t)
-            if (syncs[(size_t)(b * nthreads + t)] != syncs[(size_t)(b * nthreads)]) return -1;
-    return 0;
+    return divergent ? -1 : 0;
 }
 
 // One kernel parameter type as a code for the Python side's argument check:

@@ -76,7 +76,7 @@ def compiler():
 TEST_MODULES = {
     "selftest": (HERE / "kernels" / "selftest.cu",
                  ("block_sum<float>", "block_sum<double>", "block_sum<int>", "block_reverse",
-                  "coordinates")),
+                  "coordinates", "divergent_sync")),
 }
 
 
@@ -124,14 +124,24 @@ def build(module, variant="plain"):
     return lib
 
 
-def sanitizer_runtime():
-    """Path of the compiler's libasan.so (for LD_PRELOAD), or None."""
+def _runtime_library(name):
     cxx = compiler()
     if cxx is None:
         return None
-    out = subprocess.run([cxx, "-print-file-name=libasan.so"], capture_output=True,
+    out = subprocess.run([cxx, f"-print-file-name={name}"], capture_output=True,
                          text=True).stdout.strip()
-    return out if out and os.path.isabs(out) and os.path.exists(out) else None
+    return os.path.realpath(out) if out and os.path.isabs(out) and os.path.exists(out) else None
+
+
+def sanitizer_runtime():
+    """``LD_PRELOAD`` entries for a Python that loads the sanitized builds: the compiler's
+    libasan.so, then its libstdc++.so (loaded after libasan, so that ASan's interceptor of
+    ``__cxa_throw`` finds the real one: without it the first C++ throw aborts), or None."""
+    asan = _runtime_library("libasan.so")
+    if asan is None:
+        return None
+    cxx_rt = _runtime_library("libstdc++.so")
+    return asan + (":" + cxx_rt if cxx_rt else "")
 
 
 def sanitizer_env(env=None):

@@ -121,8 +121,8 @@ class HostKernel:
                            else h.ctypes.data)
             rc = self._launch(*grid, *block, ptrs)
             if rc != 0:
-                raise RuntimeError(f"{self.expr}: the threads of a block passed different "
-                                   "numbers of __syncthreads")
+                raise RuntimeError(f"{self.expr}: the threads of a block met at different "
+                                   "barriers (a divergent __syncthreads)")
             for a, ptr, const in buffers:
                 if not a.nbytes:
                     continue

@@ -113,3 +113,11 @@ def test_grid_and_block_coordinates():
                                 v = v * 64 + p
                             ref.append(v)
     np.testing.assert_array_equal(out, np.array(ref, np.int64))
+
+
+def test_divergent_syncthreads_fails_the_launch():
+    out = np.zeros(2 * 64, np.int32)
+    with pytest.raises(RuntimeError, match="__syncthreads"):
+        _selftest("divergent_sync")((2,), (64,), (out,))
+    # the pool is usable again afterwards
+    test_syncthreads_orders_the_threads_of_a_block()

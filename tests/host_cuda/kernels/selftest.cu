@@ -50,3 +50,10 @@ __global__ void coordinates(long long* __restrict__ out) {
 template __global__ void block_sum<float>(const float*, long long, float*, float*, int*);
 template __global__ void block_sum<double>(const double*, long long, double*, double*, int*);
 template __global__ void block_sum<int>(const int*, long long, int*, int*, int*);
+
+// A divergent __syncthreads: only the even threads of a block wait (undefined behaviour on a
+// GPU); the host launch must fail, not hang.
+__global__ void divergent_sync(int* __restrict__ out) {
+    if (threadIdx.x % 2 == 0) __syncthreads();
+    out[blockIdx.x * blockDim.x + threadIdx.x] = 1;
+}
