@@ -207,7 +207,7 @@ def test_errors(comm):
     assert_raises_all(comm, ValueError, "x1 must be 1-D", lambda: dt.searchsorted(m, x))
     assert_raises_all(comm, ValueError, "side must be", lambda: dt.searchsorted(x, x, side="up"))
     assert_raises_all(comm, IndexError, "boolean index did not match", lambda: x[np.ones(3, bool)])
-    assert_raises_all(comm, IndexError, "boolean mask", lambda: x[x])
+    assert_raises_all(comm, IndexError, "integer .or boolean", lambda: x[x])
     assert_raises_all(comm, ValueError, "cannot assign 3 input values",
                       lambda: x.__setitem__(x > 4, np.arange(3.0)))
     assert_raises_all(comm, ValueError, r"range \[0, 1\]", lambda: dt.quantile(x, 1.5))
@@ -219,6 +219,15 @@ def test_errors(comm):
     assert_raises_all(comm, TypeError, "Cannot cast", lambda: dt.bincount(x))
     assert_raises_all(comm, ValueError, "0d arrays", lambda: dt.nonzero(x.sum()))
     assert_raises_all(comm, TypeError, "axis=None", lambda: np.unique(m, axis=0))
+    assert_raises_all(comm, ValueError, r"kth\(=10\) out of bounds \(10\)",
+                      lambda: dt.partition(x, 10))
+    assert_raises_all(comm, ValueError, r"kth\(=-1\) out of bounds",
+                      lambda: dt.argpartition(x, [2, -11]))
+    assert_raises_all(comm, TypeError, "Partition index must be integer",
+                      lambda: dt.partition(x, 1.5))
+    assert_raises_all(comm, ValueError, "same shape", lambda: dt.lexsort([x, x[:4]]))
+    assert_raises_all(comm, IndexError, "out of bounds for axis 0 with size 0",
+                      lambda: dt.quantile(x[:0], 0.5))
     if SIZE > 1:
         with mismatch("searchsorted", "side"):
             dt.searchsorted(x, x, side=last_rank_only("right", "left"))
@@ -241,3 +250,97 @@ def test_alltoallv_adjoint(comm):
     lhs = comm.allreduce(float(pu @ v))
     rhs = comm.allreduce(float(u @ ptv))
     expect(abs(lhs - rhs) <= 1e-12 * (abs(lhs) + 1), f"<Pu, v> = {lhs} != <u, P*v> = {rhs}")
+
+
+@settings(max_examples=examples(25))
+@given(shape=shapes(1, 2, max_side=7), data_=st.data(), seed=st.integers(0, 2**16),
+       kind=st.sampled_from("fi"))
+@collective_checks
+def test_partition_lexsort(shape, data_, seed, kind):
+    """partition/argpartition: NumPy's guarantees (the kth elements in sorted position, none
+    larger before, none smaller after; argpartition's indices a permutation that partitions);
+    lexsort and sort_complex equal to NumPy's (both are fully determined)."""
+    layout = data_.draw(layouts(shape, SIZE, 2))
+    axis = data_.draw(st.sampled_from([None] + list(range(-len(shape), len(shape)))))
+    a = data(shape, kind, seed)
+    n = a.size if axis is None else a.shape[axis]
+    if n == 0:
+        return
+    kth = data_.draw(st.one_of(st.integers(-n, n - 1),
+                               st.lists(st.integers(0, n - 1), min_size=1, max_size=3)))
+    x = dist(a, layout)
+    ref = np.sort(a, axis=axis)
+    lines = a.reshape(-1) if axis is None else a
+    ax = 0 if axis is None else axis
+    ks = np.atleast_1d(kth) % n
+
+    def partitioned(p, what):
+        p = np.moveaxis(p, ax, -1)
+        r = np.moveaxis(ref if axis is not None else ref.reshape(-1), ax, -1)
+        ok = np.array_equal(p[..., ks], r[..., ks], equal_nan=True)
+        for k in ks:  # NaNs sort last: compare as NumPy orders them
+            before, at, after = p[..., :k], p[..., k:k + 1], p[..., k + 1:]
+            ok &= bool(np.all((before <= at) | np.isnan(at)))
+            ok &= bool(np.all((after >= at) | np.isnan(after)))
+        expect(ok, f"{what}: partition property at kth={kth}")
+
+    got = dt.partition(x, kth, axis=axis)
+    check(got, np.partition(a, kth, axis=axis), "partition", values=False,
+          layout=layout if axis is not None else None)
+    partitioned(got.to_numpy(), "partition")
+    partitioned(np.partition(x, kth, axis=axis).to_numpy(), "np.partition")
+    idx = dt.argpartition(x, kth, axis=axis)
+    check(idx, np.argpartition(a, kth, axis=axis).astype(np.int64), "argpartition",
+          values=False)
+    gi = idx.to_numpy()
+    expect(np.array_equal(np.sort(gi, axis=ax), np.sort(np.argsort(lines, axis=ax), axis=ax)),
+           "argpartition: a permutation of each line")
+    partitioned(np.take_along_axis(lines, gi, axis=ax), "argpartition")
+    b = data(shape, "i", seed + 1)
+    xb = dist(b, layout)
+    lax = -1 if axis is None else axis
+    check(dt.lexsort([x, xb], axis=lax), np.lexsort([a, b], axis=lax), "lexsort",
+          layout=layout)
+    check(np.lexsort((xb, x), axis=lax), np.lexsort((b, a), axis=lax), "np.lexsort")
+    check(dt.sort_complex(x), np.sort_complex(a), "sort_complex", layout=layout)
+
+
+@collective_checks
+def test_quantile_dtype_and_empty(comm):
+    """NumPy 2's dtypes of quantiles (float32 data: a Python float q keeps float32, a list
+    or array q gives float64; median keeps float32; integers give float64) and the median of
+    empty lines (NaN, or an empty result), on split and unsplit axes."""
+    g = dt.ProcessGrid((SIZE,))
+    rng = np.random.default_rng(5)
+    for shape, split in (((11,), (0,)), ((5, 6), (0, None)), ((5, 6), (None, 0))):
+        for dtype in (np.float32, np.float16, np.int32):
+            a = (rng.normal(size=shape) * 8).astype(dtype)
+            x = dt.from_global(a, grid=g, split=split)
+            for axis in (None, 0, len(shape) - 1):
+                for q in (0.25, [0.25, 0.5], np.float32(0.5), np.array([0.1]), [1]):
+                    for method in ("linear", "lower", "midpoint"):
+                        what = f"quantile {dtype.__name__} {shape} {split} {axis} {q!r}"
+                        check(dt.quantile(x, q, axis=axis, method=method),
+                              np.quantile(a, q, axis=axis, method=method), what,
+                              rtol=1e-6, atol=1e-6)
+                check(dt.percentile(x, [30.0], axis=axis), np.percentile(a, [30.0], axis=axis),
+                      "percentile dtype", rtol=1e-6, atol=1e-6)
+                check(dt.median(x, axis=axis), np.median(a, axis=axis), "median dtype",
+                      rtol=1e-3, atol=1e-3)
+                check(dt.nanmedian(x, axis=axis), np.nanmedian(a, axis=axis),
+                      "nanmedian dtype", rtol=1e-3, atol=1e-3)
+    for shape, split, axis in (((0,), (0,), None), ((0, 3), (0, None), 0),
+                               ((0, 3), (0, None), 1), ((3, 0), (0, None), 1),
+                               ((3, 0), (None, 0), 1), ((3, 0), (0, None), 0),
+                               ((0, 4), (None, 0), None)):
+        for dtype in (np.float64, np.float32):
+            a = np.zeros(shape, dtype)
+            x = dt.from_global(a, grid=g, split=split)
+            for keepdims in (False, True):
+                what = f"median of empty {shape} split {split} axis {axis} {keepdims}"
+                check(dt.median(x, axis=axis, keepdims=keepdims),
+                      np.median(a, axis=axis, keepdims=keepdims), what)
+                check(np.nanmedian(x, axis=axis, keepdims=keepdims),
+                      np.nanmedian(a, axis=axis, keepdims=keepdims), "nan" + what)
+                check(dt.nanquantile(x, 0.5, axis=axis, keepdims=keepdims),
+                      np.nanquantile(a, 0.5, axis=axis, keepdims=keepdims), "nanquantile")

@@ -99,8 +99,9 @@ def roll(x: DistArray, shift, axis=None) -> DistArray:
     if axes is None:
         if _whole(x, range(x.ndim)):
             return DistArray(x.xp.roll(x.local, shift), x.distribution, x.grid)
-        flat = x.reshape(-1)
-        return roll(flat, shift, 0).reshape(x.shape)
+        r = roll(x.reshape(-1), shift, 0).reshape(x.shape)
+        return r if r.distribution == x.distribution else \
+            r.redistribute(distribution=x.distribution)
     total: dict[int, int] = {}
     for a, s in zip(axes, shifts):
         total[a] = total.get(a, 0) + s
