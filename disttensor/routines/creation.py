@@ -14,6 +14,12 @@ All are collective over the grid.  Those that create an array from nothing take
 come from global indices, so nothing moves.  ``meshgrid`` outputs have the result shape in
 the default layout of ``grid`` (default: the first operand's grid); only aligning the 1-D
 inputs moves data.
+
+Each rank's block is allocated by :func:`disttensor.core.memory.allocate` inside the call's
+agreed block, so a block too large for one rank (explicit uneven ``sizes``, a node short of
+memory) raises ``MemoryError`` naming that rank and the bytes on every rank, at no extra
+message (the failure rides on the call's agreement all-reduce; one small all-reduce where the
+call is nested in another entry point).
 """
 from __future__ import annotations
 
@@ -226,7 +232,8 @@ def linspace(start, stop, num=50, endpoint=True, dtype=None, grid=None, split=No
              device="cpu") -> DistArray:
     """Like ``numpy.linspace`` (same formula: ``start + i * step``, last point ``stop``)."""
     g = _grid(grid)
-    with agreed(g.cart, "linspace", rank_local=True, start=start, stop=stop, num=num, endpoint=bool(endpoint),
+    with agreed(g.cart, "linspace", rank_local=True, start=start, stop=stop, num=num,
+                endpoint=bool(endpoint),
                 dtype=dtype_key(dtype), **layout_args(None, g, split, sizes, device, ndim=1)):
         num = int(num)
         if num < 0:
