@@ -36,6 +36,7 @@ import numbers
 from dataclasses import dataclass
 
 import numpy as np
+from mpi4py import MPI
 
 from ..core.array import DistArray, _check_grids
 from ..core.backend import to_host
@@ -245,6 +246,8 @@ def _gather(f: _Fancy) -> DistArray:
     else:
         comm = grid.cart
         dest, tuples = _route(f, fan_out=False)
+        if _all_own(comm, dest):  # e.g. a row mask's hits: no element moves
+            return _finish_gather(f, src[tuple(tuples.T)], rest_shape)
         order, counts = _sort_by_dest(dest, comm.size)
         na = len(plan.axes)
         req, rcounts = alltoallv(comm, tuples[order].reshape(-1), counts * na)
@@ -255,12 +258,24 @@ def _gather(f: _Fancy) -> DistArray:
         rows = np.empty((k,) + rest_shape, dtype=y.dtype)
         rows[order] = got.reshape((k,) + rest_shape)
         rows = y.xp.asarray(rows)
+    return _finish_gather(f, rows, rest_shape)
+
+
+def _all_own(comm, dest) -> bool:
+    """Whether every rank's tuples all live on itself (one all-reduce; then no exchange)."""
+    mine = bool(dest.size == 0 or (dest.min() == comm.rank and dest.max() == comm.rank))
+    return bool(comm.allreduce(mine, op=MPI.LAND))
+
+
+def _finish_gather(f: _Fancy, rows, rest_shape) -> DistArray:
+    """The gathered rows ``(k, *rest)`` as this rank's block of the result."""
+    y, plan = f.y, f.plan
     out = rows.reshape(f.b_local + rest_shape)
     nb, p = len(f.b_local), plan.position
     if p:
         out = y.xp.moveaxis(out, list(range(nb)), list(range(p, p + nb)))
     out = y.xp.ascontiguousarray(out)
-    return DistArray(out, f.rdist, grid)
+    return DistArray(out, f.rdist, y.grid)
 
 
 # -- scatter --------------------------------------------------------------------------------
@@ -303,6 +318,9 @@ def _scatter(f: _Fancy, value, ufunc=None) -> None:
         rows = None if rows is None else rows[:0]
     dest, tuples = _route(f, fan_out=True)
     reps = dest.size // max(f.flat[0].size, 1) if f.flat[0].size else 1
+    if _all_own(comm, dest):  # every write lands on the writer's own block
+        apply(tuple(y.xp.asarray(r) for r in tuples.T), rows)
+        return
     order, counts = _sort_by_dest(dest, comm.size)
     na = len(plan.axes)
     req, rcounts = alltoallv(comm, tuples[order].reshape(-1), counts * na)
