@@ -40,7 +40,7 @@ from mpi4py import MPI
 
 from ..core.array import DistArray, _check_grids
 from ..core.backend import to_host
-from ..core.comm import collective
+from ..core.comm import collective, mpi_type
 from ..core.distribution import Distribution
 from ..core.entry import agreed, canon, collective_entry, operand_key
 from .fancy_keys import (FancyPlan, as_key_entries, broadcast_index_shapes, is_fancy_key,
@@ -254,11 +254,24 @@ def _gather(f: _Fancy) -> DistArray:
         req = req.reshape(-1, na)
         ans = to_host(src[tuple(req.T)])
         row = math.prod(rest_shape)
-        got, _ = alltoallv(comm, ans.reshape(-1), rcounts // na * row)
+        got = _exchange(comm, ans.reshape(-1), rcounts // na * row, counts * row)
         rows = np.empty((k,) + rest_shape, dtype=y.dtype)
         rows[order] = got.reshape((k,) + rest_shape)
         rows = y.xp.asarray(rows)
     return _finish_gather(f, rows, rest_shape)
+
+
+def _exchange(comm, send, send_counts, recv_counts):
+    """``MPI_Alltoallv`` of consecutive pieces whose receive counts are known (the second
+    round of a request/answer exchange: no count exchange)."""
+    sd = np.concatenate([[0], np.cumsum(send_counts)[:-1]]).astype(np.int64)
+    rd = np.concatenate([[0], np.cumsum(recv_counts)[:-1]]).astype(np.int64)
+    send = np.ascontiguousarray(send)
+    recv = np.empty(int(np.sum(recv_counts)), dtype=send.dtype)
+    t = mpi_type(send.dtype)
+    comm.Alltoallv([send, (send_counts.tolist(), sd.tolist()), t],
+                   [recv, (recv_counts.tolist(), rd.tolist()), t])
+    return recv
 
 
 def _all_own(comm, dest) -> bool:
@@ -329,8 +342,8 @@ def _scatter(f: _Fancy, value, ufunc=None) -> None:
     if value is not None:
         row = math.prod(rest_shape)
         allrows = np.concatenate([rows] * reps) if reps > 1 else rows
-        vals, _ = alltoallv(comm, np.ascontiguousarray(allrows[order]).reshape(-1),
-                            counts * row)
+        vals = _exchange(comm, np.ascontiguousarray(allrows[order]).reshape(-1), counts * row,
+                         rcounts // na * row)
         vals = y.xp.asarray(vals.reshape((req.shape[0],) + rest_shape))
     apply(tuple(y.xp.asarray(r) for r in req.T), vals)
 
