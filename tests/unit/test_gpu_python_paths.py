@@ -284,3 +284,14 @@ def test_device_allgather_gathers_rank_rows_on_the_device(fake_nccl, monkeypatch
     out = gpucomm.device_allgather(comm, mine)
     assert out.shape == (2, 5) and out.dtype == np.float64
     assert gathered == [(mine.data.ptr, out.data.ptr, 5, nccl.NCCL_FLOAT64, 9)]
+
+
+def test_gpu_pooling_refuses_negative_pads_as_the_cpu_kernel_does():
+    """The operand check runs before any CuPy call, so it is testable here."""
+    from disttensor.ops.local.cpu import pool as cpu_pool
+    from disttensor.ops.local.gpu import pooling as gpu_pool
+    x = np.zeros((1, 1, 4, 4, 4))
+    with pytest.raises(ValueError, match="pad_lo"):
+        cpu_pool.pool_forward(x, "max", (2, 2, 2), (1, 1, 1), (-1, 0, 0), (0, 0, 0))
+    with pytest.raises(ValueError, match="pad_lo"):
+        gpu_pool._pool_args("max", (2, 2, 2), (1, 1, 1), (-1, 0, 0), (0, 0, 0))

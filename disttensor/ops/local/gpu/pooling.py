@@ -23,7 +23,7 @@ def _pool_args(mode, kernel, stride, pad_lo, pad_hi):
     if mode not in ("max", "avg"):
         raise ValueError(f"mode must be 'max' or 'avg', got {mode!r}")
     return (triple(kernel, "kernel", 1), triple(stride, "stride", 1),
-            triple(pad_lo, "pad_lo"), triple(pad_hi, "pad_hi"))
+            triple(pad_lo, "pad_lo", 0), triple(pad_hi, "pad_hi", 0))
 
 
 def pool_forward(x, mode, kernel, stride, pad_lo, pad_hi, count_include_pad=True):
