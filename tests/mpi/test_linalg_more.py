@@ -122,6 +122,16 @@ def test_lstsq(data, m, n, k, deficient, cplx):
         expect(rk == rank and isinstance(rk, int), f"{name} rank {rk} != {rank}")
         check(sv, s, f"{name} singular values", rtol=1e-10, atol=tol(A))
         expect(x.split == (None,) * x.ndim, "x not replicated")
+    from disttensor.linalg import decompositions as D
+    T = np.concatenate([A] * (40 // m + 1))  # taller than 2 chunks of max(2, n) rows per rank
+    D._R_CHUNK, old = 2, D._R_CHUNK  # the chunked local R (a flat TSQR tree on the rank)
+    try:
+        x, r, rk, sv = L.lstsq(dist(T, lay(data, T.shape)), T[:, 0])
+    finally:
+        D._R_CHUNK = old
+    want = np.linalg.lstsq(T, T[:, 0])
+    check(x, want[0], "lstsq x, chunked R", rtol=1e-9, atol=1e-9)
+    check(sv, want[3], "singular values, chunked R", rtol=1e-10, atol=tol(T))
     x1 = L.lstsq(a, b, rcond=0.5)[0]  # a large cutoff: fewer singular values kept
     check(x1, np.linalg.lstsq(A, B, rcond=0.5)[0], "rcond=0.5", rtol=1e-9,
           atol=1e-9 * max(np.linalg.norm(X), 1.0))
