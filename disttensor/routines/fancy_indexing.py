@@ -52,25 +52,28 @@ __all__ = ["FancyPlan", "plan_key", "is_fancy_key", "fancy_getitem", "fancy_seti
            "ufunc_at", "put"]
 
 
-def _index_arrays(key, plan_sources_count: int) -> list:
-    """The index arrays of ``key`` in planning order (booleans as their nonzero() parts)."""
-    out = []
+def _index_arrays(key, plan_sources_count: int) -> tuple[list, list]:
+    """The index arrays of ``key`` in planning order (booleans as their nonzero() parts), and
+    which of them come from booleans (in bounds by construction)."""
+    out, from_mask = [], []
     for k in key if isinstance(key, tuple) else (key,):
         if isinstance(k, (slice, type(None), type(Ellipsis))):
             continue
+        n = len(out)
         if isinstance(k, numbers.Integral):
             out.append(np.asarray(int(k), dtype=np.int64))
         elif isinstance(k, DistArray):
             if k.dtype == np.bool_:
                 from .searching import nonzero
-                out.extend(nonzero(k) if k.ndim else [np.asarray(0)[()]])
+                out.extend(nonzero(k))
             else:
                 out.append(k)
         else:
             k = np.asarray(k)
             out.extend(np.nonzero(k) if k.dtype == np.bool_ else [k])
+        from_mask += [getattr(k, "dtype", None) == np.bool_] * (len(out) - n)
     assert len(out) == plan_sources_count
-    return out
+    return out, from_mask
 
 
 def _key_meta(key):
@@ -114,8 +117,9 @@ def _view(x: DistArray, plan: FancyPlan, write: bool) -> DistArray:
     return DistArray(x.local[local_sl], dist, x.grid)
 
 
-def _check_bounds(arrays, plan: FancyPlan, x_shape) -> None:
-    for a, xa in zip(arrays, plan.x_axes):
+def _check_bounds(arrays, x_axes, x_shape) -> None:
+    """NumPy's ``IndexError`` for the first index out of bounds (axis ``x_axes[j]`` of ``x``)."""
+    for a, xa in zip(arrays, x_axes):
         n = x_shape[xa]
         if a.size == 0:
             continue
@@ -130,7 +134,7 @@ def _prepare(x: DistArray, key, plan: FancyPlan, write: bool) -> _Fancy:
     collective over ``x``'s grid (bounds agreed)."""
     grid = x.grid
     y = _view(x, plan, write)
-    idx = _index_arrays(key, len(plan.sources))
+    idx, from_mask = _index_arrays(key, len(plan.sources))
     dy = y.distribution
     rest = [t for t in range(y.ndim) if t not in plan.axes]
     rest_grid = {dy.split[t] for t in rest} - {None}
@@ -163,8 +167,10 @@ def _prepare(x: DistArray, key, plan: FancyPlan, write: bool) -> _Fancy:
         b_dist = Distribution(b_shape, grid.dims, split)
         sl = b_dist.block_slices(grid.coords)
         loc = [np.broadcast_to(i, b_shape)[sl] for i in idx]
-    with collective(grid.cart):
-        _check_bounds(loc, plan, x.shape)
+    if not all(from_mask):  # indices from masks are in bounds
+        with collective(grid.cart):
+            _check_bounds([a for a, m in zip(loc, from_mask) if not m],
+                          [xa for xa, m in zip(plan.x_axes, from_mask) if not m], x.shape)
     flat = []
     for a, t in zip(loc, plan.axes):
         f = np.asarray(a, dtype=np.int64).reshape(-1)

@@ -57,6 +57,8 @@ def _kind(k) -> str:
     if is_array_key(k):
         kind = np.dtype(k.dtype).kind
         if kind == "b":
+            if len(k.shape) == 0:
+                raise TypeError("a 0-d boolean index is not supported with index arrays")
             return "bool"
         if kind in "iu":
             return "array"
