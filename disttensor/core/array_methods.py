@@ -16,12 +16,12 @@ Differences from ``numpy.ndarray``:
   and ``imag`` cannot be assigned to (``x.real[...] = v`` writes into a copy);
 * ``out=`` raises ``TypeError`` (as do ``where=``/``initial=`` where the reduction lacks them);
 * ``tolist`` gathers the array on every rank (``DISTTENSOR_GATHER_LIMIT`` applies);
-* in place, as NumPy: ``sort`` (the sorted result is written back into the blocks), ``fill``
-  (the ranks agree on the value), ``put`` (when :mod:`disttensor.routines.fancy_indexing`
-  provides it);
+* in place, as NumPy: ``sort`` and ``partition`` (the result is written back into the
+  blocks), ``fill`` (the ranks agree on the value), ``put``
+  (:func:`disttensor.routines.fancy_indexing.put`);
 * not provided: ``view`` (a DistArray has no raw buffer to reinterpret across ranks: use
-  ``astype``), ``ptp`` (gone from ``ndarray`` in NumPy 2: ``np.ptp(x)``), ``partition``,
-  ``resize``, ``byteswap``, ``tobytes``, ``dump``.
+  ``astype``), ``ptp`` (gone from ``ndarray`` in NumPy 2: ``np.ptp(x)``), ``resize``,
+  ``byteswap``, ``tobytes``, ``dump``.
 """
 from __future__ import annotations
 
@@ -103,9 +103,22 @@ class NumPyMethods:
     def cumprod(self, axis=None, dtype=None, out=None):
         return _np(np.cumprod)(self, axis, dtype, out)
 
+    def _write_back(self, result) -> None:
+        """``result`` (this array's shape) into this array's blocks, in place."""
+        if result.distribution != self.distribution or result.grid.dims != self.grid.dims:
+            result = result.redistribute(grid=self.grid, distribution=self.distribution)
+        self.local[...] = result.local
+
     def sort(self, axis=-1, kind=None, order=None, *, stable=None) -> None:
         """Sort in place along ``axis`` (the sorted array is written back into the blocks)."""
-        self.local[...] = _np(np.sort)(self, axis, kind, order, stable=stable).local
+        self._write_back(_np(np.sort)(self, axis, kind, order, stable=stable))
+
+    def partition(self, kth, axis=-1, kind="introselect", order=None) -> None:
+        """Partition in place around the ``kth`` elements (``np.partition``, written back)."""
+        self._write_back(_np(np.partition)(self, kth, axis, kind, order))
+
+    def argpartition(self, kth, axis=-1, kind="introselect", order=None):
+        return _np(np.argpartition)(self, kth, axis, kind, order)
 
     def argsort(self, axis=-1, kind=None, order=None, *, stable=None):
         return _np(np.argsort)(self, axis, kind, order, stable=stable)
