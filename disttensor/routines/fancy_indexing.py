@@ -228,12 +228,11 @@ def _route(f: _Fancy, fan_out: bool):
     return dest, tuples
 
 
-def _sort_by_dest(dest, size: int):
-    """The stable order of the tuples by destination (a radix sort on small integers) and the
-    count per destination."""
+def _sort_by_dest(dest, counts):
+    """The stable order of the tuples by destination (a radix sort on small integers)."""
+    size = len(counts)
     small = np.uint8 if size <= 256 else np.uint16 if size <= 65536 else np.int64
-    order = np.argsort(dest.astype(small, copy=False), kind="stable")
-    return order, np.bincount(dest, minlength=size).astype(np.int64)
+    return np.argsort(dest.astype(small, copy=False), kind="stable")
 
 
 def _moved(y: DistArray, axes):
@@ -252,9 +251,10 @@ def _gather(f: _Fancy) -> DistArray:
     else:
         comm = grid.cart
         dest, tuples = _route(f, fan_out=False)
-        if _all_own(comm, dest):  # e.g. a row mask's hits: no element moves
+        counts = np.bincount(dest, minlength=comm.size).astype(np.int64)
+        if _all_own(comm, counts, dest.size):  # e.g. a row mask's hits: no element moves
             return _finish_gather(f, src[tuple(tuples.T)], rest_shape)
-        order, counts = _sort_by_dest(dest, comm.size)
+        order = _sort_by_dest(dest, counts)
         na = len(plan.axes)
         req, rcounts = alltoallv(comm, tuples[order].reshape(-1), counts * na)
         req = req.reshape(-1, na)
@@ -280,9 +280,10 @@ def _exchange(comm, send, send_counts, recv_counts):
     return recv
 
 
-def _all_own(comm, dest) -> bool:
-    """Whether every rank's tuples all live on itself (one all-reduce; then no exchange)."""
-    mine = bool(dest.size == 0 or (dest.min() == comm.rank and dest.max() == comm.rank))
+def _all_own(comm, counts, k: int) -> bool:
+    """Whether every rank's ``k`` tuples all live on itself (one all-reduce; then no
+    exchange)."""
+    mine = bool(counts[comm.rank] == k)
     return bool(comm.allreduce(mine, op=MPI.LAND))
 
 
@@ -337,10 +338,11 @@ def _scatter(f: _Fancy, value, ufunc=None) -> None:
         rows = None if rows is None else rows[:0]
     dest, tuples = _route(f, fan_out=True)
     reps = dest.size // max(f.flat[0].size, 1) if f.flat[0].size else 1
-    if _all_own(comm, dest):  # every write lands on the writer's own block
+    counts = np.bincount(dest, minlength=comm.size).astype(np.int64)
+    if _all_own(comm, counts, dest.size):  # every write lands on the writer's own block
         apply(tuple(y.xp.asarray(r) for r in tuples.T), rows)
         return
-    order, counts = _sort_by_dest(dest, comm.size)
+    order = _sort_by_dest(dest, counts)
     na = len(plan.axes)
     req, rcounts = alltoallv(comm, tuples[order].reshape(-1), counts * na)
     req = req.reshape(-1, na)
