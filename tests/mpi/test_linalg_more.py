@@ -163,7 +163,7 @@ def test_cond(data, n, p, cplx):
     check(L.cond(dist(Z, lay(data, Z.shape))), np.linalg.cond(Z), "cond of 0 is inf")
 
 
-# -- eig -------------------------------------------------------------------------------------------
+# -- eig ----------------------------------------------------------------------------------------
 @settings(max_examples=examples(6))
 @given(st.data(), st.integers(1, 6), st.booleans(), st.booleans())
 @collective_checks
@@ -182,7 +182,7 @@ def test_eig(data, n, cplx, stack):
     check(L.eigvals(a), np.linalg.eigvals(A), "L.eigvals", rtol=1e-12, atol=1e-14)
 
 
-# -- bad input -------------------------------------------------------------------------------------
+# -- bad input ----------------------------------------------------------------------------------
 def test_bad_input_on_every_rank(monkeypatch):
     g = grid((SIZE,))
     a = dt.from_global(rand((5, 3), 1), grid=g)
