@@ -19,7 +19,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 TOL = dict(rtol=1e-10, atol=1e-10)
 
 
-@settings(max_examples=examples(8), deadline=None)
+@settings(max_examples=examples(6), deadline=None)
 @given(sl=layouts(shapes(1, 3, 6, min_side=3), SIZE, 2), seed=st.integers(0, 2**16),
        edge_order=st.sampled_from([1, 2]), via=st.sampled_from(["dt", "np"]),
        spacing=st.sampled_from(["none", "scalar", "coords"]), data=st.data())
@@ -52,7 +52,7 @@ def test_gradient(sl, seed, edge_order, via, spacing, data):
           np.gradient(ai, axis=axes[0]), "gradient int", **TOL)
 
 
-@settings(max_examples=examples(8), deadline=None)
+@settings(max_examples=examples(6), deadline=None)
 @given(sl=layouts(shapes(1, 3, 6), SIZE, 2), seed=st.integers(0, 2**16),
        via=st.sampled_from(["dt", "np"]), data=st.data())
 @collective_checks
@@ -90,7 +90,7 @@ def test_trapezoid_interp_nan_to_num(sl, seed, via, data):
     check(r, np.nan_to_num(m), "nan_to_num in place result")
 
 
-@settings(max_examples=examples(8), deadline=None)
+@settings(max_examples=examples(6), deadline=None)
 @given(n=st.integers(1, 13), m=st.integers(1, 15), seed=st.integers(0, 2**16),
        mode=st.sampled_from(["full", "same", "valid"]), via=st.sampled_from(["dt", "np"]),
        data=st.data())
