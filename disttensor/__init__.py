@@ -58,8 +58,8 @@ from .routines.searching import (argmax, argmin, argwhere, count_nonzero, nanarg
                                  nonzero, searchsorted, where)
 from .routines.sets import unique, unique_all, unique_counts, unique_inverse, unique_values
 from .routines.sorting import argpartition, argsort, lexsort, partition, sort, sort_complex
-from .routines.statistics import (bincount, histogram, median, nanmedian, nanpercentile,
-                                  nanquantile, percentile, quantile)
+from .routines.statistics import (median, nanmedian, nanpercentile, nanquantile, percentile,
+                                  quantile)
 from .routines.histograms import (bincount, digitize, histogram, histogram2d, histogram_bin_edges,
                                   histogramdd)
 from .routines.averages import average, corrcoef, cov, ptp

@@ -1,11 +1,10 @@
 """Statistics (NumPy's "Statistics"): the order statistics ``quantile``, ``percentile``,
-``median`` and their nan forms, and the histograms ``histogram`` and ``bincount``.  (``mean``,
-``var``, ``std``, ``min``, ``max`` and their nan forms are reductions:
-:mod:`disttensor.routines.reductions`.)  Every function is collective over the grid of ``x``.
+``median`` and their nan forms.  (``mean``, ``var``, ``std``, ``min``, ``max`` and their nan
+forms are reductions: :mod:`disttensor.routines.reductions`; ``average``, ``cov``,
+``corrcoef``, ``ptp``: :mod:`disttensor.routines.averages`; the histograms:
+:mod:`disttensor.routines.histograms`.)  Every function is collective over the grid of ``x``.
 
-``histogram(x, bins, range, weights)`` and ``bincount(x, weights, minlength)`` count locally
-and all-reduce over the split grid axes (replicas not counted twice); they return NumPy arrays
-(replicated on every rank), as NumPy does.  ``quantile(x, q, axis, method, keepdims)`` sorts
+``quantile(x, q, axis, method, keepdims)`` sorts
 along ``axis`` (the distributed sort of :mod:`disttensor.routines.sorting`) and reads the
 order statistics it needs with integer indexing (``nanquantile``: ``take_along_axis`` at each
 line's count of non-NaN elements), combining them with NumPy's formulas (methods
@@ -20,15 +19,10 @@ forms: NaN with NumPy's ``RuntimeWarning``; ``quantile``/``percentile``: ``Index
 """
 from __future__ import annotations
 
-import numbers
-import operator
-
 import numpy as np
 
 from ..core.array import DistArray
-from ..core.entry import agreed, canon, collective_entry, operand_key
-from ..core.backend import to_host
-from ..core.comm import allreduce
+from ..core.entry import agreed, canon, collective_entry
 from . import reductions
 from ._operands import axis_index, check_array
 from .indexing import take_along_axis
@@ -36,97 +30,7 @@ from .manipulation import expand_dims, squeeze, stack
 from .order_statistics import fast_quantile, numpy_dtype
 from .sorting import sort
 
-__all__ = ["quantile", "percentile", "median", "nanquantile", "nanpercentile", "nanmedian",
-           "histogram", "bincount"]
-
-
-# -- histograms -------------------------------------------------------------------------------
-def _split_comm(x: DistArray):
-    gaxes = [g for g in x.split if g is not None and x.grid.dims[g] > 1]
-    return x.grid.sub_comm(gaxes) if gaxes else None
-
-
-@collective_entry
-def histogram(x: DistArray, bins=10, range=None, density=None, weights=None):
-    """NumPy ``histogram`` of all elements of ``x``: ``(hist, bin_edges)`` as NumPy arrays,
-    the same on every rank.  ``bins``: an int or a 1-D increasing sequence of edges;
-    ``range=None`` takes the global min/max (one all-reduce each).  ``weights``: a DistArray of
-    ``x``'s shape.  Collective."""
-    check_array(x)
-    with agreed(x.grid.cart, "histogram", x=x, bins=operand_key(bins) if not isinstance(
-            bins, numbers.Integral) else int(bins), range=canon(range), density=density,
-            weights=operand_key(weights)):
-        if isinstance(bins, str):
-            raise TypeError("histogram: string bin estimators are not supported for DistArrays")
-        if weights is not None:
-            check_array(weights, "weights")
-            if weights.shape != x.shape:
-                raise ValueError("weights should have the same shape as a.")
-    if range is None and isinstance(bins, numbers.Integral):
-        if x.size:
-            lo, hi = float(reductions.min(x).item()), float(reductions.max(x).item())
-        else:
-            lo, hi = 0.0, 1.0
-        edges = np.histogram_bin_edges(np.array([lo, hi]), bins=bins)
-    elif isinstance(bins, numbers.Integral):
-        edges = np.histogram_bin_edges(np.array([], dtype=np.float64), bins=bins, range=range)
-    else:
-        edges = np.asarray(bins)
-        if range is not None:
-            raise ValueError("histogram: range is only used with an integer number of bins")
-    w = None
-    if weights is not None:
-        wd = weights if weights.distribution == x.distribution and weights.grid is x.grid \
-            else weights.redistribute(grid=x.grid, distribution=x.distribution)
-        w = to_host(wd.local).reshape(-1)
-    h, _ = np.histogram(to_host(x.local).reshape(-1), bins=edges, weights=w)
-    comm = _split_comm(x)
-    if comm is not None:
-        h = allreduce(comm, h, "sum")
-    if density:
-        h = h / np.diff(edges) / h.sum()
-    return h, edges
-
-
-@collective_entry
-def bincount(x: DistArray, weights=None, minlength=0):
-    """NumPy ``bincount`` of a 1-D non-negative integer DistArray: a NumPy array (the same on
-    every rank) of length ``max(x.max() + 1, minlength)``.  Collective."""
-    check_array(x)
-    with agreed(x.grid.cart, "bincount", x=x, weights=operand_key(weights),
-                minlength=canon(minlength)):
-        if x.ndim != 1:
-            raise ValueError("object too deep for desired array" if x.ndim > 1
-                             else "object of too small depth for desired array")
-        if x.dtype.kind not in "iub":
-            raise TypeError(f"Cannot cast array data from {x.dtype} to int64 according to "
-                            "the rule 'safe'")
-        minlength = operator.index(minlength)
-        if minlength < 0:
-            raise ValueError("'minlength' must not be negative")
-        if weights is not None:
-            check_array(weights, "weights")
-            if weights.shape != x.shape:
-                raise ValueError("The weights and list don't have the same length.")
-    if x.size:
-        lo = int(reductions.min(x).item())
-        if lo < 0:
-            raise ValueError("'list' argument must have no negative elements")
-        length = max(int(reductions.max(x).item()) + 1, minlength)
-    else:
-        length = minlength
-    w = None
-    if weights is not None:
-        wd = weights if weights.distribution == x.distribution and weights.grid is x.grid \
-            else weights.redistribute(grid=x.grid, distribution=x.distribution)
-        w = to_host(wd.local)
-    h = np.bincount(to_host(x.local).astype(np.int64), weights=w, minlength=length)
-    if w is not None:  # NumPy gives int64 for empty input even with weights: keep ranks alike
-        h = h.astype(np.float64)
-    comm = _split_comm(x)
-    if comm is not None:
-        h = allreduce(comm, h, "sum")
-    return h
+__all__ = ["quantile", "percentile", "median", "nanquantile", "nanpercentile", "nanmedian"]
 
 
 # -- order statistics -------------------------------------------------------------------------
