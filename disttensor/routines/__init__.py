@@ -11,15 +11,19 @@ The public names are re-exported by :mod:`disttensor` (``dt.zeros``, ``dt.concat
   ``take_along_axis``;
 * :mod:`.ufuncs` -- elementwise ufuncs and the alignment rule of mixed operands;
   :mod:`.mathematical` -- ``clip``, ``round``, ``diff``; :mod:`.scans` -- ``cumsum``,
-  ``cumprod``, ``cumulative_sum``, ``cumulative_prod``;
+  ``cumprod``, ``cumulative_sum``, ``cumulative_prod``; :mod:`.calculus` -- ``gradient``,
+  ``trapezoid``, ``interp``, ``convolve``, ``nan_to_num``;
 * :mod:`.reductions` -- ``sum``, ``prod``, ``mean``, ``var``, ``std``, ``min``, ``max``,
-  ``any``, ``all`` and their nan forms;
+  ``any``, ``all`` (``where=``, ``initial=``) and their nan forms;
 * :mod:`.logic` -- ``isclose``, ``allclose``, ``array_equal``;
 * :mod:`.sorting` -- ``sort``, ``argsort`` (sample sort); :mod:`.searching` -- ``argmin``,
-  ``argmax`` (and nan forms), ``nonzero``, ``argwhere``, ``where``, ``searchsorted``,
+  ``argmax`` (and nan forms), ``nonzero``, ``argwhere``, ``where`` (one argument:
+  ``nonzero``), ``searchsorted``,
   ``count_nonzero``;
-* :mod:`.statistics` -- ``quantile``, ``percentile``, ``median`` (and nan forms),
-  ``histogram``, ``bincount``;
+* :mod:`.statistics` -- ``quantile``, ``percentile``, ``median`` (and nan forms);
+  :mod:`.averages` -- ``average``, ``cov``, ``corrcoef``, ``ptp``; :mod:`.histograms` --
+  ``histogram``, ``histogram2d``, ``histogramdd``, ``histogram_bin_edges``, ``bincount``,
+  ``digitize``;
 * :mod:`.sets` -- ``unique`` and the array API's ``unique_*``, ``isin``;
 * :mod:`.npyio` -- parallel ``.npy`` files (``dt.npyio.save`` / ``load``);
 * :mod:`.array_function` -- the ``__array_function__`` table (``np.pad(x, 1)`` on a
