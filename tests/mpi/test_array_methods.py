@@ -35,7 +35,7 @@ def case(draw, min_ndim=1, max_ndim=3, min_side=0):
 SUMS = dict(rtol=1e-12, atol=1e-12)
 
 
-@settings(max_examples=examples(10))
+@settings(max_examples=examples(6))
 @given(case(min_side=1), st.data())
 @collective_checks
 def test_reductions(c, data):
@@ -63,7 +63,7 @@ def test_reductions(c, data):
               rtol=1e-5)
 
 
-@settings(max_examples=examples(10))
+@settings(max_examples=examples(6))
 @given(case(), st.data())
 @collective_checks
 def test_shape_and_selection(c, data):
@@ -101,7 +101,7 @@ def test_shape_and_selection(c, data):
         check(x.diagonal(0, nd - 1, 0), a.diagonal(0, nd - 1, 0), "diagonal axes")
 
 
-@settings(max_examples=examples(10))
+@settings(max_examples=examples(6))
 @given(case(), st.booleans(), st.data())
 @collective_checks
 def test_elementwise(c, cplx, data):
@@ -125,7 +125,7 @@ def test_elementwise(c, cplx, data):
         check(y.dot(y.T), r.dot(r.T), "dot matrix", **SUMS)
 
 
-@settings(max_examples=examples(10))
+@settings(max_examples=examples(6))
 @given(case(), st.data())
 @collective_checks
 def test_sort_scan_search(c, data):
@@ -169,7 +169,7 @@ def test_sort_scan_search(c, data):
           "searchsorted DistArray values")
 
 
-@settings(max_examples=examples(10))
+@settings(max_examples=examples(6))
 @given(case(), st.data())
 @collective_checks
 def test_fill_tolist_put(c, data):
