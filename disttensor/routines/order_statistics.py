@@ -28,8 +28,9 @@ instead of a sort:
    all-gathered and sorted (``S`` elements on every rank);
 2. for each wanted rank ``k`` a bracket ``[lo, hi]`` of sample values around its estimated
    position ``k S / N`` (``3 sqrt(S)`` sample positions either side, several standard
-   deviations of the estimate) is chosen, and one all-reduce of the counts of elements
-   ``< lo``, ``<= lo``, ``< hi``, ``<= hi`` checks that the bracket holds ``k``;
+   deviations of the estimate; ranks whose brackets overlap share one) is chosen, and one
+   all-reduce of the counts of elements ``< lo``, ``<= lo``, ``< hi``, ``<= hi`` checks that
+   the bracket holds ``k``;
 3. the elements strictly inside the brackets (a few percent of ``N``) are all-gathered, and
    each ``k`` is read from them with ``numpy.partition`` (or is ``lo``/``hi`` itself when
    ``k`` falls on their ties).
@@ -83,12 +84,18 @@ def select_ranks(comm, v: np.ndarray, n: int, ks) -> dict | None:
     sample = np.sort(np.concatenate(comm.allgather(v[::stride])))
     s = sample.shape[0]
     d = int(3 * math.sqrt(s)) + 2 * comm.size + 2
-    brackets = []  # (lo, hi) sample values; None: unbounded on that side
+    groups: list[list[int]] = []  # ranks whose brackets overlap share one
     for k in ks:
         r = (k * s) // max(n, 1)
-        lo = sample[r - d] if r - d >= 0 else None
-        hi = sample[r + d] if r + d < s else None
-        brackets.append((lo, hi))
+        if groups and r - (groups[-1][-1] * s) // max(n, 1) <= 2 * d:
+            groups[-1].append(k)
+        else:
+            groups.append([k])
+    brackets = []  # (lo, hi) sample values; None: unbounded on that side
+    for grp in groups:
+        r0, r1 = (grp[0] * s) // max(n, 1), (grp[-1] * s) // max(n, 1)
+        brackets.append((sample[r0 - d] if r0 - d >= 0 else None,
+                         sample[r1 + d] if r1 + d < s else None))
     counts = []
     for lo, hi in brackets:
         counts += [_count(v, lo, np.less) if lo is not None else 0,
@@ -99,8 +106,8 @@ def select_ranks(comm, v: np.ndarray, n: int, ks) -> dict | None:
     comm.Allreduce(tot.copy(), tot)
     tot = tot.reshape(-1, 4)
     inner_total = 0
-    for k, (lt_lo, le_lo, lt_hi, le_hi) in zip(ks, tot):
-        if not (lt_lo <= k < le_hi):
+    for grp, (lt_lo, le_lo, lt_hi, le_hi) in zip(groups, tot):
+        if not (lt_lo <= grp[0] and grp[-1] < le_hi):
             return None
         inner_total += max(int(lt_hi - le_lo), 0)
     if inner_total > max(1 << 16, n // 4):
@@ -112,16 +119,14 @@ def select_ranks(comm, v: np.ndarray, n: int, ks) -> dict | None:
             m &= v < hi
         inner_local.append(v[m])
     gathered = comm.allgather(inner_local)
-    out = np.empty(len(ks), dtype=v.dtype)
-    for j, (k, (lo, hi), (lt_lo, le_lo, lt_hi, le_hi)) in enumerate(zip(ks, brackets, tot)):
-        if k < le_lo:
-            out[j] = lo
-        elif k >= lt_hi:
-            out[j] = hi
-        else:
-            inner = np.concatenate([g[j] for g in gathered])
-            out[j] = np.partition(inner, int(k - le_lo))[int(k - le_lo)]
-    return dict(zip(ks, out))
+    out = {}
+    for j, (grp, (lo, hi), (lt_lo, le_lo, lt_hi, le_hi)) in enumerate(zip(groups, brackets,
+                                                                          tot)):
+        mid = [k - int(le_lo) for k in grp if le_lo <= k < lt_hi]
+        inner = np.partition(np.concatenate([g[j] for g in gathered]), mid) if mid else None
+        for k in grp:
+            out[k] = lo if k < le_lo else hi if k >= lt_hi else inner[k - int(le_lo)]
+    return out
 
 
 # -- quantiles ------------------------------------------------------------------------------
