@@ -278,7 +278,8 @@ def bincount(x: DistArray, weights=None, minlength=0) -> DistArray:
     else:
         length = minlength
     w = _weights_local(weights, x)
-    h = np.bincount(to_host(x.local).astype(np.int64), weights=w, minlength=length)
+    labels = to_host(x.local).astype(np.int64, copy=False)
+    h = np.bincount(labels, weights=w, minlength=length)
     if w is not None:  # NumPy gives int64 for empty input even with weights: keep ranks alike
         h = h.astype(np.float64)
     comm = _split_comm(x)
