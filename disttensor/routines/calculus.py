@@ -162,9 +162,8 @@ def gradient(f: DistArray, *varargs, axis=None, edge_order=1):
     Collective (one halo exchange per axis)."""
     check_array(f, "f")
     vals = [_host_value(v) for v in varargs]
-    with agreed(f.grid.cart, "gradient", f=f, varargs=tuple(operand_key(
-            v if not isinstance(v, np.ndarray) else canon(v.tolist())) for v in vals),
-            axis=canon(axis), edge_order=canon(edge_order)):
+    with agreed(f.grid.cart, "gradient", f=f, varargs=tuple(operand_key(v) for v in vals),
+                axis=canon(axis), edge_order=canon(edge_order)):
         axes = tuple(range(f.ndim)) if axis is None else axis_tuple(axis, f.ndim)
         dxs = _spacings(f, vals, axes)
         order = operator.index(edge_order)

@@ -59,7 +59,7 @@ def _bins_key(bins):
         return int(bins)
     if isinstance(bins, (list, tuple)):
         return tuple(_bins_key(b) for b in bins)
-    return operand_key(bins) if not isinstance(bins, np.ndarray) else canon(bins.tolist())
+    return operand_key(bins)  # arrays: shape, dtype and a hash of the values
 
 
 def _weights_local(weights, x: DistArray):
