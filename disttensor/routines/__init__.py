@@ -8,7 +8,12 @@ The public names are re-exported by :mod:`disttensor` (``dt.zeros``, ``dt.concat
 * :mod:`.manipulation` -- array manipulation (a package: transpose-like, shape, dims, join,
   tiling, rearrange); :mod:`.padding` -- ``pad``;
 * :mod:`.indexing` -- ``x[key]``, ``x[key] = v``, boolean masks, ``take``,
-  ``take_along_axis``;
+  ``take_along_axis``; :mod:`.fancy_indexing` -- index arrays and partial masks (gather and
+  scatter), ``ufunc.at``, ``put`` (:mod:`.fancy_keys`: the pure key planning);
+  :mod:`.ufunc_methods` -- ``reduce``, ``accumulate``, ``outer``, ``at``, ``reduceat`` of every
+  ufunc;
+* :mod:`.blocks` -- ``map_blocks``, ``apply_along_axis``; :mod:`.stencils` --
+  ``map_overlap`` (halo'd blocks, Dask's boundary names);
 * :mod:`.ufuncs` -- elementwise ufuncs and the alignment rule of mixed operands;
   :mod:`.mathematical` -- ``clip``, ``round``, ``diff``; :mod:`.scans` -- ``cumsum``,
   ``cumprod``, ``cumulative_sum``, ``cumulative_prod``; :mod:`.calculus` -- ``gradient``,
@@ -20,7 +25,8 @@ The public names are re-exported by :mod:`disttensor` (``dt.zeros``, ``dt.concat
   ``argmax`` (and nan forms), ``nonzero``, ``argwhere``, ``where`` (one argument:
   ``nonzero``), ``searchsorted``,
   ``count_nonzero``;
-* :mod:`.statistics` -- ``quantile``, ``percentile``, ``median`` (and nan forms);
+* :mod:`.statistics` -- ``quantile``, ``percentile``, ``median`` (and nan forms; the order
+  statistics in :mod:`.order_statistics`);
   :mod:`.averages` -- ``average``, ``cov``, ``corrcoef``, ``ptp``; :mod:`.histograms` --
   ``histogram``, ``histogram2d``, ``histogramdd``, ``histogram_bin_edges``, ``bincount``,
   ``digitize``;
