@@ -15,8 +15,10 @@ order statistics of a distributed multiset without sorting it.
 
 Results, dtypes (NumPy 2's weak-scalar rule: a Python ``float`` ``q`` keeps float32/float16,
 an array or list ``q`` gives float64) and NaN handling are NumPy's; the median of an empty
-line is NaN with NumPy's ``RuntimeWarning``.  It returns ``None`` (the caller's distributed
-sort path) for GPU blocks, non-real dtypes and when the sampled brackets fail.
+line is NaN with NumPy's ``RuntimeWarning`` (``nanquantile`` of empty lines with a vector
+``q``: NaNs of the documented shape, where NumPy 2.4 drops the ``q`` axis).  It returns
+``None`` (the caller's distributed sort path) for GPU blocks, non-real dtypes and when the
+sampled brackets fail.
 
 :func:`select_ranks` returns the values of given ranks ``k`` (0-based positions in ascending
 order) of the union of the 1-D NumPy blocks ``v`` the ranks of ``comm`` hold (each rank's
@@ -203,7 +205,10 @@ def _on_lines(y: DistArray, q, ax, method, keepdims, what, dist) -> DistArray:
     shape = dist.block_shape(y.grid.coords)
     if y.local.size == 0 and math.prod(shape) == 0:
         return DistArray(np.empty(shape, numpy_dtype(y.dtype, q, method, what)), dist, y.grid)
-    return DistArray(np.asarray(_numpy(what, y.local, q, ax, method, keepdims)), dist, y.grid)
+    r = np.asarray(_numpy(what, y.local, q, ax, method, keepdims))
+    if r.shape != shape:  # NumPy's nanquantile of empty lines drops the q axis: NaNs of ours
+        r = np.broadcast_to(r, shape).copy()
+    return DistArray(r, dist, y.grid)
 
 
 def fast_quantile(x: DistArray, q, axis, ax, method: str, keepdims: bool, what: str):
@@ -236,7 +241,7 @@ def fast_quantile(x: DistArray, q, axis, ax, method: str, keepdims: bool, what: 
         stand_in = np.full((1,) * x.ndim, np.nan, x.dtype) if n else \
             np.empty((0,) + (1,) * (x.ndim - 1), x.dtype)
         r = np.asarray(_numpy(what, stand_in, q, None, method, keepdims))
-        return DistArray(r, want, x.grid)
+        return DistArray(np.broadcast_to(r, want.shape).copy(), want, x.grid)
     if nans:
         v = v[~nan]
     r = _quantile_of_ranks(comm, v, n - nans, q, method, what)
