@@ -23,6 +23,8 @@ call is nested in another entry point).
 """
 from __future__ import annotations
 
+import math
+
 import operator
 
 import numpy as np
@@ -91,10 +93,31 @@ def _new_array(call: str, g: ProcessGrid, shape, dtype, split, sizes, device="cp
     return x
 
 
+# A creation call nested in another collective call (random's, reshape's, an op's output)
+# agrees a failure of its allocation (one extra small all-reduce) only from this many bytes of
+# the global array, or on a GPU (device memory is small and may be used by others): a
+# per-layer op then keeps its one agreement, and the allocations that can realistically fail on
+# one rank are still raised on every rank.  At the user's level the call's own agreement covers
+# the allocation at no cost.  (Global sizes are agreed metadata: every rank decides alike.)
+NESTED_GUARD_BYTES = 64 << 20
+
+
+def _guard_nested(shape, dtype, device="cpu") -> bool:
+    """``rank_local`` of a creation call's agreed block (see :data:`NESTED_GUARD_BYTES`)."""
+    try:
+        if device_key(device) != "cpu":
+            return True
+        n = math.prod(int(v) for v in (shape if isinstance(shape, tuple) else (shape,)))
+        return n * np.dtype(float if dtype is None else dtype).itemsize >= NESTED_GUARD_BYTES
+    except Exception:  # noqa: BLE001 - bad arguments: the agreed block raises them anyway
+        return True
+
+
 def _alloc(call, shape, dtype, grid, split, sizes, device, halo, fill, fill_value=None):
     g = _grid(grid)
     # rank_local: the allocation (and a device's availability) may fail on one rank only
-    with agreed(g.cart, call, rank_local=True, dtype=dtype_key(dtype, float),
+    with agreed(g.cart, call, rank_local=_guard_nested(shape, dtype, device),
+                dtype=dtype_key(dtype, float),
                 **layout_args(shape, g, split, sizes, device, halo),
                 **({} if fill_value is None else {"fill_value": np.asarray(fill_value)})):
         dtype = np.dtype(float if dtype is None else dtype)
@@ -134,7 +157,8 @@ def _like(call, x: DistArray, dtype, fill):
     if not isinstance(x, DistArray):
         raise TypeError(f"{call} needs a DistArray, got {type(x).__name__}")
     # rank_local: the allocation may fail on one rank only
-    with agreed(x.grid.cart, call, rank_local=True, x=x, dtype=dtype_key(dtype),
+    with agreed(x.grid.cart, call, rank_local=_guard_nested(x.shape, dtype or x.dtype, x.device),
+                x=x, dtype=dtype_key(dtype),
                 **({} if fill is None else {"fill_value": np.asarray(fill)})):
         dtype = x.dtype if dtype is None else np.dtype(dtype)
         buf = allocate(x.local_shape, dtype, xp=x.xp, fill=fill, rank=x.grid.cart.rank,
