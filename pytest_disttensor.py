@@ -223,8 +223,18 @@ def _check_ranks(item: pytest.Item) -> None:
     pytest.skip(f"needs {wanted} MPI ranks, this job has {size}")
 
 
+def _forget_deferred_calls() -> None:
+    """Each test starts with no deferred elementwise calls pending (disttensor agrees them at
+    the next communicating call: a test that failed half-way must not leave them to the next
+    test).  Nothing is imported when disttensor is not loaded."""
+    agreement = sys.modules.get("disttensor.core.agreement")
+    if agreement is not None and hasattr(agreement, "clear_pending"):
+        agreement.clear_pending()
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item: pytest.Item):
+    _forget_deferred_calls()
     if _session is None:
         _check_ranks(item)
         return (yield)

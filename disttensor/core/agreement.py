@@ -361,6 +361,15 @@ def take_pending(comm: MPI.Comm) -> PendingCalls | None:
     return p
 
 
+def clear_pending() -> None:
+    """Forget every call deferred on this rank, over any communicator (local).  For a fresh
+    start after an interrupted sequence of calls (the pytest plugin calls it before each test,
+    so a test that failed half-way leaves nothing for the next test's first agreement)."""
+    m = getattr(_state, "pending", None)
+    if m:
+        m.clear()
+
+
 def settle(comm: MPI.Comm | None) -> None:
     """Collective over ``comm``: agree the calls deferred over it now (one small all-reduce,
     also when none are pending on this rank: every rank must call it).  Raises
