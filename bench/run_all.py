@@ -83,6 +83,16 @@ JOBS = [
     Job("matmul", "matmul_bench.py", ["--n", "1024"], [], ranks=(2,)),
     Job("sort", "sort_bench.py", ["--n", "1e6"], [], ranks=(2,)),
     Job("io", "io_bench.py", ["--size", "64", "--reps", "3", "--no-cold"], [], ranks=(2,)),
+    # the NumPy front: local paths, per-call cost, indexing, stencils, statistics, linalg
+    Job("numpy_local", "numpy_local_bench.py", ["--sizes", "1e6", "--reps", "3"], [],
+        ranks=(1, 2)),
+    Job("elementwise_overhead", "elementwise_overhead_bench.py", ["--reps", "7"], [],
+        ranks=(1, 2)),
+    Job("fancy_index", "fancy_index_bench.py", ["--reps", "5"], [], ranks=(1, 2)),
+    Job("stencil", "stencil_bench.py", ["--n", "64", "--reps", "5"], [], ranks=(1, 2)),
+    Job("stats_calculus", "stats_calculus_bench.py", ["--n", "1e6", "--reps", "3"], [],
+        ranks=(1, 2)),
+    Job("linalg_more", "linalg_more_bench.py", ["--reps", "3"], [], ranks=(1, 2)),
     # GPU (each exits 0 with a message where there is no GPU)
     Job("conv_gpu", "conv_gpu_bench.py", ["--quick"], [], mpi=False, gpu=True,
         threads_per_rank=0),
