@@ -338,6 +338,8 @@ def defer(comm: MPI.Comm, call: str, tokens: tuple) -> None:
     p = m.get(id(comm))
     if p is None or p.comm is not comm:
         p = m[id(comm)] = PendingCalls(comm)
+        if not _exit_hook:
+            _register_exit_hook()
     entry = (call, tokens)
     try:
         a, b = _digest_cached(entry)
@@ -346,6 +348,32 @@ def defer(comm: MPI.Comm, call: str, tokens: tuple) -> None:
     p.rolling = (p.rolling * _MULT + ((a & _M64) << 64 | (b & _M64)) + 1) % _P127
     p.count += 1
     p.log.append(entry)
+
+
+_exit_hook = False
+
+
+def _register_exit_hook() -> None:
+    global _exit_hook
+    import atexit
+    atexit.register(_settle_at_exit)  # runs before mpi4py's MPI_Finalize (registered earlier)
+    _exit_hook = True
+
+
+def _settle_at_exit() -> None:
+    """At interpreter exit, agree the calls still deferred on this rank (main thread), one
+    communicator after the other in the order they were first deferred over.  In a correct
+    program every rank holds the same pending calls, so this is one small all-reduce per such
+    communicator.  Where a rank instead entered an agreed call that the others deferred (an
+    operand laid out differently on one rank only), it waits in that call's all-reduce: this
+    is what it meets, so every rank raises ``ArgumentMismatchError`` instead of the job
+    hanging in ``MPI_Finalize``."""
+    if MPI.Is_finalized():
+        return
+    m = getattr(_state, "pending", None)
+    for p in list((m or {}).values()):
+        if p.comm != MPI.COMM_NULL:
+            settle(p.comm)
 
 
 def take_pending(comm: MPI.Comm) -> PendingCalls | None:

@@ -120,10 +120,13 @@ def skipped_collective_call(ctx):
 
 @case(ArgumentMismatchError, match="'x2'")
 def ufunc_operand_distribution(ctx):
-    """One rank's operand has another layout: it alone would start a redistribution."""
+    """One rank's operand has another layout: it alone would start a redistribution (and
+    agrees first); the others' aligned call moves no data and is deferred, so they raise at
+    their next communicating call (here a sum), where the calls meet."""
     a = dt.ones((2 * ctx.size, 4))
     by_rows, by_cols = a.copy(), a.redistribute(split=(None, 0))
-    a + ctx.per_rank(by_cols, by_rows)
+    c = a + ctx.per_rank(by_cols, by_rows)
+    c.sum()
 
 
 # -- shape manipulation and random ----------------------------------------------------------------
