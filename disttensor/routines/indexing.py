@@ -335,6 +335,8 @@ def take(x: DistArray, indices, axis=None) -> DistArray:
     if isinstance(indices, DistArray):
         indices = indices.to_numpy()
     idx = np.asarray(indices)
+    if idx.size == 0 and not isinstance(indices, np.ndarray):
+        idx = idx.astype(np.intp)  # NumPy takes an empty list (float64 to asarray) as indices
     with agreed(x.grid.cart, "take", x=x, indices=canon(idx), axis=canon(axis)):
         if idx.dtype.kind not in "iu":
             raise IndexError("arrays used as indices must be of integer type")

@@ -356,3 +356,14 @@ def test_flip(shape, seed, data):
     y = dt.flip(dt.flip(x, axes), axes)
     check(y, a, "flip twice")
     compare(lambda: np.flip(a, nd), lambda: np.flip(x, nd), "bad axis")
+
+
+def test_take_of_an_empty_index_list():
+    """NumPy takes ``[]`` (a float64 array to ``np.asarray``) as an empty index list."""
+    a = np.arange(2.0 * SIZE + 3)
+    x = dt.from_global(a)
+    for idx, axis in (([], None), ([[], []], 0)):
+        got = np.take(x, idx, axis=axis)
+        want = np.take(a, idx, axis=axis)
+        assert got.shape == want.shape and got.dtype == want.dtype
+    assert x.take([]).shape == (0,)
