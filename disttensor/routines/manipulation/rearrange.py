@@ -4,12 +4,12 @@
   ``Sendrecv`` with the mirrored rank) and the ownership sizes are reversed; along an unsplit
   axis the block is reversed locally.
 * ``roll``: along an axis every rank holds whole (unsplit, or split over one rank), NumPy's
-  ``roll`` of the local block (no messages).  Along each rolled split axis, the
-  concatenation of the two slices ``x[n-s:]`` and ``x[:n-s]`` (slicing moves nothing; the
-  concatenation is one redistribution), redistributed back to the input's ownership sizes: a
-  shift moves at most two pieces per block, so each rank sends to and receives from at most
-  two ranks along that grid axis.  The result has the
-  input's distribution.  ``axis=None`` rolls the flattened array.
+  ``roll`` of the local block (no messages).  Along each rolled split axis, one point-to-point
+  exchange on that grid axis's sub-communicator: output position ``i`` takes source position
+  ``(i - s) mod n``, so each output block is at most a few contiguous runs of source blocks
+  (:func:`roll_pieces`, pure), each run a message from its owner (or a local copy).  Only what
+  crosses a block boundary moves: a roll by one row sends one row per rank.  The result has
+  the input's distribution.  ``axis=None`` rolls the flattened array.
 * ``rot90``: NumPy's composition of ``flip`` and ``transpose``: the two axes swap places
   with their splits (no messages) and one of them is flipped (``k=2``: both), so the block
   at grid coordinate ``c`` of a flipped split axis goes to ``p-1-c``.
@@ -27,9 +27,8 @@ from ...core.array import DistArray
 from ...core.entry import agreed, canon, collective_entry
 from ...core.backend import array_module, to_host
 from .._operands import axis_index, axis_tuple, check_array
-from .join import concatenate
 
-__all__ = ["flip", "roll", "rot90"]
+__all__ = ["flip", "roll", "rot90", "roll_pieces"]
 
 
 @collective_entry
@@ -68,6 +67,54 @@ def flip(x: DistArray, axis) -> DistArray:
             out = recv if xp is np else xp.asarray(recv)
         y = DistArray(out, new, y.grid)
     return y
+
+
+def roll_pieces(sizes, shift) -> list[tuple[int, int, int, int, int]]:
+    """The runs that make up a roll by ``shift`` of an axis cut into blocks of ``sizes``
+    (empty blocks allowed): ``(src_block, src_start, dst_block, dst_start, length)`` with
+    block-local starts, such that ``out[dst_block][dst_start:dst_start+length] =
+    in[src_block][src_start:src_start+length]`` for every run gives ``np.roll`` of the whole
+    axis.  Pure.  With two or more non-empty blocks no (source, destination) pair repeats."""
+    sizes = [int(v) for v in sizes]
+    n = sum(sizes)
+    if n == 0:
+        return []
+    s = int(shift) % n
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(int).tolist()
+    pieces = []
+    for d, (d0, dn) in enumerate(zip(starts, sizes)):
+        i = d0
+        while i < d0 + dn:
+            src = (i - s) % n
+            sb = int(np.searchsorted(starts, src, side="right")) - 1  # the non-empty owner
+            length = min(d0 + dn - i, starts[sb] + sizes[sb] - src)
+            pieces.append((sb, src - starts[sb], d, i - d0, length))
+            i += length
+    return pieces
+
+
+def _roll_split_axis(y: DistArray, a: int, s: int) -> DistArray:
+    """``y`` rolled by ``s`` along its split axis ``a``: one exchange on the grid axis's
+    sub-communicator (ranks there are ordered by their coordinate along it)."""
+    from ...core.comm import PieceExchange, private_comm
+    g = y.split[a]
+    me = y.grid.coords[g]
+    comm = private_comm(y.grid.sub_comm([g]), "roll")
+    src_local = y.local
+    out = y.xp.empty_like(src_local)
+    pre = (slice(None),) * a
+    sends, recvs = [], []
+    for sb, s0, db, d0, ln in roll_pieces(y.distribution.sizes(a), s):
+        if sb == me and db == me:
+            out[pre + (slice(d0, d0 + ln),)] = src_local[pre + (slice(s0, s0 + ln),)]
+        elif sb == me:
+            sends.append((db, 0, src_local[pre + (slice(s0, s0 + ln),)]))
+        elif db == me:
+            recvs.append((sb, 0, out[pre + (slice(d0, d0 + ln),)]))
+    ex = PieceExchange(comm, sends, recvs, persistent=False)
+    ex.start()
+    ex.finish()
+    return DistArray(out, y.distribution, y.grid)
 
 
 def _whole(x: DistArray, axes) -> bool:
@@ -115,10 +162,7 @@ def roll(x: DistArray, shift, axis=None) -> DistArray:
         s = s % n if n else 0
         if s == 0 or a in local:
             continue
-        pre = (slice(None),) * a
-        y = concatenate([y[pre + (slice(n - s, n),)], y[pre + (slice(0, n - s),)]], axis=a)
-        if y.distribution != x.distribution:
-            y = y.redistribute(distribution=x.distribution)
+        y = _roll_split_axis(y, a, s)
     return y.copy() if y is x else y
 
 
