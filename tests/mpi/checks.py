@@ -100,6 +100,18 @@ def collective_checks(fn):
 
 
 # -- arguments that differ between ranks (argument agreement tests) ------------------------------
+def in_step(tag: str) -> None:
+    """Prove the ranks are still in step after an expected failure: an allreduce, an allgather
+    of which check we are at (a rank left behind in another collective would mismatch or hang),
+    and a small distributed op on fresh arrays (an agreed call: it also agrees whatever
+    elementwise calls are still deferred)."""
+    assert COMM.allreduce(1, op=MPI.SUM) == SIZE
+    where = COMM.allgather(tag)
+    assert_all_ranks(COMM, all(w == tag for w in where), f"ranks at different places: {where}")
+    x = dt.arange(2 * SIZE + 1, dtype="float64")
+    assert float(x.sum()) == float(np.arange(2 * SIZE + 1).sum())
+
+
 def last_rank_only(bad, good):
     """``bad`` on the last rank (so not the root of anything), ``good`` elsewhere."""
     return bad if COMM.Get_rank() == SIZE - 1 else good

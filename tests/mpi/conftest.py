@@ -86,6 +86,22 @@ def comm() -> MPI.Comm:
 
 
 @pytest.fixture
+def counted(monkeypatch) -> list:
+    """Every status all-reduce (agreement or failure) made during the test, as the name of the
+    call it agreed (``None`` for a failure-only one): every agreement and failure all-reduce
+    goes through :func:`disttensor.core.agreement.status_allreduce`."""
+    from disttensor.core import agreement
+    calls = []
+    orig = agreement.status_allreduce
+
+    def counting(comm, failed, dig):
+        calls.append(agreement.current_call()[0] if dig is not None else None)
+        return orig(comm, failed, dig)
+    monkeypatch.setattr(agreement, "status_allreduce", counting)
+    return calls
+
+
+@pytest.fixture
 def shared_tmp_path(tmp_path: Path, comm: MPI.Comm) -> Path:
     """One temporary directory seen by all ranks (rank 0's ``tmp_path``), e.g. for parallel
     HDF5 files.  Each rank's own ``tmp_path`` differs (the disttensor pytest plugin gives every

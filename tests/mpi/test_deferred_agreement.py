@@ -18,7 +18,8 @@ import pytest
 from mpi4py import MPI
 
 import disttensor as dt
-from checks import check_blocks, different_calls, grid, last_rank_only, mismatch, settle
+from checks import (check_blocks, different_calls, grid, in_step, last_rank_only, mismatch,
+                    settle)
 from conftest import assert_all_ranks
 from disttensor.core import agreement
 
@@ -27,28 +28,6 @@ SIZE = COMM.Get_size()
 RANK = COMM.Get_rank()
 
 two_ranks = pytest.mark.skipif(SIZE == 1, reason="needs two ranks to differ")
-
-
-def in_step(tag: str) -> None:
-    """The ranks are in step and nothing differing is left deferred: an all-gather of where
-    they are and an agreed call (which agrees whatever is pending)."""
-    where = COMM.allgather(tag)
-    assert_all_ranks(COMM, all(w == tag for w in where), f"ranks at different places: {where}")
-    x = dt.arange(2 * SIZE + 1, dtype="float64")
-    assert float(x.sum()) == float(SIZE * (2 * SIZE + 1))
-
-
-@pytest.fixture
-def counted(monkeypatch):
-    """Every status all-reduce, as the name of the call it agreed (None: failure-only)."""
-    calls = []
-    orig = agreement.status_allreduce
-
-    def counting(comm, failed, dig):
-        calls.append(agreement.current_call()[0] if dig is not None else None)
-        return orig(comm, failed, dig)
-    monkeypatch.setattr(agreement, "status_allreduce", counting)
-    return calls
 
 
 def layouts():

@@ -14,24 +14,13 @@ import pytest
 from mpi4py import MPI
 
 import disttensor as dt
-from checks import different_calls, last_rank_only, mismatch  # noqa: F401
+from checks import different_calls, in_step, last_rank_only, mismatch  # noqa: F401
 from conftest import assert_all_ranks
 from disttensor.core import agreement
 
 COMM = MPI.COMM_WORLD
 SIZE = COMM.Get_size()
 RANK = COMM.Get_rank()
-
-
-def in_step(tag: str) -> None:
-    """Prove the ranks are still in step: an allreduce, an allgather of which check we are at
-    (a rank left behind in another collective would mismatch or hang), and a small
-    distributed op on fresh arrays."""
-    assert COMM.allreduce(1, op=MPI.SUM) == SIZE
-    where = COMM.allgather(tag)
-    assert_all_ranks(COMM, all(w == tag for w in where), f"ranks at different places: {where}")
-    x = dt.arange(2 * SIZE + 1, dtype="float64")
-    assert float(x.sum()) == float(np.arange(2 * SIZE + 1).sum())
 
 
 two_ranks = pytest.mark.skipif(SIZE == 1, reason="needs two ranks to differ")

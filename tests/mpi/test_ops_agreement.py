@@ -20,7 +20,7 @@ from mpi4py import MPI
 import disttensor as dt
 from disttensor import ops
 from disttensor.core import agreement
-from checks import different_calls, last_rank_only, mismatch  # noqa: F401
+from checks import different_calls, in_step, last_rank_only, mismatch  # noqa: F401
 from conftest import assert_all_ranks
 
 COMM = MPI.COMM_WORLD
@@ -28,13 +28,6 @@ SIZE = COMM.Get_size()
 RANK = COMM.Get_rank()
 
 two_ranks = pytest.mark.skipif(SIZE == 1, reason="needs two ranks to differ")
-
-
-def in_step(tag: str) -> None:
-    """The ranks are in step: an all-gather of where they are and a small collective op."""
-    where = COMM.allgather(tag)
-    assert_all_ranks(COMM, all(w == tag for w in where), f"ranks at different places: {where}")
-    assert float(dt.arange(2 * SIZE + 1, dtype="float64").sum()) == float(SIZE * (2 * SIZE + 1))
 
 
 _GRIDS: dict = {}
@@ -302,20 +295,6 @@ def test_loss_reduction_sum():
 
 
 # -- cost: one all-reduce per entry point ---------------------------------------------------------
-@pytest.fixture
-def counted(monkeypatch):
-    """Every status all-reduce (agreement or failure) as the name of the call it agreed (or
-    ``None`` for a failure-only one)."""
-    calls = []
-    orig = agreement.status_allreduce
-
-    def counting(comm, failed, dig):
-        calls.append(agreement.current_call()[0] if dig is not None else None)
-        return orig(comm, failed, dig)
-    monkeypatch.setattr(agreement, "status_allreduce", counting)
-    return calls
-
-
 def test_one_agreement_per_entry_point(counted):
     """Each entry point agrees once (nested core calls such as with_halo or redistribute add
     none, nor does the halo exchange of a convolution or pooling: its halo and boundary derive
