@@ -41,6 +41,48 @@ def compare(fns: dict, reps: int, warmup: int, timer=timed) -> dict:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+def on_rank0(fn):
+    """``fn`` wrapped to run on rank 0 alone while the other ranks wait at a barrier: a
+    one-process baseline (NumPy) that :func:`timed` can time next to a collective call."""
+    def run():
+        from mpi4py import MPI
+        if MPI.COMM_WORLD.rank == 0:
+            fn()
+        MPI.COMM_WORLD.Barrier()
+    return run
+
+
+def as_numpy(result):
+    """A DistArray result gathered to NumPy on every rank (tuples and lists element-wise)."""
+    import numpy as np
+    if isinstance(result, (tuple, list)):
+        return tuple(as_numpy(r) for r in result)
+    return result.to_numpy() if hasattr(result, "to_numpy") else np.asarray(result)
+
+
+def results_agree(got, want, rtol: float, scale_floor: float = 0.0) -> bool:
+    """Whether ``got`` equals NumPy's ``want``: float results within ``rtol`` relative and
+    ``rtol * max(max|want|, scale_floor)`` absolute, the others exactly (tuples element-wise)."""
+    import numpy as np
+    if isinstance(want, (tuple, list)):
+        return all(results_agree(g, w, rtol, scale_floor) for g, w in zip(got, want))
+    w = np.asarray(want)
+    if w.dtype.kind == "f":
+        atol = rtol * max(np.abs(w).max(), scale_floor)
+        return bool(np.allclose(got, w, rtol=rtol, atol=atol))
+    return bool(np.array_equal(got, w))
+
+
+def versus_numpy(ours, theirs, reps: int, warmup: int, rtol: float,
+                 scale_floor: float = 0.0) -> tuple[float, float, bool]:
+    """``(seconds of ours, seconds of NumPy's theirs on one process, results agree)``: ``ours``
+    (collective) against ``theirs`` run on rank 0 alone, timed interleaved by :func:`compare`,
+    then the results compared (:func:`results_agree`)."""
+    t = compare({"ours": ours, "numpy": on_rank0(theirs)}, reps, warmup)
+    ok = results_agree(as_numpy(ours()), theirs(), rtol, scale_floor)
+    return t["ours"], t["numpy"], ok
+
+
 def gpu_module():
     """CuPy where it imports and sees a CUDA device, else None (the GPU benchmarks then exit
     0 with a message)."""

@@ -32,7 +32,7 @@ from mpi4py import MPI
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import disttensor as dt  # noqa: E402
 from _results import record  # noqa: E402
-from _timing import compare  # noqa: E402
+from _timing import versus_numpy  # noqa: E402
 
 COMM = MPI.COMM_WORLD
 QS = [0.1, 0.5, 0.9]
@@ -58,21 +58,6 @@ def cases(n: int, full: dict):
     }
 
 
-def gathered(r):
-    if isinstance(r, tuple):
-        return tuple(gathered(a) for a in r)
-    return r.to_numpy() if isinstance(r, dt.DistArray) else np.asarray(r)
-
-
-def same(got, want) -> bool:
-    if isinstance(want, tuple):
-        return all(same(g, w) for g, w in zip(got, want))
-    w = np.asarray(want)
-    if w.dtype.kind == "f":
-        return bool(np.allclose(got, w, rtol=1e-12, atol=1e-12 * np.abs(w).max()))
-    return bool(np.array_equal(got, w))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="1e6,1e7")
@@ -92,17 +77,12 @@ def main() -> None:
             if only and name not in only:
                 continue
 
-            def serial(fn=theirs):
-                if COMM.rank == 0:
-                    fn()
-                COMM.Barrier()
-
-            t = compare({"dt": lambda fn=ours: fn(x), "numpy": serial}, args.reps, args.warmup)
-            ok = same(gathered(ours(x)), theirs())
-            ratio = t["dt"] / t["numpy"]
+            t_dt, t_np, ok = versus_numpy(lambda fn=ours: fn(x), theirs, args.reps,
+                                          args.warmup, rtol=1e-12)
+            ratio = t_dt / t_np
             if COMM.rank == 0:
-                print(f"{name:15s} n={n:.0e} ranks={COMM.size}: dt {t['dt'] * 1e3:8.1f} ms  "
-                      f"numpy {t['numpy'] * 1e3:8.1f} ms  this/numpy {ratio:6.2f}  ok={ok}",
+                print(f"{name:15s} n={n:.0e} ranks={COMM.size}: dt {t_dt * 1e3:8.1f} ms  "
+                      f"numpy {t_np * 1e3:8.1f} ms  this/numpy {ratio:6.2f}  ok={ok}",
                       flush=True)
                 record("numpy_local", f"{name} n={n:.0e}", "this_over_numpy", ratio, "x",
                        target=1.3, better="lower", ranks=COMM.size)

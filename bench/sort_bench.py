@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import disttensor as dt  # noqa: E402
 from disttensor.core.distribution import balanced_sizes  # noqa: E402
 from _results import record  # noqa: E402
-from _timing import compare  # noqa: E402
+from _timing import compare, on_rank0  # noqa: E402
 
 COMM = MPI.COMM_WORLD
 
@@ -50,12 +50,7 @@ def main() -> None:
     else:
         COMM.gather(x.local, root=0)
 
-    def serial():
-        if COMM.rank == 0:
-            np.sort(full)
-        COMM.Barrier()
-
-    fns = {"dt.sort": lambda: dt.sort(x), "numpy.sort (1 rank)": serial}
+    fns = {"dt.sort": lambda: dt.sort(x), "numpy.sort (1 rank)": on_rank0(lambda: np.sort(full))}
     if not args.no_argsort:
         fns["dt.argsort"] = lambda: dt.argsort(x)
     t = compare(fns, args.reps, args.warmup)

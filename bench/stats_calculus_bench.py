@@ -29,7 +29,7 @@ from mpi4py import MPI
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import disttensor as dt  # noqa: E402
 from _results import record  # noqa: E402
-from _timing import compare  # noqa: E402
+from _timing import versus_numpy  # noqa: E402
 
 COMM = MPI.COMM_WORLD
 
@@ -52,21 +52,6 @@ def cases(full: dict, kernel):
     }
 
 
-def gathered(r):
-    if isinstance(r, (tuple, list)):
-        return tuple(gathered(a) for a in r)
-    return r.to_numpy() if isinstance(r, dt.DistArray) else np.asarray(r)
-
-
-def same(got, want) -> bool:
-    if isinstance(want, (tuple, list)):
-        return all(same(g, w) for g, w in zip(got, want))
-    w = np.asarray(want)
-    if w.dtype.kind == "f":
-        return bool(np.allclose(got, w, rtol=1e-10, atol=1e-10 * max(np.abs(w).max(), 1)))
-    return bool(np.array_equal(got, w))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=float, default=4e6)
@@ -83,17 +68,12 @@ def main() -> None:
     x = {k: dt.from_global(v, grid=grid, split=(0,) + (None,) * (v.ndim - 1))
          for k, v in full.items()}
     for name, (ours, theirs) in cases(full, kernel).items():
-        def serial(fn=theirs):
-            if COMM.rank == 0:
-                fn()
-            COMM.Barrier()
-
-        t = compare({"dt": lambda fn=ours: fn(x), "numpy": serial}, args.reps, args.warmup)
-        ok = same(gathered(ours(x)), theirs())
-        ratio = t["dt"] / t["numpy"]
+        t_dt, t_np, ok = versus_numpy(lambda fn=ours: fn(x), theirs, args.reps, args.warmup,
+                                      rtol=1e-10, scale_floor=1.0)
+        ratio = t_dt / t_np
         if COMM.rank == 0:
-            print(f"{name:10s} n={n:.0e} ranks={COMM.size}: dt {t['dt'] * 1e3:8.1f} ms  "
-                  f"numpy {t['numpy'] * 1e3:8.1f} ms  this/numpy {ratio:6.2f}  ok={ok}",
+            print(f"{name:10s} n={n:.0e} ranks={COMM.size}: dt {t_dt * 1e3:8.1f} ms  "
+                  f"numpy {t_np * 1e3:8.1f} ms  this/numpy {ratio:6.2f}  ok={ok}",
                   flush=True)
             record("stats_calculus", f"{name} n={n:.0e}", "this_over_numpy", ratio, "x",
                    better="lower", ranks=COMM.size)
