@@ -49,6 +49,12 @@ def anchor(values):
     return next((v for v in values if isinstance(v, DistArray)), None)
 
 
+def held_whole(x: DistArray, axes) -> bool:
+    """Whether every rank holds ``x`` whole along tensor ``axes`` (each unsplit, or split over
+    a grid axis of one rank): NumPy can then work on the local blocks with no message."""
+    return all(x.split[t] is None or x.grid.dims[x.split[t]] == 1 for t in axes)
+
+
 def unsplit(x: DistArray, axes) -> DistArray:
     """``x`` with tensor ``axes`` not split (other axes keep split and sizes); ``x`` itself
     when they are not split already (a redistribution otherwise)."""

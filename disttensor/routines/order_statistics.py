@@ -48,6 +48,7 @@ import numpy as np
 
 from ..core.array import DistArray
 from ..core.distribution import Distribution
+from ._operands import held_whole
 from .reductions import _result_dist
 from .sorting import whole_lines
 
@@ -221,7 +222,7 @@ def fast_quantile(x: DistArray, q, axis, ax, method: str, keepdims: bool, what: 
     axes = tuple(range(x.ndim)) if ax is None else (ax,)
     nq = None if np.ndim(q) == 0 else int(np.shape(q)[0])
     want = _with_q_axis(_result_dist(x, axes, keepdims), nq)
-    if all(x.split[t] is None or x.grid.dims[x.split[t]] == 1 for t in axes):
+    if held_whole(x, axes):
         return _on_lines(x, q, ax, method, keepdims, what, want)
     if ax is not None and x.ndim > 1:
         y = whole_lines(x, ax)

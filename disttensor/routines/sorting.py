@@ -42,7 +42,7 @@ from ..core.entry import agreed, canon, collective_entry
 from ..core.backend import to_host
 from ..core.comm import mpi_type
 from ..core.distribution import Distribution
-from ._operands import axis_index, check_array
+from ._operands import axis_index, check_array, held_whole
 from .manipulation.rearrange import flip
 
 __all__ = ["sort", "argsort", "partition", "argpartition", "lexsort", "sort_complex",
@@ -222,8 +222,7 @@ def _local_sort(loc, axis: int, descending: bool, want: str, xp):
 
 
 def _sort_any(x: DistArray, axis: int, descending: bool, want: str):
-    g = x.split[axis]
-    if g is None or x.grid.dims[g] == 1:
+    if held_whole(x, (axis,)):
         locs = _local_sort(x.local, axis, descending, want, x.xp)
         return [DistArray(a, x.distribution, x.grid) for a in locs]
     if x.ndim == 1:

@@ -26,7 +26,7 @@ import numpy as np
 from ...core.array import DistArray
 from ...core.entry import agreed, canon, collective_entry
 from ...core.backend import array_module, to_host
-from .._operands import axis_index, axis_tuple, check_array
+from .._operands import axis_index, axis_tuple, check_array, held_whole
 
 __all__ = ["flip", "roll", "rot90", "roll_pieces"]
 
@@ -117,11 +117,6 @@ def _roll_split_axis(y: DistArray, a: int, s: int) -> DistArray:
     return DistArray(out, y.distribution, y.grid)
 
 
-def _whole(x: DistArray, axes) -> bool:
-    """Whether every rank holds ``x`` whole along ``axes`` (unsplit or over one rank)."""
-    return all(x.split[a] is None or x.grid.dims[x.split[a]] == 1 for a in axes)
-
-
 @collective_entry
 def roll(x: DistArray, shift, axis=None) -> DistArray:
     """Elements shifted by ``shift`` along ``axis`` (ints or tuples, wrapping around); the
@@ -144,7 +139,7 @@ def roll(x: DistArray, shift, axis=None) -> DistArray:
             if len(shifts) != len(axes):
                 raise ValueError("'shift' and 'axis' should be scalars or 1D sequences")
     if axes is None:
-        if _whole(x, range(x.ndim)):
+        if held_whole(x, range(x.ndim)):
             return DistArray(x.xp.roll(x.local, shift), x.distribution, x.grid)
         r = roll(x.reshape(-1), shift, 0).reshape(x.shape)
         return r if r.distribution == x.distribution else \
@@ -152,7 +147,7 @@ def roll(x: DistArray, shift, axis=None) -> DistArray:
     total: dict[int, int] = {}
     for a, s in zip(axes, shifts):
         total[a] = total.get(a, 0) + s
-    local = {a: s for a, s in total.items() if _whole(x, (a,))}
+    local = {a: s for a, s in total.items() if held_whole(x, (a,))}
     y = x
     if local:  # axes every rank holds whole: NumPy's roll of the block, no messages
         y = DistArray(x.xp.roll(x.local, tuple(local.values()), axis=tuple(local)),
