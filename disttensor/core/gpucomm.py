@@ -28,13 +28,11 @@ CuPy is imported lazily; on a machine without it this module imports, and every 
 from __future__ import annotations
 
 import os
-import threading
 
 import numpy as np
 from mpi4py import MPI
 
 __all__ = ["nccl_communicator", "nccl_reason", "device_allreduce", "device_allgather",
-          
            "gpu_paths", "NCCL_DTYPES"]
 
 # NumPy dtype name -> the cupy.cuda.nccl datatype constant's name
@@ -44,9 +42,17 @@ NCCL_DTYPES = {"float16": "NCCL_FLOAT16", "float32": "NCCL_FLOAT32",
                "uint64": "NCCL_UINT64"}
 _NCCL_OPS = {"sum": "NCCL_SUM", "prod": "NCCL_PROD", "min": "NCCL_MIN", "max": "NCCL_MAX"}
 
-_lock = threading.Lock()
-_nccl: dict = {}        # MPI communicator handle -> NcclCommunicator or None
-_reasons: dict = {}     # MPI communicator handle -> why NCCL is not used on it
+_KEYVAL = None  # MPI attribute holding (NcclCommunicator or None, reason) on its communicator
+
+
+def _destroy(comm, keyval, entry) -> None:
+    """Attribute delete callback: the NCCL communicator goes with its MPI communicator."""
+    nc = entry[0]
+    if nc is not None:
+        try:
+            nc.destroy()
+        except Exception:  # noqa: BLE001 - CUDA may already be torn down at exit
+            pass
 
 
 def _nccl_module():
@@ -74,23 +80,24 @@ def _device_identity():
 def nccl_communicator(comm: MPI.Comm):
     """The ``NcclCommunicator`` spanning the ranks of ``comm`` (CuPy's current device on each),
     or ``None`` where NCCL cannot be used on it (:func:`nccl_reason` says why).  Collective on
-    the first call for ``comm``; cached after (every rank gets the same answer)."""
-    key = comm.py2f()
-    with _lock:
-        if key in _nccl:
-            return _nccl[key]
-    nc, reason = _make_nccl(comm)
-    with _lock:
-        _nccl[key] = nc
-        if reason:
-            _reasons[key] = reason
-    return nc
+    the first call for ``comm``; then cached as an MPI attribute of ``comm`` (every rank has the
+    same answer; freed with ``comm``, so a later communicator reusing its handle starts
+    afresh)."""
+    global _KEYVAL
+    if _KEYVAL is None:
+        _KEYVAL = MPI.Comm.Create_keyval(delete_fn=_destroy)
+    entry = comm.Get_attr(_KEYVAL)
+    if entry is None:
+        entry = _make_nccl(comm)
+        comm.Set_attr(_KEYVAL, entry)
+    return entry[0]
 
 
 def nccl_reason(comm: MPI.Comm) -> str | None:
     """Why :func:`nccl_communicator` gave ``None`` for ``comm`` (None: not asked yet, or NCCL
     runs)."""
-    return _reasons.get(comm.py2f())
+    entry = None if _KEYVAL is None else comm.Get_attr(_KEYVAL)
+    return None if entry is None else entry[1]
 
 
 def _make_nccl(comm: MPI.Comm):

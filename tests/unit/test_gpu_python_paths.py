@@ -142,9 +142,13 @@ class _FakeComm:
         self.rank, self.size = rank, 2
         self.other_identity, self.other_fails = other_identity, other_fails
         self.bcasts = []
+        self.attrs = {}  # MPI attributes (where the NCCL communicator is cached)
 
-    def py2f(self):
-        return id(self)
+    def Get_attr(self, keyval):
+        return self.attrs.get(keyval)
+
+    def Set_attr(self, keyval, value):
+        self.attrs[keyval] = value
 
     def allreduce(self, v, op=None):
         from mpi4py import MPI
@@ -182,8 +186,6 @@ def fake_nccl(monkeypatch):
     nccl.NcclCommunicator = Communicator
     monkeypatch.setattr(gpucomm, "_nccl_module", lambda: nccl)
     monkeypatch.setattr(gpucomm, "_device_identity", lambda: ("node1", "0000:1a:00.0"))
-    monkeypatch.setattr(gpucomm, "_nccl", {})
-    monkeypatch.setattr(gpucomm, "_reasons", {})
     monkeypatch.delenv("DISTTENSOR_NCCL", raising=False)
     return nccl, made
 
