@@ -27,8 +27,9 @@ LAYERS = {
     "ops": {"core", "routines", "random"},
     "autograd": {"core", "routines", "random", "ops"},
     "io": {"core", "routines"},
-    "nn": {"core", "routines", "random", "ops", "autograd", "io"},
-    "train": {"core", "routines", "random", "ops", "autograd", "io", "nn"},
+    "sparse": {"core", "routines", "io"},
+    "nn": {"core", "routines", "random", "ops", "autograd", "io", "sparse"},
+    "train": {"core", "routines", "random", "ops", "autograd", "io", "nn", "sparse"},
     "info": {"core", "ops"},
     "testing": {"core", "routines"},
 }
