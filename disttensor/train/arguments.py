@@ -73,6 +73,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--memory-budget", type=float, default=None, help="fraction (0, 1] of the "
                    "unconstrained saved-activation peak: a planner chooses per layer to keep, "
                    "offload or recompute activations to fit it (profiled on the first batch)")
+    p.add_argument("--prune-to", type=float, default=None, help="prune to this sparsity "
+                   "(fraction in [0, 1]) of --prune-layers' weights by L1 magnitude (nn.prune)")
+    p.add_argument("--prune-schedule", choices=("gradual", "oneshot"), default="gradual",
+                   help="gradual: Zhu & Gupta's cubic schedule; oneshot: all at --prune-start")
+    p.add_argument("--prune-layers", choices=("dense", "conv", "all"), default="dense")
+    p.add_argument("--prune-start", type=int, default=0, help="first pruning step")
+    p.add_argument("--prune-end", type=int, default=None, help="last pruning step (default: "
+                   "3/4 of the run's steps)")
+    p.add_argument("--prune-frequency", type=int, default=10, help="steps between prunings")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.h5")
     p.add_argument("--no-checkpoint", action="store_true")
     p.add_argument("--quiet", action="store_true")
@@ -148,6 +157,8 @@ def check_args(args, comm):
                              f"gradients exist, so it cannot run with "
                              f"{'--clip-grad' if args.clip_grad else '--amp'} (which needs "
                              "every gradient first)")
+        if args.prune_to is not None and not 0 <= args.prune_to <= 1:
+            raise ValueError(f"--prune-to is a sparsity in [0, 1], got {args.prune_to}")
         per_stage = comm.size // args.stages
         if args.grid is not None:
             dims = parse_grid(args.grid)
