@@ -21,7 +21,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m disttensor.train",
                                 description="Train CosmoFlow or a 3D U-Net on distributed, "
                                             "spatially partitioned samples.")
-    p.add_argument("model", choices=("cosmoflow", "unet3d"))
+    p.add_argument("model", choices=("cosmoflow", "unet3d", "nnunet", "resnet3d"),
+                   help="cosmoflow / resnet3d regress the targets (unitPar); unet3d / nnunet "
+                   "segment (labels)")
     p.add_argument("--data", required=True, help="training samples (directory or file)")
     p.add_argument("--val", default=None, help="validation samples (default: the last "
                    "--val-fraction of the training files)")
@@ -48,6 +50,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dropout", type=float, default=0.0)
     p.add_argument("--unet-widths", default=None,
                    help="U-Net encoder widths per level then bottom, e.g. 8,16:16,32:32,64")
+    p.add_argument("--nnunet-features", default=None, help="nnU-Net stage widths, e.g. "
+                   "8,16,32 (default 32,64,128,256,320)")
+    p.add_argument("--no-deep-supervision", action="store_true",
+                   help="nnunet: train on the full-resolution output only")
+    p.add_argument("--resnet-block", choices=("basic", "bottleneck"), default="basic")
+    p.add_argument("--resnet-layers", default="2,2,2,2", help="residual blocks per stage")
+    p.add_argument("--resnet-widths", default="64,128,256,512", help="stage widths")
     p.add_argument("--bn-stats", choices=("global", "local"), default="global")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")

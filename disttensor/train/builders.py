@@ -1,5 +1,6 @@
 """What a training run is made of, built from the command line's arguments: the model
-(CosmoFlow or the 3D U-Net), the optimizer and the per-step learning-rate schedule.
+(CosmoFlow, the 3D U-Net, the nnU-Net-style U-Net or the 3D ResNet), its loss, the optimizer and
+the per-step learning-rate schedule.
 
 Nothing here communicates; the model's parameters are initialized from the run's seed, the
 same on every rank.
@@ -9,10 +10,13 @@ from __future__ import annotations
 import math
 
 from .. import nn
-from ..nn.models import CosmoFlow, UNet3D
+from ..nn.models import CosmoFlow, NNUNet3D, ResNet3D, UNet3D
 from .arguments import parse_ints
 
-__all__ = ["build_model", "build_optimizer", "build_schedule"]
+__all__ = ["SEGMENTATION_MODELS", "build_model", "build_loss", "build_optimizer",
+           "build_schedule"]
+
+SEGMENTATION_MODELS = ("unet3d", "nnunet")  # trained on labels; the others on targets
 
 
 def build_model(args, input_shape, rng) -> nn.Module:
@@ -23,6 +27,17 @@ def build_model(args, input_shape, rng) -> nn.Module:
         return CosmoFlow(input_size=input_shape[1:], in_channels=input_shape[0],
                          widths=widths, dense=parse_ints(args.dense), outputs=args.outputs,
                          dropout=args.dropout, seed=args.seed, **kw)
+    if args.model == "resnet3d":
+        return ResNet3D(block=args.resnet_block, layers=parse_ints(args.resnet_layers),
+                        widths=parse_ints(args.resnet_widths), in_channels=input_shape[0],
+                        outputs=args.outputs, bn_stats=args.bn_stats,
+                        input_size=input_shape[1:], **kw)
+    if args.model == "nnunet":
+        features = parse_ints(args.nnunet_features) if args.nnunet_features else \
+            (32, 64, 128, 256, 320)
+        return NNUNet3D(in_channels=input_shape[0], classes=args.classes, features=features,
+                        deep_supervision=not args.no_deep_supervision,
+                        input_size=input_shape[1:], **kw)
     if args.unet_widths:
         levels = [parse_ints(t) for t in args.unet_widths.split(":")]
         encoder, bottom = levels[:-1], levels[-1]
@@ -30,6 +45,16 @@ def build_model(args, input_shape, rng) -> nn.Module:
         encoder, bottom = ((32, 64), (64, 128), (128, 256)), (256, 512)
     return UNet3D(in_channels=input_shape[0], classes=args.classes, encoder=encoder,
                   bottom=bottom, bn_stats=args.bn_stats, input_size=input_shape[1:], **kw)
+
+
+def build_loss(args):
+    """The training loss of ``args.model``: the mean squared error for the regression models,
+    cross-entropy for the U-Net, Dice + cross-entropy over the deep-supervision outputs for
+    the nnU-Net (nnU-Net's loss)."""
+    if args.model == "nnunet":
+        return nn.models.DeepSupervisionLoss(nn.DiceCELoss())
+    return nn.functional.cross_entropy if args.model in SEGMENTATION_MODELS else \
+        nn.functional.mse_loss
 
 
 def build_optimizer(args, params):

@@ -19,7 +19,7 @@ from ..core.comm import collective
 from ..core.grid import ProcessGrid
 from ..io import SampleDataset
 from .arguments import check_args, micro_batches, parse_args, parse_grid
-from .builders import build_model
+from .builders import SEGMENTATION_MODELS, build_model
 from .data import num_classes, split_files
 from .grid_choice import choose_grid, plan_grid
 from .loop import TrainResult, train_epochs
@@ -42,7 +42,7 @@ def run(argv=None, comm=None, on_step=None) -> TrainResult:
     progress = Progress(rank0 and not args.quiet)
     with collective(comm):
         train_src, val_src = split_files(args.data, args.val, args.val_fraction)
-    segmentation = args.model == "unet3d"
+    segmentation = args.model in SEGMENTATION_MODELS
     yname = "labels" if segmentation else "unitPar"
 
     # probe the data on a provisional grid to learn the sample shape

@@ -24,9 +24,8 @@ from mpi4py import MPI
 
 from .. import nn
 from ..autograd import Tensor
-from ..nn import functional as F
 from .arguments import micro_batches, parse_partition
-from .builders import build_optimizer, build_schedule
+from .builders import build_loss, build_optimizer, build_schedule
 from .checkpoints import CHECKPOINT, restore, save_state
 from .data import batches, target_mean
 from .metrics import METRICS, append_csv, epoch_line, final_line, validate
@@ -89,7 +88,7 @@ def train_epochs(args, comm, grid, train_ds, val_ds, model, progress, segmentati
     (per-stage) ``grid``; ``full``: the whole grid of a pipeline (``None``: data parallel).
     ``on_step(step)``, if given, runs on every rank after each step.  Collective over
     ``comm``."""
-    loss_fn = F.cross_entropy if segmentation else F.mse_loss
+    loss_fn = build_loss(args)
     dtype = np.dtype("float16" if args.amp else args.dtype)
     bucket_bytes = int(args.bucket_mb * 2 ** 20)
     pipe = ddp = None
