@@ -1,5 +1,7 @@
 """Optimizers for :mod:`disttensor.nn`: :class:`SGD`, :class:`Adam` and :class:`AdamW`, with
-PyTorch's update formulas, parameter groups and state dicts.
+PyTorch's update formulas, parameter groups and state dicts (:class:`RMSprop`,
+:class:`Adagrad`, :class:`NAdam` and :class:`RAdam` live in :mod:`.optim_adaptive` and are
+re-exported here).
 
 Contract with the parameters
 ----------------------------
@@ -38,7 +40,8 @@ import numpy as np
 
 from ..core.backend import array_module, to_host
 
-__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "flatten_state", "unflatten_state"]
+__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "NAdam", "RAdam",
+           "flatten_state", "unflatten_state"]
 
 
 class _Required:
@@ -200,7 +203,7 @@ class Optimizer:
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is not None:
-                    self._update(p, p.grad, self.state[p], group)
+                    self._masked_update(p, p.grad, self.state[p], group)
         return loss
 
     def step_parameter(self, p, grad) -> None:
@@ -209,7 +212,16 @@ class Optimizer:
         read nor changed.  For updates made inside backward, as each gradient is final
         (:class:`disttensor.nn.backward_update.BackwardUpdate`).  ``KeyError`` if ``p`` is in
         none of the groups."""
-        self._update(p, grad, self.state[p], self._group_of(p))
+        self._masked_update(p, grad, self.state[p], self._group_of(p))
+
+    def _masked_update(self, p, grad, state: dict, group: dict) -> None:
+        """``_update``, holding a pruned parameter (:mod:`disttensor.nn.prune`) at zero where its
+        mask is: the gradient is masked before the rule and the parameter after it."""
+        ref = getattr(p, "_pruning", None)
+        mask = None if ref is None else ref.mask()
+        self._update(p, grad if mask is None else grad * mask, state, group)
+        if mask is not None:
+            p.data *= mask
 
     def _group_of(self, p) -> dict:
         key = tuple(id(g) for g in self.param_groups)
@@ -484,3 +496,6 @@ def unflatten_state(host_arrays: Mapping, scalars: Mapping, prefix: str = "optim
                 raise ValueError(f"malformed optimizer state name {key!r}")
             state.setdefault(int(index), {})[name] = v
     return {"state": dict(sorted(state.items())), "param_groups": groups}
+
+
+from .optim_adaptive import Adagrad, NAdam, RAdam, RMSprop  # noqa: E402  (they subclass Optimizer)
