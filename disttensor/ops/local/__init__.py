@@ -28,7 +28,7 @@ from ...core.backend import array_module
 
 __all__ = ["kernels_for"]
 
-_CPU_MODULES = ("cpu.conv_im2col", "cpu.pool", "cpu.pointwise")
+_CPU_MODULES = ("cpu.conv_im2col", "cpu.pool", "cpu.pointwise", "cpu.losses")
 # kernel names taken from another module than the first of _CPU_MODULES that defines them
 _CPU_OVERRIDES = {"conv_forward": "microbatch.cpu_entry",
                   "conv_backward_data": "microbatch.cpu_entry",
