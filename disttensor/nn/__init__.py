@@ -41,3 +41,7 @@ from . import perfmodel  # noqa: E402  (predicted step time per grid, plan_grid)
 from .perfmodel import plan_grid  # noqa: E402
 
 __all__ += ["perfmodel", "plan_grid"]
+
+from . import resampling  # noqa: E402  (adaptive pooling, interpolation, padding, Dropout1-3d)
+globals().update({_n: getattr(resampling, _n) for _n in resampling.LAYERS})
+__all__ += ["resampling"] + resampling.LAYERS

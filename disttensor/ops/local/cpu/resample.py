@@ -1,0 +1,143 @@
+"""CPU local kernels of the resampling ops (one rank, no MPI): separable linear maps along one
+axis (interpolation, adaptive average pooling and their adjoints) and adaptive max pooling.
+
+**Separable maps.**  Along one axis a resampling op is a sparse matrix in CSR form
+``(indptr, idx, w)``: output row ``o`` is ``sum_k w[k] * a[..., idx[k], ...]`` over
+``k in [indptr[o], indptr[o+1])``.  :func:`apply_axis` applies it along axis ``t`` of an
+array of any rank (viewed as ``(P, L, Q)``, parallel over ``P x rows``, float64
+accumulation, the input dtype kept); :func:`transpose_csr` gives the adjoint's matrix.
+Non-NumPy arrays (CuPy) take a dense ``matmul`` of the same matrix.
+
+**Adaptive max pooling** (:func:`adaptive_max_forward`, :func:`adaptive_max_backward`):
+``(N, C, D, H, W)`` input (any strides), per-axis bins ``[lo, hi)`` relative to it; the
+maximum over each bin with PyTorch's rule (a strictly larger value or a NaN replaces the
+current one: the first of equal maxima, the last NaN) and its flat index ``(d*H + h)*W + w``
+in the input; the backward adds each output's gradient into that cell (bins may share
+cells: the scatter runs serially per ``(n, c)`` slab, parallel over slabs).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+__all__ = ["csr_from_rows", "transpose_csr", "apply_axis", "adaptive_max_forward",
+           "adaptive_max_backward"]
+
+
+def csr_from_rows(rows) -> tuple:
+    """``(indptr, idx, w)`` from a list of ``(indices, weights)`` pairs, one per output row."""
+    indptr = np.zeros(len(rows) + 1, dtype=np.int64)
+    for r, (ix, _) in enumerate(rows):
+        indptr[r + 1] = indptr[r] + len(ix)
+    idx = np.concatenate([np.asarray(ix, dtype=np.int64) for ix, _ in rows]) if rows \
+        else np.zeros(0, dtype=np.int64)
+    w = np.concatenate([np.asarray(v, dtype=np.float64) for _, v in rows]) if rows \
+        else np.zeros(0, dtype=np.float64)
+    return indptr, idx, w
+
+
+def transpose_csr(csr, ncols: int) -> tuple:
+    """The CSR matrix of the transpose (``ncols``: the input extent, its row count)."""
+    indptr, idx, w = csr
+    rows = np.repeat(np.arange(len(indptr) - 1, dtype=np.int64), np.diff(indptr))
+    order = np.argsort(idx, kind="stable")
+    tptr = np.zeros(ncols + 1, dtype=np.int64)
+    np.add.at(tptr, idx + 1, 1)
+    return np.cumsum(tptr), rows[order], w[order]
+
+
+@njit(parallel=True, cache=True)
+def _apply(a, indptr, idx, w, out):
+    P, O, Q = out.shape
+    for t in prange(P * O):
+        p = t // O
+        o = t - p * O
+        k0, k1 = indptr[o], indptr[o + 1]
+        for q in range(Q):
+            acc = 0.0
+            for k in range(k0, k1):
+                acc += w[k] * a[p, idx[k], q]
+            out[p, o, q] = acc
+
+
+def apply_axis(a, t: int, csr, rows: int | None = None):
+    """The CSR map ``csr`` applied along axis ``t`` of ``a`` (a new C-contiguous array whose
+    axis ``t`` has one entry per row)."""
+    indptr, idx, w = csr
+    nrows = len(indptr) - 1 if rows is None else rows
+    shape = a.shape
+    P = int(np.prod(shape[:t], dtype=np.int64))
+    Q = int(np.prod(shape[t + 1:], dtype=np.int64))
+    out_shape = shape[:t] + (nrows,) + shape[t + 1:]
+    if type(a) is not np.ndarray:   # CuPy: a dense matrix on the device
+        xp = __import__("cupy")
+        dense = np.zeros((nrows, shape[t]), dtype=np.float64)
+        r = np.repeat(np.arange(nrows), np.diff(indptr))
+        np.add.at(dense, (r, idx), w)
+        m = xp.asarray(dense, dtype=a.dtype)
+        return xp.ascontiguousarray(xp.matmul(m, a.reshape(P, shape[t], Q))).reshape(out_shape)
+    out = np.empty((P, nrows, Q), dtype=a.dtype)
+    if out.size:
+        _apply(np.ascontiguousarray(a).reshape(P, shape[t], Q), indptr, idx, w, out)
+    return out.reshape(out_shape)
+
+
+@njit(parallel=True, cache=True)
+def _amax_fwd(x, dlo, dhi, hlo, hhi, wlo, whi, y, am):
+    N, C = x.shape[0], x.shape[1]
+    H, W = x.shape[3], x.shape[4]
+    OD, OH, OW = y.shape[2], y.shape[3], y.shape[4]
+    for s in prange(N * C):
+        n = s // C
+        c = s - n * C
+        for od in range(OD):
+            for oh in range(OH):
+                for ow in range(OW):
+                    best = -np.inf
+                    arg = (dlo[od] * H + hlo[oh]) * W + wlo[ow]
+                    for d in range(dlo[od], dhi[od]):
+                        for h in range(hlo[oh], hhi[oh]):
+                            for w in range(wlo[ow], whi[ow]):
+                                v = x[n, c, d, h, w]
+                                if v > best or np.isnan(v):
+                                    best = v
+                                    arg = (d * H + h) * W + w
+                    y[n, c, od, oh, ow] = best
+                    am[n, c, od, oh, ow] = arg
+
+
+def adaptive_max_forward(x, bins):
+    """``(y, argmax)`` of adaptive max pooling of ``x`` ``(N, C, D, H, W)`` over ``bins``:
+    three ``(lo, hi)`` pairs of int64 arrays (one entry per output along the axis, relative to
+    ``x``; every bin non-empty)."""
+    (dlo, dhi), (hlo, hhi), (wlo, whi) = [(np.asarray(lo, np.int64), np.asarray(hi, np.int64))
+                                          for lo, hi in bins]
+    shape = x.shape[:2] + (len(dlo), len(hlo), len(wlo))
+    y = np.empty(shape, dtype=x.dtype)
+    am = np.empty(shape, dtype=np.int64)
+    if y.size:
+        _amax_fwd(x, dlo, dhi, hlo, hhi, wlo, whi, y, am)
+    return y, am
+
+
+@njit(parallel=True, cache=True)
+def _amax_bwd(dy, am, dx):
+    N, C = dy.shape[0], dy.shape[1]
+    M = dy.shape[2] * dy.shape[3] * dy.shape[4]
+    for s in prange(N * C):
+        n = s // C
+        c = s - n * C
+        g = dy[n, c].reshape(M)
+        a = am[n, c].reshape(M)
+        out = dx[n, c].reshape(dx.shape[2] * dx.shape[3] * dx.shape[4])
+        for k in range(M):
+            out[a[k]] += g[k]
+
+
+def adaptive_max_backward(dy, argmax, in_spatial):
+    """Gradient of the input window (spatial shape ``in_spatial``) of
+    :func:`adaptive_max_forward` for the output gradient ``dy``."""
+    dx = np.zeros(dy.shape[:2] + tuple(in_spatial), dtype=dy.dtype)
+    if dy.size:
+        _amax_bwd(np.ascontiguousarray(dy), np.ascontiguousarray(argmax), dx)
+    return dx

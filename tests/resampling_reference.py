@@ -1,0 +1,153 @@
+"""Serial float64 NumPy re-implementations of PyTorch's resampling ops, written from PyTorch's
+documented semantics (loops over outputs, no shared code with disttensor): adaptive average and
+max pooling, interpolation (nearest, nearest-exact, linear with either align_corners), padding
+(constant, reflect, replicate, circular), each with its gradient for an output gradient
+``dy``."""
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+
+
+def _bins(n: int, m: int):
+    return [(o * n // m, -(-(o + 1) * n // m)) for o in range(m)]
+
+
+def adaptive_avg(x, out):
+    x = np.asarray(x, dtype=np.float64)
+    bins = [_bins(n, m) for n, m in zip(x.shape[2:], out)]
+    y = np.zeros(x.shape[:2] + tuple(out))
+    for idx in itertools.product(*[range(m) for m in out]):
+        sl = tuple(slice(*bins[i][o]) for i, o in enumerate(idx))
+        y[(...,) + idx] = x[(slice(None), slice(None)) + sl].mean(axis=tuple(range(2, x.ndim)))
+    return y
+
+
+def adaptive_avg_backward(dy, in_shape):
+    out = dy.shape[2:]
+    bins = [_bins(n, m) for n, m in zip(in_shape[2:], out)]
+    dx = np.zeros(in_shape)
+    for idx in itertools.product(*[range(m) for m in out]):
+        sl = tuple(slice(*bins[i][o]) for i, o in enumerate(idx))
+        size = np.prod([b - a for a, b in (bins[i][o] for i, o in enumerate(idx))])
+        grad = dy[(...,) + idx][(...,) + (None,) * len(out)]
+        dx[(slice(None), slice(None)) + sl] += grad / size
+    return dx
+
+
+def adaptive_max(x, out):
+    """``(y, dx_of)``: the maxima (the first of equal ones; a NaN replaces the current
+    maximum) and a function mapping ``dy`` to the input gradient."""
+    x = np.asarray(x, dtype=np.float64)
+    bins = [_bins(n, m) for n, m in zip(x.shape[2:], out)]
+    y = np.zeros(x.shape[:2] + tuple(out))
+    where = {}
+    for n, c in itertools.product(range(x.shape[0]), range(x.shape[1])):
+        for idx in itertools.product(*[range(m) for m in out]):
+            best, arg = -np.inf, None
+            for cell in itertools.product(*[range(*bins[i][o]) for i, o in enumerate(idx)]):
+                v = x[(n, c) + cell]
+                if arg is None or v > best or np.isnan(v):
+                    best, arg = v, cell
+            y[(n, c) + idx] = best
+            where[(n, c) + idx] = (n, c) + arg
+
+    def backward(dy):
+        dx = np.zeros(x.shape)
+        for k, cell in where.items():
+            dx[cell] += dy[k]
+        return dx
+    return y, backward
+
+
+# -- interpolation ------------------------------------------------------------------------------
+def _scale(n, m, sf, align):
+    if align:
+        return (n - 1) / (m - 1) if m > 1 else 0.0
+    return 1.0 / sf if sf else n / m
+
+
+def axis_weights(n, m, mode, sf=None, align=False):
+    """The ``(m, n)`` interpolation matrix of one axis (PyTorch's source coordinates)."""
+    a = np.zeros((m, n))
+    for o in range(m):
+        if mode in ("nearest", "nearest-exact"):
+            if mode == "nearest" and m == n:
+                i = o
+            elif mode == "nearest" and m == 2 * n:
+                i = o // 2
+            else:
+                s = np.float32(1.0 / sf) if sf else np.float32(n) / np.float32(m)
+                pos = (np.float32(o) + np.float32(0.5)) * s if mode == "nearest-exact" \
+                    else np.float32(o) * s
+                i = min(int(math.floor(pos)), n - 1)
+            a[o, i] = 1.0
+            continue
+        s = _scale(n, m, sf, align)
+        src = s * o if align else max(s * (o + 0.5) - 0.5, 0.0)
+        i0 = int(src)
+        lam = min(max(src - i0, 0.0), 1.0)
+        i1 = i0 + 1 if i0 < n - 1 else i0
+        a[o, i0] += 1.0 - lam
+        a[o, i1] += lam
+    return a
+
+
+def interpolate(x, out, mode, sfs=None, align=False):
+    """``x`` resampled to spatial ``out`` (``sfs``: the per-axis factors PyTorch's kernel uses,
+    or ``None``); linear modes are the tensor product of :func:`axis_weights`."""
+    y = np.asarray(x, dtype=np.float64)
+    for i, m in enumerate(out):
+        a = axis_weights(y.shape[2 + i], m, mode, None if sfs is None else sfs[i], align)
+        y = np.moveaxis(np.tensordot(a, y, axes=(1, 2 + i)), 0, 2 + i)
+    return y
+
+
+def interpolate_backward(dy, in_shape, mode, sfs=None, align=False):
+    g = np.asarray(dy, dtype=np.float64)
+    for i in reversed(range(len(in_shape) - 2)):
+        a = axis_weights(in_shape[2 + i], g.shape[2 + i], mode,
+                         None if sfs is None else sfs[i], align)
+        g = np.moveaxis(np.tensordot(a.T, g, axes=(1, 2 + i)), 0, 2 + i)
+    return g
+
+
+# -- padding ------------------------------------------------------------------------------------
+def pad_index(j: int, n: int, lo: int, mode: str) -> int | None:
+    """The input index that output ``j`` of an axis padded by ``lo`` below copies (``None``:
+    the constant)."""
+    i = j - lo
+    if 0 <= i < n:
+        return i
+    if mode == "constant":
+        return None
+    if mode == "replicate":
+        return min(max(i, 0), n - 1)
+    if mode == "circular":
+        return i % n
+    if mode == "reflect":
+        return -i if i < 0 else 2 * (n - 1) - i
+    raise ValueError(mode)
+
+
+def pad(x, pads, mode, value=0.0):
+    """``pads``: ``(lo, hi)`` per spatial axis (first spatial axis first)."""
+    x = np.asarray(x, dtype=np.float64)
+    out_shape = x.shape[:2] + tuple(n + lo + hi for n, (lo, hi) in zip(x.shape[2:], pads))
+    y = np.full(out_shape, float(value))
+    for j in itertools.product(*[range(m) for m in out_shape[2:]]):
+        src = [pad_index(jj, n, lo, mode) for jj, n, (lo, _) in zip(j, x.shape[2:], pads)]
+        if None not in src:
+            y[(...,) + j] = x[(...,) + tuple(src)]
+    return y
+
+
+def pad_backward(dy, in_shape, pads, mode):
+    dx = np.zeros(in_shape)
+    for j in itertools.product(*[range(m) for m in dy.shape[2:]]):
+        src = [pad_index(jj, n, lo, mode) for jj, n, (lo, _) in zip(j, in_shape[2:], pads)]
+        if None not in src:
+            dx[(...,) + tuple(src)] += dy[(...,) + j]
+    return dx
