@@ -8,8 +8,10 @@ the new rates; ``get_last_lr()`` returns them.
 Every rate is computed in closed form from ``(base_lr, epoch)`` (PyTorch's
 ``_get_closed_form_lr`` where it has one), not by PyTorch's recursive updates of the current
 ``lr``: the values are exact to the formulas below, whatever the number of steps, and a
-scheduler resumed from a state dict continues bit for bit. The price is that these schedulers
-do not chain: each one overwrites ``group["lr"]``.
+scheduler resumed from a state dict continues bit for bit. Standing alone, each one
+overwrites ``group["lr"]``; under :class:`~.lr_scheduler_more.ChainedScheduler` each applies
+PyTorch's recursive step to the current rate instead (``_chain_lr``), so chains compose as in
+PyTorch.
 
 ``state_dict()`` is a flat dict of Python scalars, so its items can go straight into the
 ``scalars`` of :func:`disttensor.io.save_checkpoint`::
@@ -17,7 +19,17 @@ do not chain: each one overwrites ``group["lr"]``.
     {"last_epoch": int, "num_groups": int, "base_lr.<i>": float, "last_lr.<i>": float}
 
 Hyper-parameters (step sizes, milestones, lambdas) are constructor arguments, not state: build
-the scheduler with the same arguments, then ``load_state_dict``.
+the scheduler with the same arguments, then ``load_state_dict``. ``load_state_dict`` also puts
+the saved rates back into the optimizer's groups (``lr = last_lr``, ``initial_lr = base_lr``),
+so a resume gives the saved rate whatever the order of ``opt.load_state_dict``, building the
+scheduler and ``sched.load_state_dict`` (PyTorch's own ``load_state_dict`` leaves ``lr`` to the
+optimizer; building a scheduler there keeps the group's current rate at epoch 0, ours sets the
+closed form's rate, which the scheduler's state then overrides).
+
+More schedulers (:class:`ExponentialLR`, :class:`PolynomialLR`, :class:`ConstantLR`,
+:class:`CosineAnnealingWarmRestarts`, :class:`OneCycleLR`, :class:`ReduceLROnPlateau`,
+:class:`SequentialLR`, :class:`ChainedScheduler`) live in :mod:`.lr_scheduler_more` and are
+re-exported here.
 """
 from __future__ import annotations
 
@@ -29,7 +41,9 @@ from collections.abc import Callable, Mapping, Sequence
 from .optim import Optimizer
 
 __all__ = ["LRScheduler", "LambdaLR", "LinearLR", "StepLR", "MultiStepLR",
-           "CosineAnnealingLR", "CosmoFlowLR", "HybridCosineLinearLR"]
+           "CosineAnnealingLR", "CosmoFlowLR", "HybridCosineLinearLR", "ExponentialLR",
+           "PolynomialLR", "ConstantLR", "CosineAnnealingWarmRestarts", "OneCycleLR",
+           "ReduceLROnPlateau", "SequentialLR", "ChainedScheduler"]
 
 
 def _positive_int(name: str, v) -> int:
@@ -78,10 +92,30 @@ class LRScheduler:
     def step(self) -> None:
         """Advance one epoch and set every group's ``lr``."""
         self.last_epoch += 1
-        lrs = self.get_lr()
+        self._set_lrs(self.get_lr())
+
+    def _set_lrs(self, lrs) -> None:
+        lrs = [float(lr) for lr in lrs]
         for g, lr in zip(self.optimizer.param_groups, lrs):
             g["lr"] = lr
         self._last_lr = lrs
+
+    def _chain_lr(self, i: int, lr: float, epoch: int) -> float:
+        """PyTorch's recursive rate of group ``i`` at ``epoch`` from its current rate ``lr``
+        (what ``get_lr`` computes there, used by :class:`ChainedScheduler`): for the
+        multiplicative schedules ``lr * closed(epoch) / closed(epoch - 1)`` (epoch 0: the
+        factor ``closed(0) / base_lr``)."""
+        base = self.base_lrs[i]
+        prev = base if epoch == 0 else self._lr(i, base, epoch - 1)
+        cur = self._lr(i, base, epoch)
+        return cur if prev == 0 else lr * (cur / prev)
+
+    def _chain_step(self) -> None:
+        """One step under :class:`ChainedScheduler`: PyTorch's recursive update of the
+        groups' current rates."""
+        self.last_epoch += 1
+        self._set_lrs([self._chain_lr(i, g["lr"], self.last_epoch)
+                       for i, g in enumerate(self.optimizer.param_groups)])
 
     def get_last_lr(self) -> list[float]:
         """The rates the last ``step`` (or the construction) set, one per group."""
@@ -96,8 +130,10 @@ class LRScheduler:
         return sd
 
     def load_state_dict(self, state_dict: Mapping) -> None:
-        """Restore a :meth:`state_dict`. As in PyTorch, the groups' ``lr`` is not touched (the
-        optimizer's own state dict restores it); the next ``step`` continues the schedule."""
+        """Restore a :meth:`state_dict`, and the saved rates into the optimizer's groups
+        (``lr = last_lr``, ``initial_lr = base_lr``), so that the order of the optimizer's and
+        the scheduler's ``load_state_dict`` does not matter; the next ``step`` continues the
+        schedule."""
         n = int(state_dict["num_groups"])
         if n != len(self.optimizer.param_groups):
             raise ValueError(f"the state dict is for {n} parameter groups, the optimizer has "
@@ -105,6 +141,8 @@ class LRScheduler:
         self.last_epoch = int(state_dict["last_epoch"])
         self.base_lrs = [float(state_dict[f"base_lr.{i}"]) for i in range(n)]
         self._last_lr = [float(state_dict[f"last_lr.{i}"]) for i in range(n)]
+        for g, base, lr in zip(self.optimizer.param_groups, self.base_lrs, self._last_lr):
+            g["initial_lr"], g["lr"] = base, lr
 
 
 class LambdaLR(LRScheduler):
@@ -128,6 +166,9 @@ class LambdaLR(LRScheduler):
 
     def _lr(self, i, base_lr, epoch):
         return base_lr * self.lr_lambdas[i](epoch)
+
+    def _chain_lr(self, i, lr, epoch):
+        return self._lr(i, self.base_lrs[i], epoch)  # PyTorch's LambdaLR is absolute
 
 
 class LinearLR(LRScheduler):
@@ -202,6 +243,16 @@ class CosineAnnealingLR(LRScheduler):
     def _lr(self, i, base_lr, epoch):
         return self.eta_min + (base_lr - self.eta_min) * (
             1 + math.cos(math.pi * epoch / self.T_max)) / 2
+
+    def _chain_lr(self, i, lr, epoch):
+        """PyTorch's recursive ``CosineAnnealingLR.get_lr``."""
+        if epoch == 0:
+            return lr
+        T, eta = self.T_max, self.eta_min
+        if (epoch - 1 - T) % (2 * T) == 0:
+            return lr + (self.base_lrs[i] - eta) * (1 - math.cos(math.pi / T)) / 2
+        return ((1 + math.cos(math.pi * epoch / T)) / (1 + math.cos(math.pi * (epoch - 1) / T))
+                * (lr - eta) + eta)
 
 
 class CosmoFlowLR(LRScheduler):
@@ -320,3 +371,8 @@ class HybridCosineLinearLR(LRScheduler):
         w = self.cosine_weight
         return self.eta_min + (base_lr - self.eta_min) * (
             w * (1 + math.cos(math.pi * t / T)) / 2 + (1 - w) * (1 - t / T))
+
+
+from .lr_scheduler_more import (ChainedScheduler, ConstantLR,  # noqa: E402  (subclasses)
+                                CosineAnnealingWarmRestarts, ExponentialLR, OneCycleLR,
+                                PolynomialLR, ReduceLROnPlateau, SequentialLR)
