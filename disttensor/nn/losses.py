@@ -29,11 +29,13 @@ from ..ops.losses_dice import one_hot as _one_hot
 from ..ops.losses_pointwise import pointwise_loss_backward, pointwise_loss_forward
 from .module import Module
 
-__all__ = ["cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
-           "binary_cross_entropy_with_logits", "binary_cross_entropy", "dice_loss",
-           "dice_ce_loss", "one_hot", "CrossEntropyLoss", "NLLLoss", "MSELoss", "L1Loss",
-           "SmoothL1Loss", "HuberLoss", "BCEWithLogitsLoss", "BCELoss", "DiceLoss",
-           "DiceCELoss"]
+# re-exported by nn.functional (FUNCTIONS), nn.layers and nn (MODULES)
+FUNCTIONS = ["cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss",
+             "huber_loss", "binary_cross_entropy_with_logits", "binary_cross_entropy",
+             "dice_loss", "dice_ce_loss", "one_hot"]
+MODULES = ["CrossEntropyLoss", "NLLLoss", "MSELoss", "L1Loss", "SmoothL1Loss", "HuberLoss",
+           "BCEWithLogitsLoss", "BCELoss", "DiceLoss", "DiceCELoss"]
+__all__ = FUNCTIONS + MODULES
 
 def _class_loss(input, target, weight, ignore_index, reduction, label_smoothing, log_input,
                 name):
