@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from statistics import NormalDist
 
 import numpy as np
 
@@ -24,7 +25,8 @@ from ..core.backend import array_module
 __all__ = ["calculate_gain", "calculate_fan_in_and_fan_out", "manual_seed", "resolve_rng",
            "uniform_",
            "normal_", "constant_", "zeros_", "ones_", "xavier_uniform_", "xavier_normal_",
-           "kaiming_uniform_", "kaiming_normal_", "default_conv_init", "default_linear_init"]
+           "kaiming_uniform_", "kaiming_normal_", "trunc_normal_", "orthogonal_", "eye_",
+           "dirac_", "sparse_", "default_conv_init", "default_linear_init"]
 
 _default_rng = np.random.default_rng(0)
 
@@ -186,6 +188,111 @@ def kaiming_normal_(x, a: float = 0.0, mode: str = "fan_in",
     if std is None:
         return arr
     return normal_(arr, 0.0, std, rng=rng)
+
+
+def _real(name, v) -> float:
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(v).__name__}")
+    return float(v)
+
+
+def trunc_normal_(x, mean: float = 0.0, std: float = 1.0, a: float = -2.0, b: float = 2.0,
+                  *, rng=None):
+    """Fill with values from N(mean, std**2) truncated to ``[a, b]`` (the bounds are absolute
+    values, not multiples of ``std``, as in PyTorch).  Drawn by rejection from the normal
+    distribution while the interval holds at least 1 % of its mass (redrawing only the
+    rejected values, in order), by the inverse CDF of uniform draws otherwise; so the values
+    are not PyTorch's for a seed (they never are: other generator), the distribution is."""
+    arr = _array(x)
+    mean, std, a, b = _real("mean", mean), _real("std", std), _real("a", a), _real("b", b)
+    if not std > 0 or not a < b:
+        raise ValueError(f"trunc_normal_ expects std > 0 and a < b, got std={std}, a={a}, "
+                         f"b={b}")
+    rng = resolve_rng(rng)
+    n = arr.size
+    unit = NormalDist()
+    lo, hi = unit.cdf((a - mean) / std), unit.cdf((b - mean) / std)
+    if hi - lo >= 0.01:
+        out = rng.normal(mean, std, size=n)
+        bad = np.flatnonzero((out < a) | (out > b))
+        while bad.size:
+            out[bad] = rng.normal(mean, std, size=bad.size)
+            bad = bad[(out[bad] < a) | (out[bad] > b)]
+    else:
+        u = rng.uniform(lo, hi, size=n)
+        out = mean + std * np.array([unit.inv_cdf(min(max(v, 1e-300), 1 - 1e-16)) for v in u])
+        np.clip(out, a, b, out=out)
+    return _fill(arr, out.reshape(arr.shape))
+
+
+def orthogonal_(x, gain: float = 1.0, *, rng=None):
+    """Fill with a (semi-)orthogonal matrix (Saxe et al.), as PyTorch: the array viewed as
+    ``(shape[0], prod(shape[1:]))``, the Q of the QR decomposition of a standard normal
+    matrix (of its transpose when it is wide) with signs making R's diagonal positive, times
+    ``gain``.  Needs ``ndim >= 2``."""
+    arr = _array(x)
+    if arr.ndim < 2:
+        raise ValueError("Only tensors with 2 or more dimensions are supported")
+    if arr.size == 0:
+        return arr
+    rows = arr.shape[0]
+    cols = arr.size // rows
+    flat = resolve_rng(rng).normal(0.0, 1.0, size=(rows, cols))
+    if rows < cols:
+        flat = flat.T
+    q, r = np.linalg.qr(flat)
+    q *= np.sign(np.diag(r))
+    if rows < cols:
+        q = q.T
+    return _fill(arr, (q * _real("gain", gain)).reshape(arr.shape))
+
+
+def eye_(x):
+    """Fill a 2-D array with the identity (ones on the diagonal, zeros elsewhere)."""
+    arr = _array(x)
+    if arr.ndim != 2:
+        raise ValueError("Only tensors with 2 dimensions are supported")
+    return _fill(arr, np.eye(*arr.shape))
+
+
+def dirac_(x, groups: int = 1):
+    """Fill a 3-, 4- or 5-D convolution weight ``(out, in, *kernel)`` with the Dirac delta
+    (identity convolution): for each of ``groups`` groups of ``out // groups`` output
+    channels, output channel ``d`` takes input channel ``d`` at the kernel's centre
+    (``k // 2`` per axis), for ``d < min(out // groups, in)``."""
+    arr = _array(x)
+    if arr.ndim not in (3, 4, 5):
+        raise ValueError("Only tensors with 3, 4, or 5 dimensions are supported")
+    if isinstance(groups, bool) or not isinstance(groups, numbers.Integral) or groups < 1:
+        raise ValueError(f"groups must be a positive integer, got {groups!r}")
+    if arr.shape[0] % groups != 0:
+        raise ValueError("dim 0 must be divisible by groups")
+    per_group = arr.shape[0] // groups
+    values = np.zeros(arr.shape)
+    centre = tuple(k // 2 for k in arr.shape[2:])
+    for g in range(groups):
+        for d in range(min(per_group, arr.shape[1])):
+            values[(g * per_group + d, d) + centre] = 1.0
+    return _fill(arr, values)
+
+
+def sparse_(x, sparsity: float, std: float = 0.01, *, rng=None):
+    """Fill a 2-D array with N(0, std**2) values, then zero ``ceil(sparsity * rows)`` entries
+    of each column, at rows chosen by a random permutation per column (Martens, 2010), as
+    PyTorch's ``sparse_``."""
+    arr = _array(x)
+    if arr.ndim != 2:
+        raise ValueError("Only tensors with 2 dimensions are supported")
+    sparsity = _real("sparsity", sparsity)
+    if not 0.0 <= sparsity <= 1.0:
+        raise ValueError(f"sparsity must be in [0, 1], got {sparsity}")
+    rows, cols = arr.shape
+    rng = resolve_rng(rng)
+    values = rng.normal(0.0, _real("std", std), size=(rows, cols))
+    zeros = int(math.ceil(sparsity * rows))
+    for c in range(cols):
+        values[rng.permutation(rows)[:zeros], c] = 0.0
+    return _fill(arr, values)
 
 
 def default_linear_init(weight, bias=None, rng=None):
