@@ -45,3 +45,7 @@ __all__ += ["perfmodel", "plan_grid"]
 from . import resampling  # noqa: E402  (adaptive pooling, interpolation, padding, Dropout1-3d)
 globals().update({_n: getattr(resampling, _n) for _n in resampling.LAYERS})
 __all__ += ["resampling"] + resampling.LAYERS
+
+from . import losses  # noqa: E402  (PyTorch's losses, MONAI's Dice/DiceCE, one_hot)
+globals().update({_n: getattr(losses, _n) for _n in losses.MODULES})
+__all__ += ["losses"] + [_n for _n in losses.MODULES if _n not in __all__]

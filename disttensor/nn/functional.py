@@ -275,3 +275,7 @@ def cross_entropy(logits, labels):
 def scaled_tanh(x, scale: float):
     """``scale * tanh(x)`` (CosmoFlow's output layer uses 1.2)."""
     return multiply(tanh(x), float(scale))
+
+from . import losses as _losses  # noqa: E402  (PyTorch's losses with reduction=, Dice, one_hot)
+globals().update({_n: getattr(_losses, _n) for _n in _losses.FUNCTIONS})
+__all__ += [_n for _n in _losses.FUNCTIONS if _n not in __all__]

@@ -370,3 +370,7 @@ class MSELoss(Module):
 class CrossEntropyLoss(Module):
     def forward(self, logits, labels):
         return F.cross_entropy(logits, labels)
+
+from . import losses as _losses  # noqa: E402  (the loss modules, PyTorch's names and options)
+globals().update({_n: getattr(_losses, _n) for _n in _losses.MODULES})
+__all__ += [_n for _n in _losses.MODULES if _n not in __all__]
