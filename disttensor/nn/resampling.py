@@ -10,17 +10,16 @@ from __future__ import annotations
 
 from ..autograd.tensor import make_result, unwrap
 from ..ops.adaptive_pool import adaptive_pool_backward, adaptive_pool_forward
+from ..ops.resample import interpolate_backward, interpolate_forward
 from .module import Module
 
-__all__ = ["adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d",
-           "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d",
-           "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "AdaptiveMaxPool1d",
-           "AdaptiveMaxPool2d", "AdaptiveMaxPool3d"]
-
 FUNCTIONS = ["adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d",
-             "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d"]
+             "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d",
+             "interpolate", "upsample"]
 LAYERS = ["AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "AdaptiveMaxPool1d",
-          "AdaptiveMaxPool2d", "AdaptiveMaxPool3d"]
+          "AdaptiveMaxPool2d", "AdaptiveMaxPool3d", "Upsample", "UpsamplingNearest2d",
+          "UpsamplingBilinear2d"]
+__all__ = FUNCTIONS + LAYERS
 
 
 def _spatial_rank(x, nd: int, what: str) -> None:
@@ -111,3 +110,53 @@ class AdaptiveMaxPool2d(_AdaptivePoolNd):
 class AdaptiveMaxPool3d(_AdaptivePoolNd):
     _nd, _mode = 3, "max"
 
+
+
+# -- interpolation -----------------------------------------------------------------------------
+def interpolate(input, size=None, scale_factor=None, mode: str = "nearest", align_corners=None,
+                recompute_scale_factor=None, antialias: bool = False):
+    """``torch.nn.functional.interpolate`` (same arguments and order; ``size`` comes second,
+    so ``interpolate(x, 2)`` asks for an output extent 2): nearest, nearest-exact,
+    (bi/tri)linear with ``align_corners``, area; see :mod:`disttensor.ops.resample`.
+    ``antialias=True`` and bicubic are not supported (raise)."""
+    y, saved = interpolate_forward(unwrap(input), size, scale_factor, mode, align_corners,
+                                   recompute_scale_factor, antialias)
+    return make_result(y, (input,), lambda g: (interpolate_backward(saved, g),), "interpolate")
+
+
+def upsample(input, size=None, scale_factor=None, mode: str = "nearest", align_corners=None):
+    """``torch.nn.functional.upsample`` (PyTorch's deprecated spelling of
+    :func:`interpolate`)."""
+    return interpolate(input, size, scale_factor, mode, align_corners)
+
+
+class Upsample(Module):
+    """``torch.nn.Upsample(size=None, scale_factor=None, mode='nearest', align_corners=None,
+    recompute_scale_factor=None)``."""
+
+    def __init__(self, size=None, scale_factor=None, mode: str = "nearest",
+                 align_corners=None, recompute_scale_factor=None):
+        super().__init__()
+        self.size, self.scale_factor, self.mode = size, scale_factor, mode
+        self.align_corners, self.recompute_scale_factor = align_corners, recompute_scale_factor
+
+    def extra_repr(self) -> str:
+        what = f"size={self.size}" if self.size is not None else \
+            f"scale_factor={self.scale_factor}"
+        return f"{what}, mode={self.mode!r}"
+
+    def forward(self, x):
+        return interpolate(x, self.size, self.scale_factor, self.mode, self.align_corners,
+                           self.recompute_scale_factor)
+
+
+class UpsamplingNearest2d(Upsample):
+    def __init__(self, size=None, scale_factor=None):
+        super().__init__(size, scale_factor, "nearest")
+
+
+class UpsamplingBilinear2d(Upsample):
+    """Bilinear with ``align_corners=True`` (PyTorch's)."""
+
+    def __init__(self, size=None, scale_factor=None):
+        super().__init__(size, scale_factor, "bilinear", True)

@@ -844,10 +844,11 @@ def _ops():
         lambda t: F.avg_pool2d(t["x"], 3, 2, 1, count_include_pad=False))
     add("avg_pool3d_include_pad", (2, 2, 4, 5, 4), {},
         lambda t: F.avg_pool3d(t["x"], (2, 3, 2), (2, 1, 2), (0, 1, 0)))
-    add("upsample_nearest2d", (2, 2, 3, 4), {}, lambda t: F.upsample(t["x"], 2))
+    add("upsample_nearest2d", (2, 2, 3, 4), {}, lambda t: F.upsample(t["x"], scale_factor=2))
     add("upsample_linear3d", (2, 2, 3, 3, 2), {},
-        lambda t: F.interpolate(t["x"], (2, 1, 3), mode="trilinear"))
-    add("upsample_linear1d", (2, 2, 5), {}, lambda t: F.upsample(t["x"], 3, mode="linear"))
+        lambda t: F.interpolate(t["x"], scale_factor=(2, 1, 3), mode="trilinear"))
+    add("upsample_linear1d", (2, 2, 5), {},
+        lambda t: F.upsample(t["x"], scale_factor=3, mode="linear"))
     for stats in ("global", "local"):
         add(f"batch_norm_{stats}", (3, 2, 5, 4), {"gamma": (2,), "beta": (2,)},
             lambda t, stats=stats: F.batch_norm(t["x"], None, None, t["gamma"], t["beta"],

@@ -70,7 +70,7 @@ def _centre_owned(y, x, what):
             expect(ok, f"{what}: bin {o} of axis {t} not on the block of its centre {centre}")
 
 
-@settings(max_examples=examples(25))
+@settings(max_examples=examples(15))
 @given(adaptive_cases())
 @guarded
 def test_adaptive_pool_forward_backward(case):
@@ -99,7 +99,7 @@ def test_adaptive_pool_forward_backward(case):
         close(dx.to_numpy(), dref, f"{what} backward")
 
 
-@settings(max_examples=examples(12))
+@settings(max_examples=examples(8))
 @given(adaptive_cases())
 @guarded
 def test_adaptive_avg_pool_adjoint(case):
