@@ -1,0 +1,281 @@
+"""CPU local kernels of group, instance and layer normalization (one rank, no MPI).
+
+Every function takes 2-D ``(R, L)`` views: ``R`` rows of ``L`` values each.  Group norm views a
+block ``(n, C, *S)`` as ``(n*G, C/G * prod(S))`` for its statistics (one row per sample and
+group) and as ``(n*C, prod(S))`` for its per-(sample, channel) apply; layer norm as
+``(prod(leading axes), prod(normalized axes))``.  The callers (``disttensor.ops.group_norm``)
+make the views; the functions copy a non-C-contiguous input once.
+
+* :func:`row_moments`: per-row mean and sum of squared deviations (float64) in one read of
+  the data: each block of :data:`_BLOCK` values of a row is summed, then its squared
+  deviations from its own mean are summed while the block is in cache, and the blocks are
+  merged in order by Chan et al.'s rule (no ``E[x^2] - E[x]^2`` cancellation);
+* :func:`rows_backward_apply`: ``dx = a[r]*dy + b[r]*(x - m[r]) + d[r]`` (the group-norm
+  data gradient with per-(sample, channel) coefficients), one pass;
+* :func:`ln_forward_apply`, :func:`ln_backward_sums`, :func:`ln_backward_apply`: layer norm
+  with an elementwise affine (``gamma[j]``, ``beta[j]`` per column), one pass each.
+
+Contract as :mod:`.pointwise`: data float32 or float64 (``TypeError`` otherwise), results of
+the data's dtype, per-element arithmetic and every reduction in float64, parameters any float
+dtype (converted to float64), empty inputs fine.  The loops are Numba ``parallel=True`` over
+fixed blocks whose partial results are combined in a fixed order, so results do not depend on
+the thread count.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+__all__ = ["row_moments", "rows_backward_apply", "ln_forward_apply", "ln_backward_sums",
+           "ln_backward_apply"]
+
+_BLOCK = 16384        # values of a row per task
+
+
+def _rows(name, a):
+    a = np.asarray(a)
+    if a.dtype != np.float32 and a.dtype != np.float64:
+        raise TypeError(f"{name} must be float32 or float64, got {a.dtype}")
+    if a.ndim != 2:
+        raise ValueError(f"{name} must be a 2-D (rows, values) view, got shape {a.shape}")
+    return np.ascontiguousarray(a)
+
+
+def _vec(name, v, n):
+    v = np.ascontiguousarray(v, dtype=np.float64).reshape(-1)
+    if v.shape != (n,):
+        raise ValueError(f"{name} must have {n} values, got {v.size}")
+    return v
+
+
+def _pair(dy, x):
+    dy, x = _rows("dy", dy), _rows("x", x)
+    if dy.shape != x.shape:
+        raise ValueError(f"dy shape {dy.shape} != x shape {x.shape}")
+    return dy, x
+
+
+# --------------------------------------------------------------------------------------------
+# statistics
+# --------------------------------------------------------------------------------------------
+
+@njit(parallel=True, cache=True)
+def _moments_kernel(x, block):
+    R, L = x.shape
+    nb = (L + block - 1) // block
+    part = np.zeros((R, nb, 2))
+    for t in prange(R * nb):
+        r = t // nb
+        b = t - r * nb
+        s0 = b * block
+        s1 = min(L, s0 + block)
+        xs = x[r, s0:s1]
+        n = s1 - s0
+        a0 = 0.0
+        a1 = 0.0
+        a2 = 0.0
+        a3 = 0.0
+        n4 = n - n % 4
+        for j in range(0, n4, 4):
+            a0 += np.float64(xs[j])
+            a1 += np.float64(xs[j + 1])
+            a2 += np.float64(xs[j + 2])
+            a3 += np.float64(xs[j + 3])
+        for j in range(n4, n):
+            a0 += np.float64(xs[j])
+        m = ((a0 + a1) + (a2 + a3)) / n
+        q0 = 0.0
+        q1 = 0.0
+        q2 = 0.0
+        q3 = 0.0
+        for j in range(0, n4, 4):
+            e0 = np.float64(xs[j]) - m
+            e1 = np.float64(xs[j + 1]) - m
+            e2 = np.float64(xs[j + 2]) - m
+            e3 = np.float64(xs[j + 3]) - m
+            q0 += e0 * e0
+            q1 += e1 * e1
+            q2 += e2 * e2
+            q3 += e3 * e3
+        for j in range(n4, n):
+            e0 = np.float64(xs[j]) - m
+            q0 += e0 * e0
+        part[r, b, 0] = m
+        part[r, b, 1] = (q0 + q1) + (q2 + q3)
+    mean = np.zeros(R)
+    m2 = np.zeros(R)
+    for r in prange(R):
+        cnt = 0.0
+        mu = 0.0
+        q = 0.0
+        for b in range(nb):
+            nbk = np.float64(min(L, (b + 1) * block) - b * block)
+            tot = cnt + nbk
+            delta = part[r, b, 0] - mu
+            mu += delta * (nbk / tot)
+            q += part[r, b, 1] + delta * delta * (cnt * nbk / tot)
+            cnt = tot
+        mean[r] = mu
+        m2[r] = q
+    return mean, m2
+
+
+def row_moments(x):
+    """Per-row ``(mean, m2)`` of ``x`` ``(R, L)``: float64 ``(R,)`` arrays, ``m2`` the sum of
+    squared deviations from the row's mean (zeros for ``L == 0``)."""
+    x = _rows("x", x)
+    if x.shape[1] == 0:
+        return np.zeros(x.shape[0]), np.zeros(x.shape[0])
+    return _moments_kernel(x, _BLOCK)
+
+
+# --------------------------------------------------------------------------------------------
+# group norm: the data gradient with per-row coefficients
+# --------------------------------------------------------------------------------------------
+
+@njit(parallel=True, cache=True)
+def _rows_bwd_kernel(dy, x, a, m, b, d, dx, block):
+    R, L = x.shape
+    nb = (L + block - 1) // block
+    for t in prange(R * nb):
+        r = t // nb
+        k = t - r * nb
+        s0 = k * block
+        s1 = min(L, s0 + block)
+        ar = a[r]
+        mr = m[r]
+        br = b[r]
+        dr = d[r]
+        gs = dy[r, s0:s1]
+        xs = x[r, s0:s1]
+        ds = dx[r, s0:s1]
+        for j in range(s1 - s0):
+            ds[j] = ar * np.float64(gs[j]) + br * (np.float64(xs[j]) - mr) + dr
+
+
+def rows_backward_apply(dy, x, a, m, b, d):
+    """``dx[r, j] = a[r]*dy[r, j] + b[r]*(x[r, j] - m[r]) + d[r]`` on ``(R, L)`` views, in
+    float64, returned in ``dy.dtype``; ``a``, ``m``, ``b``, ``d`` have ``R`` values."""
+    dy, x = _pair(dy, x)
+    R = x.shape[0]
+    dx = np.empty(dy.shape, dtype=dy.dtype)
+    _rows_bwd_kernel(dy, x, _vec("a", a, R), _vec("m", m, R), _vec("b", b, R),
+                     _vec("d", d, R), dx, _BLOCK)
+    return dx
+
+
+# --------------------------------------------------------------------------------------------
+# layer norm: elementwise affine over the normalized (column) axis
+# --------------------------------------------------------------------------------------------
+
+@njit(parallel=True, cache=True)
+def _ln_fwd_kernel(x, mean, invstd, gamma, beta, y, block):
+    R, L = x.shape
+    nb = (L + block - 1) // block
+    for t in prange(R * nb):
+        r = t // nb
+        k = t - r * nb
+        s0 = k * block
+        s1 = min(L, s0 + block)
+        mr = mean[r]
+        ir = invstd[r]
+        xs = x[r, s0:s1]
+        ys = y[r, s0:s1]
+        for j in range(s1 - s0):
+            ys[j] = (np.float64(xs[j]) - mr) * ir * gamma[s0 + j] + beta[s0 + j]
+
+
+@njit(parallel=True, cache=True)
+def _ln_sums_kernel(dy, x, mean, invstd, gamma, block):
+    # one task per column block: its rows' partial (sum dy*g, sum dy*g*xhat) and its columns'
+    # (sum dy*xhat, sum dy) over all rows
+    R, L = x.shape
+    nb = (L + block - 1) // block
+    rows = np.zeros((nb, R, 2))
+    cols = np.zeros((2, L))
+    for k in prange(nb):
+        s0 = k * block
+        s1 = min(L, s0 + block)
+        for r in range(R):
+            mr = mean[r]
+            ir = invstd[r]
+            gs = dy[r, s0:s1]
+            xs = x[r, s0:s1]
+            sa = 0.0
+            sb = 0.0
+            for j in range(s1 - s0):
+                g = np.float64(gs[j])
+                xh = (np.float64(xs[j]) - mr) * ir
+                gg = g * gamma[s0 + j]
+                sa += gg
+                sb += gg * xh
+                cols[0, s0 + j] += g * xh
+                cols[1, s0 + j] += g
+            rows[k, r, 0] = sa
+            rows[k, r, 1] = sb
+    sums = np.zeros((2, R))
+    for r in prange(R):
+        sa = 0.0
+        sb = 0.0
+        for k in range(nb):
+            sa += rows[k, r, 0]
+            sb += rows[k, r, 1]
+        sums[0, r] = sa
+        sums[1, r] = sb
+    return sums, cols
+
+
+@njit(parallel=True, cache=True)
+def _ln_bwd_kernel(dy, x, mean, invstd, gamma, ma, mb, dx, block):
+    R, L = x.shape
+    nb = (L + block - 1) // block
+    for t in prange(R * nb):
+        r = t // nb
+        k = t - r * nb
+        s0 = k * block
+        s1 = min(L, s0 + block)
+        mr = mean[r]
+        ir = invstd[r]
+        ar = ma[r]
+        br = mb[r]
+        gs = dy[r, s0:s1]
+        xs = x[r, s0:s1]
+        ds = dx[r, s0:s1]
+        for j in range(s1 - s0):
+            xh = (np.float64(xs[j]) - mr) * ir
+            ds[j] = ir * (np.float64(gs[j]) * gamma[s0 + j] - ar - xh * br)
+
+
+def ln_forward_apply(x, mean, invstd, gamma, beta):
+    """``y[r, j] = (x[r, j] - mean[r]) * invstd[r] * gamma[j] + beta[j]`` (``x.dtype``) on an
+    ``(R, L)`` view; ``mean``/``invstd`` have ``R`` values, ``gamma``/``beta`` ``L``."""
+    x = _rows("x", x)
+    R, L = x.shape
+    y = np.empty(x.shape, dtype=x.dtype)
+    _ln_fwd_kernel(x, _vec("mean", mean, R), _vec("invstd", invstd, R),
+                   _vec("gamma", gamma, L), _vec("beta", beta, L), y, _BLOCK)
+    return y
+
+
+def ln_backward_sums(dy, x, mean, invstd, gamma):
+    """``(sum_dyg, sum_dyg_xhat, dgamma, dbeta)`` of an ``(R, L)`` view, float64: per row
+    ``sum_j dy*gamma[j]`` and ``sum_j dy*gamma[j]*xhat`` (``R`` values), per column
+    ``sum_r dy*xhat`` and ``sum_r dy`` (``L`` values), ``xhat = (x - mean[r])*invstd[r]``."""
+    dy, x = _pair(dy, x)
+    R, L = x.shape
+    sums, cols = _ln_sums_kernel(dy, x, _vec("mean", mean, R), _vec("invstd", invstd, R),
+                                 _vec("gamma", gamma, L), _BLOCK)
+    return sums[0], sums[1], cols[0], cols[1]
+
+
+def ln_backward_apply(dy, x, mean, invstd, gamma, mean_dyg, mean_dyg_xhat):
+    """``dx = invstd[r] * (dy*gamma[j] - mean_dyg[r] - xhat*mean_dyg_xhat[r])`` (``dy.dtype``)
+    on an ``(R, L)`` view, ``xhat = (x - mean[r])*invstd[r]``; the two means are over the
+    whole (globally reduced) row."""
+    dy, x = _pair(dy, x)
+    R, L = x.shape
+    dx = np.empty(dy.shape, dtype=dy.dtype)
+    _ln_bwd_kernel(dy, x, _vec("mean", mean, R), _vec("invstd", invstd, R),
+                   _vec("gamma", gamma, L), _vec("mean_dyg", mean_dyg, R),
+                   _vec("mean_dyg_xhat", mean_dyg_xhat, R), dx, _BLOCK)
+    return dx
