@@ -49,3 +49,7 @@ __all__ += ["resampling"] + resampling.LAYERS
 from . import losses  # noqa: E402  (PyTorch's losses, MONAI's Dice/DiceCE, one_hot)
 globals().update({_n: getattr(losses, _n) for _n in losses.MODULES})
 __all__ += ["losses"] + [_n for _n in losses.MODULES if _n not in __all__]
+
+from . import prune  # noqa: E402  (torch.nn.utils.prune-style pruning, gradual schedule)
+
+__all__ += ["prune"]
