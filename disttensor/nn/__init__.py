@@ -53,3 +53,10 @@ __all__ += ["losses"] + [_n for _n in losses.MODULES if _n not in __all__]
 from . import prune  # noqa: E402  (torch.nn.utils.prune-style pruning, gradual schedule)
 
 __all__ += ["prune"]
+
+from . import normalization  # noqa: E402  (GroupNorm, InstanceNorm1-3d, LayerNorm)
+from .normalization import (GroupNorm, InstanceNorm1d, InstanceNorm2d,  # noqa: E402
+                            InstanceNorm3d, LayerNorm)
+
+__all__ += ["normalization", "GroupNorm", "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d",
+            "LayerNorm"]

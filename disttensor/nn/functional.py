@@ -279,3 +279,8 @@ def scaled_tanh(x, scale: float):
 from . import losses as _losses  # noqa: E402  (PyTorch's losses with reduction=, Dice, one_hot)
 globals().update({_n: getattr(_losses, _n) for _n in _losses.FUNCTIONS})
 __all__ += [_n for _n in _losses.FUNCTIONS if _n not in __all__]
+
+from . import normalization as _normalization  # noqa: E402  (group, instance, layer norm)
+group_norm, instance_norm, layer_norm = (_normalization.group_norm,
+                                         _normalization.instance_norm, _normalization.layer_norm)
+__all__ += ["group_norm", "instance_norm", "layer_norm"]
