@@ -142,6 +142,8 @@ def _as_number(v):
 def _expand(g, xv, axes, keepdims):
     """``g`` (a reduction's gradient) broadcast back to ``xv``'s shape and layout."""
     g = _as_number(g)
+    if isinstance(xv, numbers.Number):  # the sum of a scalar (a loss): itself
+        return float(g)
     if isinstance(xv, DistArray):
         if isinstance(g, DistArray) and not keepdims:
             kshape = tuple(1 if i in axes else n for i, n in enumerate(xv.shape))

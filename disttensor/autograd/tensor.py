@@ -228,11 +228,74 @@ class Tensor:
     def __getitem__(self, key):
         return _math().getitem(self, key)
 
-    def sum(self, axis=None, keepdims: bool = False):
-        return _math().sum(self, axis, keepdims)
+    def sum(self, dim=None, keepdim: bool = False, *, axis=None, keepdims=None):
+        """Sum over ``dim`` (PyTorch's ``dim``/``keepdim`` or NumPy's ``axis``/``keepdims``)."""
+        r = _red()
+        return r.reduce_sum(self, *r.dim_args("sum", dim, keepdim, axis, keepdims))
 
-    def mean(self, axis=None, keepdims: bool = False):
-        return _math().mean(self, axis, keepdims)
+    def mean(self, dim=None, keepdim: bool = False, *, axis=None, keepdims=None):
+        r = _red()
+        return r.reduce_mean(self, *r.dim_args("mean", dim, keepdim, axis, keepdims))
+
+    # -- PyTorch's tensor methods (disttensor.autograd.reductions, .hooks) --------------------
+    def max(self, dim=None, keepdim: bool = False):
+        """``max()``: largest element; ``max(k)``: ``(values, indices)`` along ``k``."""
+        return _red().max(self, dim, keepdim)
+
+    def min(self, dim=None, keepdim: bool = False):
+        return _red().min(self, dim, keepdim)
+
+    def amax(self, dim=None, keepdim: bool = False):
+        return _red().amax(self, dim, keepdim)
+
+    def amin(self, dim=None, keepdim: bool = False):
+        return _red().amin(self, dim, keepdim)
+
+    def argmax(self, dim=None, keepdim: bool = False):
+        return _red().argmax(self, dim, keepdim)
+
+    def argmin(self, dim=None, keepdim: bool = False):
+        return _red().argmin(self, dim, keepdim)
+
+    def var(self, dim=None, unbiased=None, keepdim: bool = False, *, correction=None):
+        return _red().var(self, dim, unbiased, keepdim, correction=correction)
+
+    def std(self, dim=None, unbiased=None, keepdim: bool = False, *, correction=None):
+        return _red().std(self, dim, unbiased, keepdim, correction=correction)
+
+    def clamp(self, min=None, max=None):  # noqa: A002 - PyTorch's names
+        return _red().clamp(self, min, max)
+
+    clip = clamp
+
+    def numel(self) -> int:
+        """Number of elements (global for a DistArray)."""
+        n = 1
+        for k in self.shape:
+            n *= int(k)
+        return n
+
+    def size(self, dim=None):
+        """The shape, or its entry ``dim``."""
+        return self.shape if dim is None else self.shape[dim]
+
+    def dim(self) -> int:
+        return self.ndim
+
+    def register_hook(self, hook):
+        """``hook(grad) -> None | grad``, run when this tensor's gradient is complete (see
+        :mod:`disttensor.autograd.hooks`); returns a removable handle."""
+        from .hooks import register_tensor_hook
+        return register_tensor_hook(self, hook)
+
+    def retain_grad(self) -> None:
+        """Keep this non-leaf's gradient in ``.grad`` at backward (no-op on leaves)."""
+        from .hooks import retain_grad
+        retain_grad(self)
+
+    @property
+    def retains_grad(self) -> bool:
+        return bool(self.__dict__.get("_retains_grad", False)) and not self.is_leaf
 
     def reshape(self, *shape):
         return _math().reshape(self, shape[0] if len(shape) == 1 else shape)
@@ -265,6 +328,11 @@ class Tensor:
 def _math():
     from . import math
     return math
+
+
+def _red():
+    from . import reductions
+    return reductions
 
 
 def filled_like(d: DistArray, value) -> DistArray:
@@ -447,7 +515,12 @@ def _walk(root: Tensor, grad, retain_graph: bool) -> None:
 
 def _finish_leaf(t: Tensor, g) -> None:
     """Every contribution to leaf ``t`` in this pass is in (``g`` ``None``: none carried a
-    gradient; hooks still hear of it, so a reducer waiting for ``t`` is never left waiting)."""
+    gradient; hooks still hear of it, so a reducer waiting for ``t`` is never left waiting).
+    The tensor's own gradient hooks (:meth:`Tensor.register_hook`) run first."""
+    hooks = t.__dict__.get("_grad_hooks")
+    if hooks and g is not None:
+        from .hooks import run_tensor_hooks
+        g = run_tensor_hooks(hooks.values(), g)
     for hook in t._ready_hooks:
         if hook(t, g):
             return

@@ -1,4 +1,11 @@
-"""Dynamic loss scaling for mixed-precision training (PyTorch's ``torch.amp.GradScaler``).
+"""Mixed precision: the :func:`autocast` context and dynamic loss scaling (PyTorch's
+``torch.autocast`` and ``torch.amp.GradScaler``).
+
+Outside :func:`autocast` a layer whose parameters have another dtype than its input raises
+``RuntimeError`` as in PyTorch (:mod:`disttensor.nn.operand_checks`); inside it, parameters
+(float32 master weights) are cast to the activations' dtype for each op (float16/bfloat16
+activations) and their gradients cast back.  Unlike ``torch.autocast``, activations are not
+cast: feed the dtype you want (``x.astype('float16')``).
 
 Usage, one iteration::
 
@@ -22,14 +29,38 @@ overflow); with the default factors (2 and 0.5) every value is a power of two.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
+import threading
 
 import numpy as np
 
 from ..core.backend import array_module
 
-__all__ = ["GradScaler"]
+__all__ = ["GradScaler", "autocast", "is_autocast_enabled"]
+
+_autocast = threading.local()
+
+
+def is_autocast_enabled() -> bool:
+    """Whether this thread runs inside an enabled :func:`autocast` block."""
+    return getattr(_autocast, "enabled", False)
+
+
+@contextlib.contextmanager
+def autocast(device_type: str | None = None, dtype=None, enabled: bool = True):
+    """Context manager (``torch.autocast``'s arguments): layers inside accept parameters of
+    another floating dtype than their input and compute in the input's dtype (module
+    docstring).  ``device_type`` and ``dtype`` are accepted for PyTorch's spelling and not
+    used (the activations' dtype decides).  Local (thread state, no communication): every
+    rank must enter it alike.  ``enabled=False`` restores the strict rule inside."""
+    prev = is_autocast_enabled()
+    _autocast.enabled = bool(enabled)
+    try:
+        yield
+    finally:
+        _autocast.enabled = prev
 
 _READY, _UNSCALED, _STEPPED = "ready", "unscaled", "stepped"
 

@@ -5,12 +5,14 @@ DistArrays and replicated parameter tensors (NumPy/CuPy arrays), runs the op's f
 records its explicit backward from :mod:`disttensor.ops` (nothing is differentiated twice).
 Everything is collective over the activation's grid, forward and backward, as the ops are.
 
-Parameters may be stored in another floating dtype than the activations (float32 master
-weights with float16 activations): they are cast to the activation dtype for the op and their
-gradients cast back.  Parameter gradients come back summed over the ranks that hold different
-data (each op's one all-reduce), or, for parameters whose reduction a data-parallel reducer
-defers (:class:`disttensor.nn.parallel.GradientReducer`), as per-rank shares that the reducer
-sums in buckets (:func:`disttensor.autograd.param_share`).
+Parameters must have the activation's dtype (``RuntimeError`` otherwise, as PyTorch) except
+inside :func:`disttensor.nn.amp.autocast`, where they may be stored in another floating dtype
+(float32 master weights with float16 activations): cast to the activation dtype for the op and
+their gradients cast back.  An activation that is not a Tensor of a DistArray raises
+``TypeError`` (:mod:`disttensor.nn.operand_checks`).  Parameter gradients come back summed over
+the ranks that hold different data (each op's one all-reduce), or, for parameters whose
+reduction a data-parallel reducer defers (:class:`disttensor.nn.parallel.GradientReducer`), as
+per-rank shares that the reducer sums in buckets (:func:`disttensor.autograd.param_share`).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from ..autograd.math import multiply
 from ..autograd.tensor import Tensor, make_result, param_share, unwrap
 from ..core.comm import allreduce
 from ..ops._spatial import param_comm
+from .operand_checks import activation as _activation_of, compute_params as _compute_params
 
 __all__ = ["conv", "conv1d", "conv2d", "conv3d", "conv_transpose", "conv_transpose1d",
            "conv_transpose2d", "conv_transpose3d", "max_pool", "avg_pool", "max_pool1d",
@@ -68,9 +71,10 @@ def conv(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1,
          padding_mode: str = "zeros", overlap=None):
     """Convolution (``torch.nn.functional.conv{1,2,3}d``) of ``x`` ``(N, Cin, *S)`` with
     ``weight`` ``(Cout, Cin // groups, *K)``; see :func:`disttensor.ops.conv_forward`."""
-    xv, wv, bv = unwrap(x), unwrap(weight), unwrap(bias)
-    y, saved = ops.conv_forward(xv, _as_compute(wv, xv), _as_compute(bv, xv), stride, padding,
-                                dilation, groups, padding_mode, overlap)
+    xv = _activation_of("conv", x)
+    wv, bv = _compute_params("conv", xv, {"weight": weight, "bias": bias})
+    y, saved = ops.conv_forward(xv, wv, bv, stride, padding, dilation, groups, padding_mode,
+                                overlap)
 
     def backward(g):
         reduce = _reduce_now(weight, bias)
@@ -87,9 +91,10 @@ def conv_transpose(x, weight, bias=None, stride=1, padding=0, output_padding=0, 
                    dilation=1):
     """Transposed convolution (``torch.nn.functional.conv_transpose{1,2,3}d``, same argument
     order) of ``x`` ``(N, Cin, *S)`` with ``weight`` ``(Cin, Cout // groups, *K)``."""
-    xv, wv, bv = unwrap(x), unwrap(weight), unwrap(bias)
-    y, saved = ops.conv_transpose_forward(xv, _as_compute(wv, xv), _as_compute(bv, xv), stride,
-                                          padding, output_padding, dilation, groups)
+    xv = _activation_of("conv_transpose", x)
+    wv, bv = _compute_params("conv_transpose", xv, {"weight": weight, "bias": bias})
+    y, saved = ops.conv_transpose_forward(xv, wv, bv, stride, padding, output_padding,
+                                          dilation, groups)
 
     def backward(g):
         reduce = _reduce_now(weight, bias)
@@ -105,7 +110,7 @@ conv_transpose1d = conv_transpose2d = conv_transpose3d = conv_transpose
 
 # -- pooling and upsampling ------------------------------------------------------------------
 def _pool(x, mode, kernel_size, stride=None, padding=0, count_include_pad=True):
-    xv = unwrap(x)
+    xv = _activation_of(f"{mode}_pool", x)
     y, saved = ops.pool_forward(xv, mode, kernel_size, stride, padding, count_include_pad)
     return make_result(y, (x,), lambda g: (ops.pool_backward(saved, g),), f"{mode}_pool")
 
@@ -129,7 +134,7 @@ def upsample(x, scale_factor, mode: str = "nearest"):
     ``'bilinear'``/``'trilinear'`` are accepted as ``'linear'``)."""
     if mode in ("bilinear", "trilinear"):
         mode = "linear"
-    xv = unwrap(x)
+    xv = _activation_of("upsample", x)
     y, saved = ops.upsample_forward(xv, scale_factor, mode)
     return make_result(y, (x,), lambda g: (ops.upsample_backward(saved, g),), "upsample")
 
@@ -146,7 +151,9 @@ def batch_norm(x, running_mean, running_var, weight, bias, training: bool = Fals
     ``running_var`` are plain arrays updated in place when training; ``stats='global'``
     normalizes with the statistics of the whole distributed batch (synchronized batch norm,
     the same result as one rank), ``'local'`` with each rank's block (LBANN's local mode)."""
-    xv, wv, bv = unwrap(x), unwrap(weight), unwrap(bias)
+    xv = _activation_of("batch_norm", x)
+    wv, bv = _compute_params("batch_norm", xv, {"weight": weight, "bias": bias}, cast=False,
+                             mixed_low_precision=True)
     y, saved = ops.batch_norm_forward(xv, wv, bv, unwrap(running_mean), unwrap(running_var),
                                       training, momentum, eps, stats)
 
@@ -166,7 +173,7 @@ def _activation(name, x, alpha=None):
     ``x`` only through that sign test), sigmoid and tanh (derivative from ``y``).  The input
     can then be freed after the forward: half the activation memory of a conv -> activation
     pair.  A negative ``alpha`` keeps ``x`` as well."""
-    xv = unwrap(x)
+    xv = _activation_of(name, x)
     y = ops.activation_forward(name, xv, alpha)
     if name in ("relu", "sigmoid", "tanh") or alpha is None or float(alpha) >= 0:
         return make_result(y, (x,), lambda g: (ops.activation_backward(name, g, y, y, alpha),),
@@ -199,7 +206,7 @@ def softmax(x, dim: int = 1):
     """Softmax over the channel axis (``dim`` must be 1: channels are never split)."""
     if dim != 1:
         raise ValueError("softmax runs over the channel axis (dim=1) of an (N, C, ...) array")
-    y = ops.softmax_forward(unwrap(x))
+    y = ops.softmax_forward(_activation_of("softmax", x))
     return make_result(y, (x,), lambda g: (ops.softmax_backward(g, y),), "softmax")
 
 
@@ -208,7 +215,7 @@ def log_softmax(x, dim: int = 1):
     if dim != 1:
         raise ValueError("log_softmax runs over the channel axis (dim=1) of an (N, C, ...) "
                          "array")
-    y = ops.log_softmax(unwrap(x))
+    y = ops.log_softmax(_activation_of("log_softmax", x))
 
     def backward(g):
         xp = g.xp
@@ -220,7 +227,7 @@ def log_softmax(x, dim: int = 1):
 def dropout(x, p: float = 0.5, training: bool = True, rng=0):
     """Dropout with a mask that is the same global array for a generator state on any grid
     (``rng``: a :class:`disttensor.random.Generator`, advanced by one draw, or a seed)."""
-    y, saved = ops.dropout_forward(unwrap(x), p, rng, training)
+    y, saved = ops.dropout_forward(_activation_of("dropout", x), p, rng, training)
     return make_result(y, (x,), lambda g: (ops.dropout_backward(saved, g),), "dropout")
 
 
@@ -231,7 +238,7 @@ def cat(xs, dim: int = 1):
         raise ValueError("cat joins along the channel axis (dim=1); use "
                          "disttensor.autograd.concatenate for other axes")
     xs = list(xs)
-    y, layouts = ops.concat_channels([unwrap(t) for t in xs])
+    y, layouts = ops.concat_channels([_activation_of("cat", t, "tensors") for t in xs])
     return make_result(y, xs, lambda g: tuple(ops.concat_channels_backward(layouts, g)),
                        "cat")
 
@@ -239,14 +246,15 @@ def cat(xs, dim: int = 1):
 def flatten(x):
     """``(N, ...) -> (N, features)``, the sample axis keeping its split (spatial blocks are
     gathered over the spatial grid axes, whose ranks then hold replicas)."""
-    y, saved = ops.flatten_forward(unwrap(x))
+    y, saved = ops.flatten_forward(_activation_of("flatten", x))
     return make_result(y, (x,), lambda g: (ops.flatten_backward(saved, g),), "flatten")
 
 
 def linear(x, weight, bias=None):
     """``x @ weight.T + bias`` on ``(N, F)`` (``torch.nn.functional.linear``)."""
-    xv, wv, bv = unwrap(x), unwrap(weight), unwrap(bias)
-    y, saved = ops.dense_forward(xv, _as_compute(wv, xv), _as_compute(bv, xv))
+    xv = _activation_of("linear", x)
+    wv, bv = _compute_params("linear", xv, {"weight": weight, "bias": bias})
+    y, saved = ops.dense_forward(xv, wv, bv)
 
     def backward(g):
         reduce = _reduce_now(weight, bias)
@@ -258,7 +266,8 @@ def linear(x, weight, bias=None):
 # -- losses ----------------------------------------------------------------------------------
 def mse_loss(x, target):
     """Mean squared error over all elements; a Python float on every rank (collective)."""
-    loss, saved = ops.mse_forward(unwrap(x), unwrap(target))
+    loss, saved = ops.mse_forward(_activation_of("mse_loss", x),
+                                  _activation_of("mse_loss", target, "target"))
     return make_result(loss, (x, target), lambda g: (ops.mse_backward(saved, float(g)), None),
                        "mse_loss")
 
@@ -266,7 +275,8 @@ def mse_loss(x, target):
 def cross_entropy(logits, labels):
     """Mean over the voxels of ``-log softmax(logits)[label]`` (``(N, C, *S)`` logits, integer
     ``(N, *S)`` labels); a Python float on every rank (collective)."""
-    loss, saved = ops.cross_entropy_forward(unwrap(logits), unwrap(labels))
+    loss, saved = ops.cross_entropy_forward(_activation_of("cross_entropy", logits),
+                                            _activation_of("cross_entropy", labels, "target"))
     return make_result(loss, (logits, labels),
                        lambda g: (ops.cross_entropy_backward(saved, float(g)), None),
                        "cross_entropy")
@@ -275,6 +285,10 @@ def cross_entropy(logits, labels):
 def scaled_tanh(x, scale: float):
     """``scale * tanh(x)`` (CosmoFlow's output layer uses 1.2)."""
     return multiply(tanh(x), float(scale))
+
+from . import resampling as _resampling  # noqa: E402  (PyTorch's resampling, pooling, padding)
+globals().update({_n: getattr(_resampling, _n) for _n in _resampling.FUNCTIONS})
+__all__ += _resampling.FUNCTIONS
 
 from . import losses as _losses  # noqa: E402  (PyTorch's losses with reduction=, Dice, one_hot)
 globals().update({_n: getattr(_losses, _n) for _n in _losses.FUNCTIONS})

@@ -18,6 +18,7 @@ from ..random import Generator
 from . import functional as F
 from . import init
 from .module import Module, Parameter
+from .operand_checks import activation
 
 __all__ = ["Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
            "ConvTranspose3d", "MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d", "AvgPool2d",
@@ -38,7 +39,7 @@ def _empty(shape, dtype, device):
 
 
 def _check_input(x, nd: int, channels: int | None, what: str) -> None:
-    shape = x.shape
+    shape = activation(what.lower(), x).shape  # TypeError unless a Tensor of a DistArray
     if len(shape) != nd + 2:
         raise ValueError(f"{what} expects (N, C, {nd} spatial axes) input, got shape {shape}")
     if channels is not None and shape[1] != channels:
@@ -339,6 +340,7 @@ class Linear(Module):
         return f"in_features={self.in_features}, out_features={self.out_features}"
 
     def forward(self, x):
+        activation("linear", x)  # TypeError for anything but a Tensor of a DistArray
         if len(x.shape) != 2 or x.shape[1] != self.in_features:
             raise ValueError(f"Linear expects (N, {self.in_features}) input, got shape "
                              f"{x.shape}")

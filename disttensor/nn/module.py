@@ -15,6 +15,7 @@ import numpy as np
 
 from ..autograd.tensor import Tensor
 from ..core.backend import array_module, to_host, xp_for
+from .module_hooks import ModuleHooks
 
 __all__ = ["Parameter", "Module", "Sequential", "ModuleList", "sequential_layers"]
 
@@ -33,9 +34,16 @@ class Parameter(Tensor):
         return f"Parameter(shape={self.shape}, dtype={self.data.dtype}, device={self.device})"
 
 
-class Module:
+class Module(ModuleHooks):
     """Base class of layers and models: holds parameters, buffers and child modules as
-    attributes (registered by assignment, in order), ``training`` mode, and ``forward``."""
+    attributes (registered by assignment, in order), ``training`` mode, and ``forward``.
+
+    PyTorch's API: traversal (``children``, ``named_children``, ``modules``,
+    ``named_modules(memo, prefix, remove_duplicate)``, ``parameters(recurse)``,
+    ``named_parameters(prefix, recurse, remove_duplicate)``, ``buffers``, ``apply``,
+    ``get_submodule``, ``get_parameter``, ``get_buffer``), dtypes (``double``, ``float``,
+    ``half``, ``bfloat16`` where NumPy has it, ``to(dtype)``), hooks
+    (:mod:`disttensor.nn.module_hooks`), state dicts with PyTorch's names."""
 
     def __init__(self):
         object.__setattr__(self, "_parameters", OrderedDict())
@@ -91,45 +99,106 @@ class Module:
         self._modules[name] = module
 
     # -- traversal ------------------------------------------------------------------------
-    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, "Module"]]:
+    def named_modules(self, memo: set | None = None, prefix: str = "",
+                      remove_duplicate: bool = True) -> Iterator[tuple[str, "Module"]]:
+        """``(name, module)`` for this module and every descendant, depth first; a module
+        reached twice is given once unless ``remove_duplicate=False`` (PyTorch's order)."""
+        if memo is None:
+            memo = set()
+        if id(self) in memo:
+            return
+        if remove_duplicate:
+            memo.add(id(self))
         yield prefix, self
         for name, m in self._modules.items():
             if m is not None:
-                yield from m.named_modules(f"{prefix}.{name}" if prefix else name)
+                yield from m.named_modules(memo, f"{prefix}.{name}" if prefix else name,
+                                           remove_duplicate)
 
     def modules(self) -> Iterator["Module"]:
         for _, m in self.named_modules():
             yield m
 
-    def children(self) -> Iterator["Module"]:
-        for m in self._modules.values():
-            if m is not None:
-                yield m
-
-    def named_parameters(self, prefix: str = "") -> Iterator[tuple[str, Parameter]]:
+    def named_children(self) -> Iterator[tuple[str, "Module"]]:
+        """``(name, child)`` for each direct child (once each)."""
         seen = set()
-        for mname, m in self.named_modules(prefix):
-            for name, p in m._parameters.items():
-                if p is not None and id(p) not in seen:
-                    seen.add(id(p))
-                    yield (f"{mname}.{name}" if mname else name), p
+        for name, m in self._modules.items():
+            if m is not None and id(m) not in seen:
+                seen.add(id(m))
+                yield name, m
 
-    def parameters(self) -> Iterator[Parameter]:
-        for _, p in self.named_parameters():
+    def children(self) -> Iterator["Module"]:
+        for _, m in self.named_children():
+            yield m
+
+    def _named_members(self, slot: str, prefix: str, recurse: bool, remove_duplicate: bool):
+        seen = set()
+        mods = self.named_modules(prefix=prefix, remove_duplicate=remove_duplicate) \
+            if recurse else [(prefix, self)]
+        for mname, m in mods:
+            for name, v in getattr(m, slot).items():
+                if v is None or (remove_duplicate and id(v) in seen):
+                    continue
+                seen.add(id(v))
+                yield (f"{mname}.{name}" if mname else name), v
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True,
+                         remove_duplicate: bool = True) -> Iterator[tuple[str, Parameter]]:
+        return self._named_members("_parameters", prefix, recurse, remove_duplicate)
+
+    def parameters(self, recurse: bool = True) -> Iterator[Parameter]:
+        for _, p in self.named_parameters(recurse=recurse):
             yield p
 
-    def named_buffers(self, prefix: str = "") -> Iterator[tuple[str, object]]:
-        for mname, m in self.named_modules(prefix):
-            for name, b in m._buffers.items():
-                if b is not None:
-                    yield (f"{mname}.{name}" if mname else name), b
+    def named_buffers(self, prefix: str = "", recurse: bool = True,
+                      remove_duplicate: bool = True) -> Iterator[tuple[str, object]]:
+        return self._named_members("_buffers", prefix, recurse, remove_duplicate)
 
-    def buffers(self) -> Iterator[object]:
-        for _, b in self.named_buffers():
+    def buffers(self, recurse: bool = True) -> Iterator[object]:
+        for _, b in self.named_buffers(recurse=recurse):
             yield b
 
     def num_parameters(self) -> int:
         return int(sum(p.data.size for p in self.parameters()))
+
+    def apply(self, fn) -> "Module":
+        """``fn(module)`` on every child (recursively), then on this module; returns self."""
+        for m in self.children():
+            m.apply(fn)
+        fn(self)
+        return self
+
+    def get_submodule(self, target: str) -> "Module":
+        """The descendant named by the dotted path ``target`` (``''``: this module);
+        ``AttributeError`` naming the missing piece, as PyTorch."""
+        if target == "":
+            return self
+        mod = self
+        for item in target.split("."):
+            if item not in mod._modules or mod._modules[item] is None:
+                if item in mod.__dict__ or item in mod._parameters or item in mod._buffers:
+                    raise AttributeError(f"`{item}` is not an nn.Module")
+                raise AttributeError(f"{type(mod).__name__} has no attribute `{item}`")
+            mod = mod._modules[item]
+        return mod
+
+    def _get_member(self, target: str, slot: str, what: str):
+        path, _, name = target.rpartition(".")
+        mod = self.get_submodule(path)
+        members = getattr(mod, slot)
+        if name not in members:
+            if hasattr(mod, name) or name in mod._modules:
+                raise AttributeError(f"`{name}` is not {what}")
+            raise AttributeError(f"{type(mod).__name__} has no attribute `{name}`")
+        return members[name]
+
+    def get_parameter(self, target: str) -> Parameter:
+        """The parameter named by the dotted path ``target`` (``'features.0.weight'``)."""
+        return self._get_member(target, "_parameters", "an nn.Parameter")
+
+    def get_buffer(self, target: str):
+        """The buffer named by the dotted path ``target``."""
+        return self._get_member(target, "_buffers", "a buffer")
 
     # -- modes ----------------------------------------------------------------------------
     def train(self, mode: bool = True) -> "Module":
@@ -156,7 +225,7 @@ class Module:
     def state_dict(self) -> "OrderedDict[str, object]":
         """Every parameter and buffer by dotted name (the arrays themselves, not copies)."""
         out = OrderedDict()
-        for mname, m in self.named_modules():
+        for mname, m in self.named_modules(remove_duplicate=False):
             for name, p in m._parameters.items():
                 if p is not None:
                     out[f"{mname}.{name}" if mname else name] = p.data
@@ -190,7 +259,14 @@ class Module:
 
     def to(self, device: str | None = None, dtype=None) -> "Module":
         """Move parameters and buffers to ``device`` (``'cpu'``/``'cuda'``) and/or cast
-        floating ones to ``dtype``; in place, returns ``self``."""
+        floating ones to ``dtype`` (a floating dtype; ``to('float64')`` alone casts, as
+        PyTorch's ``to(torch.float64)``); in place, returns ``self``."""
+        if device is not None and not str(device).startswith(("cpu", "cuda")):
+            if dtype is not None:
+                raise TypeError(f"to(): {device!r} is not a device")
+            device, dtype = None, device
+        if dtype is not None:
+            dtype = _float_dtype(dtype)
         xp = xp_for(device) if device is not None else None
 
         def move(a):
@@ -209,11 +285,28 @@ class Module:
                     m._buffers[name] = move(b)
         return self
 
+    def double(self) -> "Module":
+        """Cast floating parameters and buffers to float64 (in place; returns self)."""
+        return self.to(dtype=np.float64)
+
+    def float(self) -> "Module":  # noqa: A003 - PyTorch's name
+        return self.to(dtype=np.float32)
+
+    def half(self) -> "Module":
+        return self.to(dtype=np.float16)
+
+    def bfloat16(self) -> "Module":
+        """float16's 8-bit-exponent sibling: needs NumPy's ``bfloat16`` from the ``ml_dtypes``
+        package (``TypeError`` without it)."""
+        return self.to(dtype="bfloat16")
+
     # -- call -----------------------------------------------------------------------------
     def forward(self, *args, **kwargs):
         raise NotImplementedError(f"{type(self).__name__} has no forward()")
 
     def __call__(self, *args, **kwargs):
+        if self._has_hooks():
+            return self._call_hooked(args, kwargs)
         return self.forward(*args, **kwargs)
 
     def extra_repr(self) -> str:
@@ -225,6 +318,26 @@ class Module:
             sub = repr(m).replace("\n", "\n  ")
             lines.append(f"  ({name}): {sub}")
         return "\n".join(lines) + (")" if len(lines) == 1 else "\n)")
+
+
+def _float_dtype(dtype) -> np.dtype:
+    """``dtype`` as a NumPy floating dtype (``TypeError`` otherwise, as PyTorch's
+    ``Module.to``)."""
+    if str(dtype) == "bfloat16":
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise TypeError("bfloat16 needs the ml_dtypes package (NumPy has no bfloat16)") \
+                from None
+        return np.dtype(ml_dtypes.bfloat16)
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"to(): {dtype!r} is neither a device nor a dtype") from None
+    if dt.kind not in "fc":
+        raise TypeError(f"nn.Module.to only accepts floating point or complex dtypes, but got "
+                        f"desired dtype={dt}")
+    return dt
 
 
 class Sequential(Module):

@@ -119,6 +119,10 @@ class _Bucket:
             self.offsets.append(n)
             n += p.data.size
         self.size = n
+        #: one "used" flag per parameter after the gradients (buffer[size + i]): 1 where this
+        #: rank's backward handed the parameter a gradient; summed with the gradients, so
+        #: a parameter used on no rank is known without another round trip
+        self.length = n + len(params)
         self.buffer = None  # allocated (zeroed) when the bucket is first needed
         self.missing = len(params)
         self.request = None
@@ -193,7 +197,9 @@ class GradientReducer:
         (copied) as without callbacks.  Completion is polled (``MPI_Test``, local) each time
         backward hands over a parameter's last share of the step, and :meth:`finish` delivers
         the rest, so when a bucket arrives differs between ranks: a callback must not
-        communicate.  Buckets arrive in index order, each once per step (:meth:`finish`)."""
+        communicate.  Buckets arrive in index order, each once per step (:meth:`finish`).
+        ``grads[i]`` is ``None`` for a parameter no rank had a gradient for (unused or
+        frozen): leave it alone."""
         if not callable(callback):
             raise TypeError(f"on_bucket_done takes a callable, got {type(callback).__name__}")
         self._done_hooks.append(callback)
@@ -242,7 +248,7 @@ class GradientReducer:
         if b.buffer is None:  # first use, or freed after its gradients were taken
             if self._done_hooks:
                 self._poll_done()  # free what has completed before allocating more
-            b.buffer = _zeros_buffer(self.transport, b.size, b.dtype)
+            b.buffer = _zeros_buffer(self.transport, b.length, b.dtype)
         seg = b.buffer[b.offsets[i]:b.offsets[i] + p.data.size]
         seen = self._reported.get(id(p), 0)
         self._reported[id(p)] = seen + 1
@@ -255,8 +261,10 @@ class GradientReducer:
             share = share.reshape(-1)
         if seen == 0:  # first report of this step: overwrite the zeroed segment
             seg[...] = 0 if share is None else share
+            b.buffer[b.size + i] = 0 if share is None else 1
         elif share is not None:  # a later pass of accumulate(): add
             seg += share
+            b.buffer[b.size + i] = 1
         if seen + 1 != self._passes:
             return True  # more passes to come before this parameter is complete
         b.missing -= 1
@@ -286,7 +294,13 @@ class GradientReducer:
         """Hand bucket ``b``'s sums to the on_bucket_done callbacks, the rest into ``.grad``."""
         hooks = self._done_hooks
         grads, views = [], []
-        for p, off in zip(b.params, b.offsets):
+        used = to_host(b.buffer[b.size:]) if array_module(b.buffer) is not np \
+            else b.buffer[b.size:]
+        for i, (p, off) in enumerate(zip(b.params, b.offsets)):
+            if not used[i] or not p.requires_grad:  # no rank had a gradient, or frozen:
+                grads.append(None)                  # .grad stays as it is (None), as PyTorch
+                views.append(False)
+                continue
             xp = array_module(p.data)
             g = b.buffer[off:off + p.data.size].reshape(p.data.shape)
             view = bool(hooks) and xp is np and p.grad is None and g.dtype == p.data.dtype
@@ -310,7 +324,7 @@ class GradientReducer:
 
     def _start(self, b: _Bucket) -> None:
         if b.buffer is None:  # no gradient reached it in this step: it sums zeros
-            b.buffer = _zeros_buffer(self.transport, b.size, b.dtype)
+            b.buffer = _zeros_buffer(self.transport, b.length, b.dtype)
         if self.comm.size == 1:
             b.request = MPI.REQUEST_NULL
         elif self.transport == "nccl":
@@ -349,7 +363,13 @@ class GradientReducer:
 
     def finish(self) -> None:
         """Start what is left (parameters backward never reached contribute zeros), wait for
-        every bucket, and add the sums into each parameter's ``.grad`` (collective)."""
+        every bucket, and add the sums into each parameter's ``.grad`` (collective).
+
+        As PyTorch's DDP: a parameter that got a gradient on some rank gets the sum (ranks
+        where it was unused contribute zeros); one that got none on any rank (unused in
+        forward everywhere, or frozen with ``requires_grad_(False)``) keeps its ``.grad``
+        (``None`` after ``zero_grad``), so optimizers skip it.  Which is which is decided
+        by a "used" flag per parameter summed in the bucket's own all-reduce."""
         self.armed = False
         for b in self.buckets:
             b.missing = 0  # parameters backward never reached keep their zeroed segments

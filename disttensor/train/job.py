@@ -91,8 +91,9 @@ def run(argv=None, comm=None, on_step=None) -> TrainResult:
                 raise ValueError(f"validation samples have shape {val_ds.sample_shape}, the "
                                  f"training samples {sample_shape}")
             model = build_model(args, sample_shape, nn.init.manual_seed(args.seed))
-        return train_epochs(args, comm, grid, train_ds, val_ds, model, progress,
-                            segmentation, yname, sample_shape, on_step, full)
+        with nn.amp.autocast(enabled=args.amp):  # float16 activations, float32 weights
+            return train_epochs(args, comm, grid, train_ds, val_ds, model, progress,
+                                segmentation, yname, sample_shape, on_step, full)
     finally:
         train_ds.close()
         val_ds.close()

@@ -73,6 +73,7 @@ class LayerTimer:
         from ...core.array import DistArray
         from ...routines.creation import from_global
         from ...core.grid import ProcessGrid
+        from ..amp import autocast
         from ..partition import _Isolated, _sync
         a = np.random.default_rng(0).standard_normal(shape).astype(self.dtype)
         grid = ProcessGrid((1,) * (len(shape) - 1), comm=MPI.COMM_SELF)
@@ -80,8 +81,8 @@ class LayerTimer:
                         device=self.device)
         state = {}  # the output's layout, for the ones gradient (known after one forward)
 
-        def run():
-            with _Isolated([layer], grid):
+        def run():  # autocast: mixed precision times float16 blocks on float32 weights
+            with _Isolated([layer], grid), autocast():
                 xt = Tensor(x, requires_grad=input_grad)
                 tmpl = state.get("out")
                 g = None if tmpl is None else filled_like(tmpl, 1)

@@ -1,0 +1,122 @@
+"""PyTorch's tensor reductions and selections of :mod:`disttensor.autograd.reductions` under
+MPI: ``sum``/``mean`` (``dim``, ``keepdim``), ``amax``, ``var``/``std`` (``correction``),
+``max``/``min`` (whole tensor: ties share the gradient; ``dim=k``: ``(values, indices)`` and
+the first extreme takes it), ``argmax``, ``clamp``/``clip`` (numbers and tensors, PyTorch's
+rule for crossed bounds), ``where``: values and gradients against NumPy float64, on rows and
+columns split over a 1-D grid, a 2-D grid, and blocks with an empty rank (uneven sizes).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+import disttensor as dt
+from disttensor import autograd as ag
+from disttensor.autograd import Tensor
+
+from checks import SIZE, expect, grid
+from gradchecks import close, guarded, value_of
+
+
+def layouts_2d(shape):
+    """Rows split, columns split, a 2-D grid (4 ranks), or all rows on rank 1 (empty blocks
+    elsewhere)."""
+    out = [((SIZE,), (0, None), None), ((SIZE,), (None, 0), None)]
+    if SIZE == 4:
+        out.append(((2, 2), (0, 1), None))
+    elif SIZE >= 2:
+        out.append(((SIZE,), (0, None), [0, shape[0]] + [0] * (SIZE - 2)))
+    return out
+
+
+def dist(a, layout, requires_grad=False):
+    dims, split, sizes = layout
+    return Tensor(dt.from_global(np.array(a), grid=grid(dims), split=split,
+                                 sizes=None if sizes is None else [sizes, None]),
+                  requires_grad=requires_grad)
+
+
+def _expand(g, shape, dim, keepdim):
+    g = np.asarray(g, dtype=np.float64)
+    if dim is not None and not keepdim:
+        g = np.expand_dims(g, dim)
+    return np.broadcast_to(g, shape)
+
+
+@guarded
+def test_reductions_against_numpy():
+    shape = (3, 4)
+    for layout in layouts_2d(shape):
+        rng = np.random.default_rng(4)
+        a = rng.integers(0, 3, shape).astype(np.float64)  # ties
+        for dim, keepdim in ((None, False), (0, False), (1, True), (None, True)):
+            k = f" dim={dim} keepdim={keepdim}"
+            for name in ("sum", "mean", "amax", "var", "std"):
+                x = dist(a, layout, True)
+                kw = {"dim": dim, "keepdim": keepdim}
+                if name in ("var", "std"):
+                    kw["correction"] = 0 if keepdim else 1
+                y = getattr(x, name)(**kw)
+                c = kw.get("correction", 0)
+                want = {"sum": lambda: a.sum(dim, keepdims=keepdim),
+                        "mean": lambda: a.mean(dim, keepdims=keepdim),
+                        "amax": lambda: a.max(dim, keepdims=keepdim),
+                        "var": lambda: a.var(dim, ddof=c, keepdims=keepdim),
+                        "std": lambda: a.std(dim, ddof=c, keepdims=keepdim)}[name]()
+                close(value_of(y), want, f"{name}{k} {layout}")
+                r = rng.standard_normal(np.shape(want))
+                rt = r.item() if np.ndim(want) == 0 else Tensor(
+                    r if not isinstance(y.data, dt.DistArray) else
+                    dt.from_global(r, grid=y.data.grid, split=y.data.split))
+                (y * rt).sum().backward()
+                ge = _expand(r, shape, dim, keepdim)
+                m = a.mean(dim, keepdims=True)
+                n = a.size if dim is None else shape[dim]
+                gref = {"sum": lambda: ge, "mean": lambda: ge / n,
+                        "amax": lambda: ge * (a == a.max(dim, keepdims=True)) / (
+                            a == a.max(dim, keepdims=True)).sum(dim, keepdims=True),
+                        "var": lambda: ge * 2 * (a - m) / (n - c),
+                        "std": lambda: ge * (a - m) / ((n - c) * a.std(
+                            dim, ddof=c, keepdims=True))}[name]()
+                close(value_of(x.grad), gref, f"d {name}{k} {layout}")
+            # max/min along a dim: (values, indices); the first extreme takes the gradient
+            for kind in ("max", "min"):
+                x = dist(a, layout, True)
+                if dim is None:
+                    v = getattr(x, kind)()
+                    close(value_of(v), getattr(a, kind)(), f"{kind}() {layout}")
+                    v.backward()
+                    mask = a == getattr(a, kind)()
+                    close(value_of(x.grad), mask / mask.sum(), f"d {kind}() ties {layout}")
+                    continue
+                v, i = getattr(x, kind)(dim, keepdim=True)
+                arg = getattr(np, f"arg{kind}")(a, dim)
+                close(value_of(v), getattr(a, kind)(dim, keepdims=True), f"{kind}({dim})")
+                close(value_of(i), np.expand_dims(arg, dim), f"{kind}({dim}) indices")
+                v.sum().backward()
+                onehot = np.zeros(shape)
+                np.put_along_axis(onehot, np.expand_dims(arg, dim), 1.0, dim)
+                close(value_of(x.grad), onehot, f"d {kind}({dim}): the first extreme {layout}")
+                close(value_of(x.argmax(dim)), np.argmax(a, dim), f"argmax({dim}) {layout}")
+        # clamp with numbers and tensors, where
+        b = rng.standard_normal(shape)
+        lo, hi = rng.standard_normal(shape) - 0.5, rng.standard_normal(shape) + 0.5
+        x, tl, th = dist(b, layout, True), dist(lo, layout, True), dist(hi, layout, True)
+        y = x.clamp(tl, th)
+        close(value_of(y), np.minimum(np.maximum(b, lo), hi), f"clamp(tensors) {layout}")
+        y.sum().backward()
+        close(value_of(x.grad), 1.0 * ((b >= lo) & (b <= hi)), f"d clamp / x {layout}")
+        close(value_of(tl.grad), 1.0 * ((b < lo) & (lo < hi)), f"d clamp / min {layout}")
+        close(value_of(th.grad), 1.0 * ((b > hi) | (hi < lo)), f"d clamp / max {layout}")
+        x = dist(b, layout, True)
+        x.clip(min=-0.3).sum().backward()
+        close(value_of(x.grad), 1.0 * (b >= -0.3), f"d clip(min=number) {layout}")
+        x, z = dist(b, layout, True), dist(lo, layout, True)
+        cond = dist(b > 0, layout)
+        y = ag.where(cond, x, z)
+        close(value_of(y), np.where(b > 0, b, lo), f"where {layout}")
+        (y * 2.0).sum().backward()
+        close(value_of(x.grad), 2.0 * (b > 0), f"d where / x {layout}")
+        close(value_of(z.grad), 2.0 * (b <= 0), f"d where / y {layout}")
+    t = Tensor(np.zeros((2, 3, 4)))
+    expect(t.numel() == 24 and t.size() == (2, 3, 4) and t.size(1) == 3 and t.dim() == 3,
+           "numel/size/dim")
