@@ -52,7 +52,7 @@ def build_loss(args):
     cross-entropy for the U-Net, Dice + cross-entropy over the deep-supervision outputs for
     the nnU-Net (nnU-Net's loss)."""
     if args.model == "nnunet":
-        return nn.models.DeepSupervisionLoss(nn.DiceCELoss())
+        return nn.models.DeepSupervisionLoss()
     return nn.functional.cross_entropy if args.model in SEGMENTATION_MODELS else \
         nn.functional.mse_loss
 

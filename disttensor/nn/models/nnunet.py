@@ -9,10 +9,10 @@ that resolution, ``convs_per_stage`` conv blocks, and a 1x1x1 segmentation head.
 ``deep_supervision`` (training only, as nnU-Net) ``forward`` returns the logits of every decoder
 stage, full resolution first; in eval mode (or without it) the full-resolution logits.
 
-:class:`DeepSupervisionLoss` trains it as nnU-Net does: the loss (Dice + cross-entropy,
-:class:`~disttensor.nn.DiceCELoss`) of each output against the labels subsampled to its
-resolution (nearest neighbour: every ``2**i``-th voxel), weighted ``1 / 2**i`` with the
-lowest resolution's weight 0, the weights normalized to sum to 1.
+:class:`DeepSupervisionLoss` trains it as nnU-Net does: the loss (Dice over the foreground
+classes + cross-entropy, :class:`~disttensor.nn.DiceCELoss`) of each output against the labels
+subsampled to its resolution (nearest neighbour: every ``2**i``-th voxel), weighted
+``1 / 2**i`` with the lowest resolution's weight 0, the weights normalized to sum to 1.
 
 Every extent must be divisible by ``2**(len(features) - 1)``.  Everything is collective over
 the activations' grid (any sample x spatial grid).
@@ -129,15 +129,16 @@ def deep_supervision_weights(n: int) -> list[float]:
 
 class DeepSupervisionLoss(Module):
     """``sum_i w_i * loss(outputs[i], labels subsampled to outputs[i])``; a single output
-    (eval mode) is ``loss(output, labels)``.  ``loss`` default: Dice + cross-entropy
-    (:class:`~disttensor.nn.DiceCELoss`, nnU-Net's); ``weights`` default:
+    (eval mode) is ``loss(output, labels)``.  ``loss`` default: Dice (softmax, foreground
+    classes) + cross-entropy, nnU-Net v2's ``DC_and_CE_loss``
+    (``DiceCELoss(include_background=False, softmax=True)``); ``weights`` default:
     :func:`deep_supervision_weights`.  Collective over the activations' grid."""
 
     def __init__(self, loss=None, weights=None):
         super().__init__()
         if loss is None:
             from .. import DiceCELoss
-            loss = DiceCELoss()
+            loss = DiceCELoss(include_background=False, softmax=True)
         self.loss = loss
         self.weights = None if weights is None else [float(w) for w in weights]
 
