@@ -69,20 +69,19 @@ def _scale(n, m, sf, align):
     return 1.0 / sf if sf else n / m
 
 
-def axis_weights(n, m, mode, sf=None, align=False):
-    """The ``(m, n)`` interpolation matrix of one axis (PyTorch's source coordinates)."""
+def axis_weights(n, m, mode, sf=None, align=False, shortcuts=False):
+    """The ``(m, n)`` interpolation matrix of one axis (PyTorch's source coordinates;
+    ``shortcuts``: PyTorch's 2-D nearest kernel copies ``m == n`` axes and halves the output
+    index where ``m == 2n``, whatever the scale factor)."""
     a = np.zeros((m, n))
     for o in range(m):
         if mode in ("nearest", "nearest-exact"):
-            if mode == "nearest" and m == n:
-                i = o
-            elif mode == "nearest" and m == 2 * n:
-                i = o // 2
-            else:
-                s = np.float32(1.0 / sf) if sf else np.float32(n) / np.float32(m)
-                pos = (np.float32(o) + np.float32(0.5)) * s if mode == "nearest-exact" \
-                    else np.float32(o) * s
-                i = min(int(math.floor(pos)), n - 1)
+            s = np.float32(1.0 / sf) if sf else np.float32(n) / np.float32(m)
+            pos = (np.float32(o) + np.float32(0.5)) * s if mode == "nearest-exact" \
+                else np.float32(o) * s
+            i = min(int(math.floor(pos)), n - 1)
+            if shortcuts and mode == "nearest" and m in (n, 2 * n):
+                i = o if m == n else o // 2
             a[o, i] = 1.0
             continue
         s = _scale(n, m, sf, align)
@@ -100,7 +99,8 @@ def interpolate(x, out, mode, sfs=None, align=False):
     or ``None``); linear modes are the tensor product of :func:`axis_weights`."""
     y = np.asarray(x, dtype=np.float64)
     for i, m in enumerate(out):
-        a = axis_weights(y.shape[2 + i], m, mode, None if sfs is None else sfs[i], align)
+        a = axis_weights(y.shape[2 + i], m, mode, None if sfs is None else sfs[i], align,
+                         len(out) == 2)
         y = np.moveaxis(np.tensordot(a, y, axes=(1, 2 + i)), 0, 2 + i)
     return y
 
@@ -109,7 +109,7 @@ def interpolate_backward(dy, in_shape, mode, sfs=None, align=False):
     g = np.asarray(dy, dtype=np.float64)
     for i in reversed(range(len(in_shape) - 2)):
         a = axis_weights(in_shape[2 + i], g.shape[2 + i], mode,
-                         None if sfs is None else sfs[i], align)
+                         None if sfs is None else sfs[i], align, len(in_shape) == 4)
         g = np.moveaxis(np.tensordot(a.T, g, axes=(1, 2 + i)), 0, 2 + i)
     return g
 
@@ -132,9 +132,17 @@ def pad_index(j: int, n: int, lo: int, mode: str) -> int | None:
     raise ValueError(mode)
 
 
+def _crop(pads, shape):
+    """Negative pads crop first (PyTorch's circular padding wraps the cropped array)."""
+    keep = tuple(slice(max(-lo, 0), n - max(-hi, 0)) for n, (lo, hi) in zip(shape, pads))
+    return keep, tuple((max(lo, 0), max(hi, 0)) for lo, hi in pads)
+
+
 def pad(x, pads, mode, value=0.0):
     """``pads``: ``(lo, hi)`` per spatial axis (first spatial axis first)."""
     x = np.asarray(x, dtype=np.float64)
+    keep, pads = _crop(pads, x.shape[2:])
+    x = x[(slice(None), slice(None)) + keep]
     out_shape = x.shape[:2] + tuple(n + lo + hi for n, (lo, hi) in zip(x.shape[2:], pads))
     y = np.full(out_shape, float(value))
     for j in itertools.product(*[range(m) for m in out_shape[2:]]):
@@ -145,9 +153,12 @@ def pad(x, pads, mode, value=0.0):
 
 
 def pad_backward(dy, in_shape, pads, mode):
-    dx = np.zeros(in_shape)
+    keep, pads = _crop(pads, in_shape[2:])
+    dxc = np.zeros(in_shape[:2] + tuple(s.stop - s.start for s in keep))
     for j in itertools.product(*[range(m) for m in dy.shape[2:]]):
-        src = [pad_index(jj, n, lo, mode) for jj, n, (lo, _) in zip(j, in_shape[2:], pads)]
+        src = [pad_index(jj, n, lo, mode) for jj, n, (lo, _) in zip(j, dxc.shape[2:], pads)]
         if None not in src:
-            dx[(...,) + tuple(src)] += dy[(...,) + j]
+            dxc[(...,) + tuple(src)] += dy[(...,) + j]
+    dx = np.zeros(in_shape)
+    dx[(slice(None), slice(None)) + keep] = dxc
     return dx

@@ -124,8 +124,9 @@ def interpolate_forward(x: DistArray, size=None, scale_factor=None, mode: str = 
         y, saved = adaptive_pool_forward(x, "avg", out)
         return y, InterpolateSaved(x.distribution, None, (), saved)
     d, coords = x.distribution, x.grid.coords
-    maps = tuple(interp_map(n, m, base, None if scales is None else scales[i], align)
-                 for i, (n, m) in enumerate(zip(x.shape[2:], out)))
+    shortcuts = x.ndim == 4   # PyTorch's 2-D nearest kernel (see nearest_index)
+    maps = tuple(interp_map(n, m, base, None if scales is None else scales[i], align,
+                            shortcuts) for i, (n, m) in enumerate(zip(x.shape[2:], out)))
     plan = window_plan_of(d, maps, coords)
     xin = halo_input(x, plan)
     csrs = []
@@ -137,7 +138,7 @@ def interpolate_forward(x: DistArray, size=None, scale_factor=None, mode: str = 
                 o0, o1 = plan.out_dist.block_range(t, plan.out_dist.axis_coord(t, coords))
                 r0 = amap.lo[o0]
                 csr = _taps(base, amap.n, amap.m, o0, o1, r0,
-                            None if scales is None else scales[i], align)
+                            None if scales is None else scales[i], align, shortcuts)
                 csrs.append((csr, o1 - o0, win.shape[t]))
             y = win
             for i in reversed(range(len(maps))):
@@ -147,7 +148,7 @@ def interpolate_forward(x: DistArray, size=None, scale_factor=None, mode: str = 
     return DistArray(y, plan.out_dist, x.grid), InterpolateSaved(d, plan, tuple(csrs))
 
 
-def _taps(mode, n, m, o0, o1, r0, scale, align):
+def _taps(mode, n, m, o0, o1, r0, scale, align, shortcuts):
     """CSR of outputs ``[o0, o1)`` of an ``n -> m`` axis, indices relative to ``r0``."""
     rows = o1 - o0
     if mode == "linear":
@@ -155,7 +156,7 @@ def _taps(mode, n, m, o0, o1, r0, scale, align):
         indptr = np.arange(0, 2 * rows + 1, 2, dtype=np.int64)
         return (indptr, np.stack([i0 - r0, i1 - r0], 1).reshape(-1),
                 np.stack([w0, w1], 1).reshape(-1))
-    idx = nearest_index(n, m, scale, mode == "nearest-exact")[o0:o1] - r0
+    idx = nearest_index(n, m, scale, mode == "nearest-exact", shortcuts)[o0:o1] - r0
     return np.arange(rows + 1, dtype=np.int64), idx.astype(np.int64), np.ones(rows)
 
 

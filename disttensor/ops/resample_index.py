@@ -119,13 +119,16 @@ def interp_scale(n: int, m: int, scale_factor: float | None, align_corners: bool
     return n / m
 
 
-def nearest_index(n: int, m: int, scale_factor: float | None, exact: bool) -> np.ndarray:
+def nearest_index(n: int, m: int, scale_factor: float | None, exact: bool,
+                  shortcuts: bool = False) -> np.ndarray:
     """Source index of every output of nearest (``exact``: nearest-exact) interpolation,
-    PyTorch's ``nearest_idx`` / ``nearest_neighbor_exact_compute_source_index`` in float32."""
+    PyTorch's ``nearest_idx`` / ``nearest_neighbor_exact_compute_source_index`` in float32.
+    ``shortcuts``: PyTorch's 2-D nearest kernel copies an axis with ``m == n`` and halves
+    ``o`` where ``m == 2n`` whatever the scale factor (its 1-D and 3-D kernels do not)."""
     o = np.arange(m)
-    if not exact and m == n:
+    if shortcuts and not exact and m == n:
         return o
-    if not exact and m == 2 * n:
+    if shortcuts and not exact and m == 2 * n:
         return o >> 1
     s = np.float32(1.0 / scale_factor) if scale_factor is not None and scale_factor > 0 \
         else np.float32(n) / np.float32(m)
@@ -147,15 +150,15 @@ def linear_taps(n: int, m: int, scale_factor: float | None, align_corners: bool)
 
 @lru_cache(maxsize=512)
 def interp_map(n: int, m: int, mode: str, scale_factor: float | None,
-               align_corners: bool) -> AxisMap:
+               align_corners: bool, shortcuts: bool = False) -> AxisMap:
     """The :class:`AxisMap` of interpolating ``n`` inputs to ``m`` outputs; ``mode``
     ``'nearest'``, ``'nearest-exact'`` or ``'linear'``; ``scale_factor``: the factor PyTorch's
-    kernel uses (``None`` when the size decides)."""
+    kernel uses (``None`` when the size decides); ``shortcuts``: see :func:`nearest_index`."""
     if mode == "linear":
         i0, i1, _, _ = linear_taps(n, m, scale_factor, align_corners)
         lo, hi = i0, i1 + 1
     else:
-        i0 = nearest_index(n, m, scale_factor, mode == "nearest-exact")
+        i0 = nearest_index(n, m, scale_factor, mode == "nearest-exact", shortcuts)
         lo, hi = i0, i0 + 1
     return AxisMap(n, tuple(int(v) for v in lo), tuple(int(v) for v in hi), centre_keys(n, m))
 

@@ -45,7 +45,7 @@ def interp_cases(draw):
         size = size if nd > 1 or draw(st.booleans()) else size[0]
         args = dict(size=size)
     else:
-        sf = [draw(st.sampled_from([0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0])) for _ in spatial]
+        sf = [draw(st.sampled_from([0.5, 0.75, 1.0, 1.3, 1.5, 2.1, 2.5, 3.0])) for _ in spatial]
         spatial_ok = all(math.floor(n * s) > 0 for n, s in zip(spatial, sf))
         if not spatial_ok:
             sf = [max(s, 1.0) for s in sf]
@@ -168,3 +168,19 @@ def test_interpolate_bad_input():
         with assert_raises_collectively(exc, match=match):
             interpolate_forward(x, **kw)
 
+
+
+@guarded
+def test_nearest_scale_rules_by_rank():
+    """PyTorch's 2-D nearest kernel copies an axis whose extent is unchanged and halves the
+    index of a doubled one whatever the scale factor; its 1-D and 3-D kernels index with
+    ``floor(o / scale)`` (``3 * 1.3 -> 3`` cells: 0, 0, 1)."""
+    rng = np.random.default_rng(11)
+    for shape, sf in (((2, 2, 3), 1.3), ((2, 2, 3, 3), (1.3, 2.1)), ((1, 2, 3, 2, 3), 1.3)):
+        nd = len(shape) - 2
+        xg = rng.normal(size=shape)
+        x = scatter(xg, ((SIZE,), (None, None, 0) + (None,) * (nd - 1), None))
+        y = R.interpolate(Tensor(x), scale_factor=sf).data
+        sfs = sf if isinstance(sf, tuple) else (sf,) * nd
+        out = tuple(math.floor(n * f) for n, f in zip(shape[2:], sfs))
+        close(y.to_numpy(), ref.interpolate(xg, out, "nearest", sfs), f"nearest {shape} {sf}")
