@@ -41,6 +41,10 @@ MODULE_SPECS = {
                                    "activation_forward<{T}>", "activation_backward<{T}>",
                                    "softmax_channels<{T}>", "softmax_channels_backward<{T}>"),
                   ("channel_finalize",)),
+    "normalization": ("normalization.cu", ("row_moments_partial<{T}>", "ln_row_partial<{T}>",
+                                           "ln_col_sums<{T}>", "rows_backward_apply<{T}>",
+                                           "ln_forward_apply<{T}>", "ln_backward_apply<{T}>"),
+                      ("row_moments_finalize",)),
 }
 
 _LOCAL_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"[ \t]*(//[^\n]*)?$', re.M)
