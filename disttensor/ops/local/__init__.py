@@ -28,7 +28,8 @@ from ...core.backend import array_module
 
 __all__ = ["kernels_for"]
 
-_CPU_MODULES = ("cpu.conv_im2col", "cpu.pool", "cpu.pointwise", "cpu.losses")
+_CPU_MODULES = ("cpu.conv_im2col", "cpu.pool", "cpu.pointwise", "cpu.losses",
+                "cpu.activations_more")
 # kernel names taken from another module than the first of _CPU_MODULES that defines them
 _CPU_OVERRIDES = {"conv_forward": "microbatch.cpu_entry",
                   "conv_backward_data": "microbatch.cpu_entry",

@@ -8,7 +8,8 @@
   ``backend=None`` through the micro-batch planner of :mod:`..microbatch`.
 * Pooling (``pool_forward``, ``pool_backward``): :mod:`.pooling`.
 * Per-channel statistics and batch-norm apply: :mod:`.batchnorm`; activations and channel
-  softmax: :mod:`.activations`.
+  softmax: :mod:`.activations`; GELU, SiLU, Softplus, Mish, Hardswish, Hardsigmoid and PReLU:
+  :mod:`.activations_more`.
 * The RawKernels are compiled by NVRTC from ``kernels/*.cu`` (:mod:`.rawmodules`); operand
   checks shared by all of them live in :mod:`.operands`.
 
@@ -24,6 +25,8 @@ from __future__ import annotations
 
 from .activations import (activation_backward, activation_forward, log_softmax_channels,
                           softmax_channels, softmax_channels_backward)
+from .activations_more import (pointwise_activation_backward, pointwise_activation_forward,
+                               prelu_backward, prelu_forward)
 from .batchnorm import bn_backward_apply, bn_forward_apply, channel_sums, channel_sums_backward
 from .conv import (conv_algorithms, conv_backend, conv_backward_data, conv_backward_filter,
                    conv_forward, last_conv_backend)
@@ -37,4 +40,6 @@ __all__ = [
     "channel_sums", "bn_forward_apply", "channel_sums_backward", "bn_backward_apply",
     "activation_forward", "activation_backward",
     "softmax_channels", "log_softmax_channels", "softmax_channels_backward",
+    "pointwise_activation_forward", "pointwise_activation_backward", "prelu_forward",
+    "prelu_backward",
 ]
