@@ -60,3 +60,10 @@ from .normalization import (GroupNorm, InstanceNorm1d, InstanceNorm2d,  # noqa: 
 
 __all__ += ["normalization", "GroupNorm", "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d",
             "LayerNorm"]
+
+from . import activation  # noqa: E402  (GELU, SiLU, Softplus, Mish, Hardswish, Hardsigmoid, PReLU)
+from .activation import (GELU, Hardsigmoid, Hardswish, Mish, PReLU, SiLU,  # noqa: E402
+                         Softplus)
+
+__all__ += ["activation", "GELU", "SiLU", "Softplus", "Mish", "Hardswish", "Hardsigmoid",
+            "PReLU"]
