@@ -36,3 +36,10 @@ __all__ = [
     "pool_forward", "relu", "sigmoid", "softmax", "softmax_backward", "softmax_forward", "tanh",
     "upsample", "upsample_backward", "upsample_forward",
 ]
+
+from .activations_more import (PointwiseActivationSaved, PReLUSaved,  # noqa: E402
+                               pointwise_activation_backward, pointwise_activation_forward,
+                               prelu_backward, prelu_forward)
+
+__all__ += ["PointwiseActivationSaved", "PReLUSaved", "pointwise_activation_backward",
+            "pointwise_activation_forward", "prelu_backward", "prelu_forward"]
