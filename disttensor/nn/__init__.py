@@ -67,3 +67,11 @@ from .activation import (GELU, Hardsigmoid, Hardswish, Mish, PReLU, SiLU,  # noq
 
 __all__ += ["activation", "GELU", "SiLU", "Softplus", "Mish", "Hardswish", "Hardsigmoid",
             "PReLU"]
+
+from . import containers, training_state  # noqa: E402  (ModuleDict, ..., one-call checkpoints)
+from .containers import ModuleDict, ParameterDict, ParameterList  # noqa: E402
+from .training_state import (TrainingState, load_training_state,  # noqa: E402
+                             save_training_state)
+
+__all__ += ["containers", "training_state", "ModuleDict", "ParameterList", "ParameterDict",
+            "save_training_state", "load_training_state", "TrainingState"]
