@@ -34,13 +34,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
     p.add_argument("--batch-size", type=int, default=8, help="global batch (samples)")
-    p.add_argument("--optimizer", choices=("sgd", "adam", "adamw"), default="adam")
+    p.add_argument("--optimizer", choices=("sgd", "adam", "adamw", "rmsprop", "adagrad", "nadam",
+                                           "radam"), default="adam")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--schedule", choices=("constant", "cosine", "step", "cosmoflow", "hybrid"),
+    p.add_argument("--schedule", choices=("constant", "cosine", "step", "cosmoflow", "hybrid",
+                                          "onecycle", "poly"),
                    default="constant", help="learning-rate schedule per step; hybrid: "
-                   "GroPipe's mix of cosine and linear decay (--cosine-weight)")
+                   "GroPipe's mix of cosine and linear decay (--cosine-weight); onecycle: "
+                   "OneCycleLR peaking at --lr (warm-up: --warmup-epochs, else 30%%); poly: "
+                   "nnU-Net's (1 - step/total)**0.9")
     p.add_argument("--cosine-weight", type=float, default=0.5,
                    help="weight of the cosine part of --schedule hybrid (1: cosine, 0: linear)")
     p.add_argument("--warmup-epochs", type=int, default=0)

@@ -57,12 +57,17 @@ def build_loss(args):
         nn.functional.mse_loss
 
 
+_OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW", "rmsprop": "RMSprop", "adagrad": "Adagrad",
+               "nadam": "NAdam", "radam": "RAdam"}
+
+
 def build_optimizer(args, params):
-    """``--optimizer`` (SGD with momentum, Adam or AdamW) over ``params``."""
+    """``--optimizer`` (SGD with momentum, or Adam, AdamW, RMSprop, Adagrad, NAdam, RAdam with
+    PyTorch's defaults) over ``params``."""
     if args.optimizer == "sgd":
         return nn.optim.SGD(params, lr=args.lr, momentum=args.momentum,
                             weight_decay=args.weight_decay)
-    cls = nn.optim.Adam if args.optimizer == "adam" else nn.optim.AdamW
+    cls = getattr(nn.optim, _OPTIMIZERS[args.optimizer])
     return cls(params, lr=args.lr, weight_decay=args.weight_decay)
 
 
@@ -77,6 +82,13 @@ def build_schedule(args, opt, steps_per_epoch: int):
     if args.schedule == "cosmoflow":
         return S.CosmoFlowLR(opt, warmup_epochs=max(args.warmup_epochs, 1) * steps_per_epoch,
                              boundaries=(total // 2, 3 * total // 4))
+    if args.schedule == "onecycle":
+        pct = min(warm / total, 1.0) if warm else 0.3
+        return S.OneCycleLR(opt, max_lr=args.lr, total_steps=total, pct_start=float(pct),
+                            cycle_momentum=args.optimizer in ("sgd", "adam", "adamw", "nadam",
+                                                              "radam"))
+    if args.schedule == "poly":
+        return S.PolynomialLR(opt, total_iters=total, power=0.9)
     if args.schedule == "cosine":
         def f(step):
             if step < warm:
