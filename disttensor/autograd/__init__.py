@@ -1,13 +1,13 @@
 """A thin define-by-run autograd over DistArrays (Chainer/PyTorch style).
 
 :class:`Tensor` wraps a DistArray (activations), a replicated NumPy/CuPy array (parameters)
-or a float (losses); every function of :mod:`disttensor.autograd.math` (NumPy-style arithmetic,
-reductions, shapes, indexing, redistribution; PyTorch's reductions, clamp and where in
-:mod:`.reductions`), custom functions (:class:`Function`, :mod:`.function`), gradient hooks
-(:mod:`.hooks`) and of :mod:`disttensor.nn.functional` (the
-distributed CNN ops of :mod:`disttensor.ops`) records what its backward needs, and
-:meth:`Tensor.backward` walks the graph in reverse.  See :mod:`.tensor` for the engine and
-``docs/training.md`` for the user's view.
+or a float (losses).  Every function of :mod:`disttensor.autograd.math` (NumPy-style arithmetic,
+reductions, shapes, indexing, redistribution), of :mod:`.reductions` (PyTorch's ``max``/``min``
+with ``dim``, ``amax``, ``var``/``std``, ``clamp``, ``where``, ``argmax``) and of
+:mod:`disttensor.nn.functional` (the distributed CNN ops of :mod:`disttensor.ops`) records what
+its backward needs, and :meth:`Tensor.backward` walks the graph in reverse.  Custom functions:
+:class:`Function` (:mod:`.function`); gradient hooks and ``retain_grad``: :mod:`.hooks`.  See
+:mod:`.tensor` for the engine and ``docs/training.md`` for the user's view.
 """
 from .tensor import (Node, Tensor, as_tensor, enable_grad, is_grad_enabled, make_result,
                      no_grad, param_share, unwrap)

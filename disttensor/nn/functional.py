@@ -36,11 +36,13 @@ def _needs(t) -> bool:
     return isinstance(t, Tensor) and t.requires_grad
 
 
-def _as_compute(p, x: DistArray):
-    """Parameter value ``p`` in ``x``'s dtype (a cast copy only when they differ)."""
+def _as_compute(p, x: DistArray, op: str = "layer"):
+    """Parameter value ``p`` in ``x``'s dtype (a cast copy only when they differ) under
+    PyTorch's dtype rule (:func:`~disttensor.nn.operand_checks.compute_params`: another dtype
+    raises outside autocast, except float32 parameters with float16/bfloat16 input)."""
     if p is None:
         return None
-    return p if p.dtype == x.dtype else p.astype(x.dtype)
+    return _compute_params(op, x, {"parameter": p}, mixed_low_precision=True)[0]
 
 
 def _split_axes(d: DistArray) -> tuple[int, ...]:

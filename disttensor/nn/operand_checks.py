@@ -55,10 +55,6 @@ def activation(fn: str, x, what: str = "input") -> DistArray:
                     "DistArray: disttensor.autograd.Tensor(dt.from_global(a, grid=...)))")
 
 
-def _value(p):
-    return p.data if isinstance(p, Tensor) else p
-
-
 def _allowed(fn_mixed: bool, x_dtype, p_dtype) -> bool:
     if p_dtype == x_dtype:
         return True
@@ -75,20 +71,25 @@ def compute_params(fn: str, xv: DistArray, params: dict, *, cast: bool = True,
     and, with ``cast``, cast to ``xv``'s dtype (a copy only where the dtypes differ).
     ``mixed_low_precision``: float32 parameters with float16/bfloat16 input are allowed
     outside autocast (batch norm)."""
-    vals = [_value(p) for p in params.values()]
-    bad = next(((n, v) for n, v in zip(params, vals) if v is not None and
-                not _allowed(mixed_low_precision, xv.dtype, v.dtype)), None)
+    vals = [p.data if isinstance(p, Tensor) else p for p in params.values()]
+    xd = xv.dtype
+    bad = None
+    for n, v in zip(params, vals):
+        if v is not None and v.dtype != xd and not _allowed(mixed_low_precision, xd, v.dtype):
+            bad = (n, v)
+            break
     comm = xv.grid.cart
-    dtypes = tuple(None if v is None else str(v.dtype) for v in vals)
     if bad is None:
         if comm.size > 1 and agreement.deferring():
-            agreement.defer(comm, f"{fn} dtypes", (("input", str(xv.dtype)), ("params", dtypes)))
+            agreement.defer(comm, fn + " dtypes", (("input", xd.str), ("params", tuple(
+                None if v is None else v.dtype.str for v in vals))))
     else:
         name, v = bad
-        with agreed(comm, f"{fn} dtypes", input=str(xv.dtype), params=dtypes):
+        dtypes = tuple(None if v is None else str(v.dtype) for v in vals)
+        with agreed(comm, f"{fn} dtypes", input=str(xd), params=dtypes):
             raise RuntimeError(
                 f"{fn}(): expected input and {name} to have the same dtype, but got input "
-                f"{xv.dtype} and {name} {v.dtype} (cast the model, e.g. model.double() / "
+                f"{xd} and {name} {v.dtype} (cast the model, e.g. model.double() / "
                 f"model.to(dtype=...), or the input with astype; mixed precision runs inside "
                 f"disttensor.nn.amp.autocast())")
     if not cast:

@@ -48,7 +48,7 @@ def test_reductions_against_numpy():
     for layout in layouts_2d(shape):
         rng = np.random.default_rng(4)
         a = rng.integers(0, 3, shape).astype(np.float64)  # ties
-        for dim, keepdim in ((None, False), (0, False), (1, True), (None, True)):
+        for dim, keepdim in ((None, False), (0, False), (1, True)):
             k = f" dim={dim} keepdim={keepdim}"
             for name in ("sum", "mean", "amax", "var", "std"):
                 x = dist(a, layout, True)

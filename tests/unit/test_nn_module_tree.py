@@ -12,7 +12,7 @@ import pytest
 
 from disttensor import nn
 from disttensor.autograd import Tensor
-from disttensor.nn.containers import ModuleDict, ParameterDict, ParameterList
+from disttensor.nn import ModuleDict, ParameterDict, ParameterList
 
 
 class Block(nn.Module):
