@@ -300,3 +300,7 @@ from . import normalization as _normalization  # noqa: E402  (group, instance, l
 group_norm, instance_norm, layer_norm = (_normalization.group_norm,
                                          _normalization.instance_norm, _normalization.layer_norm)
 __all__ += ["group_norm", "instance_norm", "layer_norm"]
+
+from .activation import (gelu, hardsigmoid, hardswish, mish, prelu, silu,  # noqa: E402
+                         softplus)
+__all__ += ["gelu", "silu", "softplus", "mish", "hardswish", "hardsigmoid", "prelu"]

@@ -210,6 +210,8 @@ def test_finite_differences(name):
 
 @guarded
 def test_modules():
+    from disttensor.nn import functional as F
+    expect(F.gelu is A.gelu and F.prelu is A.prelu, "F.* re-exports")
     x = _x(3)
     t = Tensor(scatter(x, LAYOUTS["sample"]), requires_grad=False)
     for module, name, kw in [(nn.GELU(), "gelu", {}), (nn.GELU("tanh"), "gelu_tanh", {}),
