@@ -32,6 +32,9 @@ from .conv import (conv_algorithms, conv_backend, conv_backward_data, conv_backw
                    conv_forward, last_conv_backend)
 from .cudnn_conv import cudnn_available
 from .pooling import pool_backward, pool_forward
+from .losses import (class_ce_backward, class_ce_forward, dice_backward, dice_sums,
+                     pointwise_loss_backward, pointwise_loss_forward, prob_ce_backward,
+                     prob_ce_forward)
 
 __all__ = [
     "cudnn_available", "conv_backend", "last_conv_backend", "conv_algorithms",
