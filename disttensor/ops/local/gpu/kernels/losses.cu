@@ -265,7 +265,8 @@ __global__ void dice_partial(const T* __restrict__ x, const double* __restrict__
                 __syncthreads();
             }
             if (threadIdx.x == 0)
-                for (int q = 0; q < 3; ++q) part[((n * B + blockIdx.x) * C + c) * 3 + q] = sh[q][0];
+                for (int q = 0; q < 3; ++q)
+                    part[((n * B + blockIdx.x) * C + c) * 3 + q] = sh[q][0];
             __syncthreads();  // sh is reused by the next class
         }
     }
@@ -288,11 +289,14 @@ __global__ void dice_backward(const T* __restrict__ x, const double* __restrict_
                 const long long k = base + c * S;
                 const double pv = dtk_loss::activate(act, dtk_loss::ld(x, k), lse);
                 const double tv = use_lab ? (lab[p] == c ? 1.0 : 0.0) : tg[k];
-                const double dp = alpha[n * C + c] * tv + beta[n * C + c] * (squared ? 2.0 * pv : 1.0);
+                const double dp =
+                    alpha[n * C + c] * tv + beta[n * C + c] * (squared ? 2.0 * pv : 1.0);
                 if (act == 1 && pass == 0) {
                     dot += dp * pv;
                 } else {
-                    const double g = act == 1 ? pv * (dp - dot) : (act == 2 ? dp * pv * (1.0 - pv) : dp);
+                    const double g = act == 1   ? pv * (dp - dot)
+                                      : act == 2 ? dp * pv * (1.0 - pv)
+                                                 : dp;
                     dx[k] = dtk::Num<T>::store(g);
                 }
             }
