@@ -317,6 +317,8 @@ def _source(side, g0, g1, n, mode):
     """The global range whose cells fill ``[g0, g1)`` beyond the boundary."""
     if mode == "nearest":
         return (0, 1) if side == 0 else (n - 1, n)
+    if mode == "mirror":   # np.pad 'reflect' (PyTorch's): the edge cell is not repeated
+        return (1 - g1, 1 - g0) if side == 0 else (2 * n - 1 - g1, 2 * n - 1 - g0)
     return (-g1, -g0) if side == 0 else (2 * n - g1, 2 * n - g0)
 
 
@@ -330,7 +332,8 @@ class EdgeFill:
     """Fill the halo cells of ``x``'s buffer beyond the global boundary, after an exchange
     that filled every other halo cell (zero beyond the boundary), as ``np.pad`` would, axis
     after axis in order: ``modes[t]`` is ``None`` (leave the cells: zero or periodic),
-    ``'reflect'`` (``np.pad`` ``'symmetric'``), ``'nearest'`` (``'edge'``) or
+    ``'reflect'`` (``np.pad`` ``'symmetric'``), ``'mirror'`` (``np.pad`` ``'reflect'``, a
+    halo narrower than the axis), ``'nearest'`` (``'edge'``) or
     ``('constant', value)``.  An axis's fill covers the whole buffer along the other axes, so
     edges and corners come out as ``np.pad`` applied to one axis after the other.
 
@@ -407,7 +410,7 @@ class EdgeFill:
             for dst, src, mode in fills:
                 if mode is None:
                     dst[...] = src
-                elif mode == "reflect":
+                elif mode in ("reflect", "mirror"):
                     dst[...] = src[_along(dst.ndim, t, slice(None, None, -1))]
                 else:
                     dst[...] = src
@@ -418,7 +421,7 @@ class EdgeFill:
         point) and the filled cells are zeroed, axis after axis in reverse order."""
         for t, fills, recvs, local, sends in reversed(self.steps):
             for dst, src, mode in fills:
-                if mode == "reflect":
+                if mode in ("reflect", "mirror"):
                     src[...] = dst[_along(dst.ndim, t, slice(None, None, -1))]
                 elif mode is not None:
                     src[...] = dst.sum(axis=t, keepdims=True)

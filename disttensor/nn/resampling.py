@@ -8,17 +8,26 @@ and records the op's explicit backward; everything is collective over the input'
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..autograd.tensor import make_result, unwrap
 from ..ops.adaptive_pool import adaptive_pool_backward, adaptive_pool_forward
+from ..ops.channel_dropout import channel_dropout_backward, channel_dropout_forward
+from ..ops.pad import pad_backward, pad_forward
 from ..ops.resample import interpolate_backward, interpolate_forward
+from ..random import Generator
 from .module import Module
 
 FUNCTIONS = ["adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d",
              "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d",
-             "interpolate", "upsample"]
+             "interpolate", "upsample", "pad", "dropout1d", "dropout2d", "dropout3d"]
 LAYERS = ["AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "AdaptiveMaxPool1d",
           "AdaptiveMaxPool2d", "AdaptiveMaxPool3d", "Upsample", "UpsamplingNearest2d",
-          "UpsamplingBilinear2d"]
+          "UpsamplingBilinear2d", "ConstantPad1d", "ConstantPad2d", "ConstantPad3d",
+          "ZeroPad1d", "ZeroPad2d", "ZeroPad3d", "ReflectionPad1d", "ReflectionPad2d",
+          "ReflectionPad3d", "ReplicationPad1d", "ReplicationPad2d", "ReplicationPad3d",
+          "CircularPad1d", "CircularPad2d", "CircularPad3d", "Dropout1d", "Dropout2d",
+          "Dropout3d"]
 __all__ = FUNCTIONS + LAYERS
 
 
@@ -160,3 +169,171 @@ class UpsamplingBilinear2d(Upsample):
 
     def __init__(self, size=None, scale_factor=None):
         super().__init__(size, scale_factor, "bilinear", True)
+
+
+# -- padding -----------------------------------------------------------------------------------
+def pad(input, pad, mode: str = "constant", value=None):
+    """``torch.nn.functional.pad``: ``pad`` lists ``(lo, hi)`` from the last axis backwards
+    (negative entries crop); modes constant, reflect, replicate, circular; see
+    :mod:`disttensor.ops.pad`."""
+    y, saved = pad_forward(unwrap(input), pad, mode, value)
+    return make_result(y, (input,), lambda g: (pad_backward(saved, g),), "pad")
+
+
+class _PadNd(Module):
+    _nd, _mode = 1, "constant"
+
+    def __init__(self, padding, value=None):
+        super().__init__()
+        if isinstance(padding, (int, np.integer)):
+            padding = (int(padding),) * (2 * self._nd)
+        padding = tuple(padding)
+        if len(padding) != 2 * self._nd:
+            raise ValueError(f"{type(self).__name__}: padding needs {2 * self._nd} entries, "
+                             f"got {padding}")
+        self.padding = padding
+        self.value = value
+
+    def extra_repr(self) -> str:
+        return f"{self.padding}" + ("" if self.value is None else f", value={self.value}")
+
+    def forward(self, x):
+        k = len(unwrap(x).shape)
+        if k != self._nd + 2:
+            raise ValueError(f"{type(self).__name__}: expected {self._nd + 1}D or "
+                             f"{self._nd + 2}D input (got {k}D input); inputs here are "
+                             f"batched (N, C, {self._nd} spatial axes)")
+        return pad(x, self.padding, self._mode, self.value)
+
+
+class _ConstantPadNd(_PadNd):
+    def __init__(self, padding, value: float):
+        super().__init__(padding, float(value))
+
+
+class ConstantPad1d(_ConstantPadNd):
+    _nd = 1
+
+
+class ConstantPad2d(_ConstantPadNd):
+    _nd = 2
+
+
+class ConstantPad3d(_ConstantPadNd):
+    _nd = 3
+
+
+class _ZeroPadNd(_PadNd):
+    def __init__(self, padding):
+        super().__init__(padding, 0.0)
+
+
+class ZeroPad1d(_ZeroPadNd):
+    _nd = 1
+
+
+class ZeroPad2d(_ZeroPadNd):
+    _nd = 2
+
+
+class ZeroPad3d(_ZeroPadNd):
+    _nd = 3
+
+
+class ReflectionPad1d(_PadNd):
+    _nd, _mode = 1, "reflect"
+
+
+class ReflectionPad2d(_PadNd):
+    _nd, _mode = 2, "reflect"
+
+
+class ReflectionPad3d(_PadNd):
+    _nd, _mode = 3, "reflect"
+
+
+class ReplicationPad1d(_PadNd):
+    _nd, _mode = 1, "replicate"
+
+
+class ReplicationPad2d(_PadNd):
+    _nd, _mode = 2, "replicate"
+
+
+class ReplicationPad3d(_PadNd):
+    _nd, _mode = 3, "replicate"
+
+
+class CircularPad1d(_PadNd):
+    _nd, _mode = 1, "circular"
+
+
+class CircularPad2d(_PadNd):
+    _nd, _mode = 2, "circular"
+
+
+class CircularPad3d(_PadNd):
+    _nd, _mode = 3, "circular"
+
+
+# -- channel dropout ---------------------------------------------------------------------------
+def _channel_dropout(input, p, training, inplace, rng, nd):
+    if inplace:
+        raise NotImplementedError(f"dropout{nd}d: inplace=True is not supported")
+    _spatial_rank(input, nd, f"dropout{nd}d")
+    y, saved = channel_dropout_forward(unwrap(input), p, rng, training)
+    return make_result(y, (input,), lambda g: (channel_dropout_backward(saved, g),),
+                       f"dropout{nd}d")
+
+
+def dropout1d(input, p: float = 0.5, training: bool = True, inplace: bool = False, rng=0):
+    """``torch.nn.functional.dropout1d``: whole ``(n, c)`` maps zeroed with probability
+    ``p`` (:mod:`disttensor.ops.channel_dropout`); ``rng``: a
+    :class:`disttensor.random.Generator` (advanced by one draw) or a seed."""
+    return _channel_dropout(input, p, training, inplace, rng, 1)
+
+
+def dropout2d(input, p: float = 0.5, training: bool = True, inplace: bool = False, rng=0):
+    return _channel_dropout(input, p, training, inplace, rng, 2)
+
+
+def dropout3d(input, p: float = 0.5, training: bool = True, inplace: bool = False, rng=0):
+    return _channel_dropout(input, p, training, inplace, rng, 3)
+
+
+class _DropoutNd(Module):
+    """Channel dropout whose masks come from a counter-based generator seeded with ``seed``
+    and advanced once per call (a buffer, so checkpoints resume the same masks), as
+    :class:`disttensor.nn.Dropout`."""
+    _nd = 1
+
+    def __init__(self, p: float = 0.5, inplace: bool = False, seed: int = 0):
+        super().__init__()
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+        if inplace:
+            raise NotImplementedError(f"{type(self).__name__}: inplace=True is not supported")
+        self.p, self.inplace, self.seed = p, inplace, int(seed)
+        self.register_buffer("rng_counter", np.zeros((), dtype=np.int64))
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+    def forward(self, x):
+        gen = Generator(self.seed)
+        gen.counter = int(self.rng_counter)
+        y = _channel_dropout(x, self.p, self.training, False, gen, self._nd)
+        self.rng_counter[...] = gen.counter
+        return y
+
+
+class Dropout1d(_DropoutNd):
+    _nd = 1
+
+
+class Dropout2d(_DropoutNd):
+    _nd = 2
+
+
+class Dropout3d(_DropoutNd):
+    _nd = 3

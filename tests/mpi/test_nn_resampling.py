@@ -23,7 +23,7 @@ from disttensor.testing import assert_adjoint, assert_raises_collectively
 from disttensor.testing.strategies import grids, split_sizes, splits
 
 from checks import COMM, SIZE, examples, expect, grid
-from gradchecks import close, guarded, like, scatter
+from gradchecks import close, guarded, like, scatter, self_grid
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import resampling_reference as ref  # noqa: E402
@@ -166,3 +166,50 @@ def test_adaptive_pool_bad_input():
         R.adaptive_max_pool2d(Tensor(x), 2, return_indices=True)
     with assert_raises_collectively(ValueError, match="3 spatial axes"):
         R.adaptive_avg_pool3d(Tensor(x), 1)
+
+
+# -- channel dropout (Dropout1d/2d/3d) ---------------------------------------------------------
+@settings(max_examples=examples(6))
+@given(st.integers(1, 3), st.sampled_from([0.0, 0.3, 0.6, 1.0]), st.data())
+@guarded
+def test_channel_dropout_maps_and_grid_independence(nd, p, data):
+    """Each (n, c) map is kept whole (scaled by 1/(1-p)) or zeroed whole, by the same decision
+    on every rank holding a part of it: the result equals the one-rank result of the same
+    generator state; the gradient applies the same mask; about a fraction p is dropped."""
+    shape = (6, 5) + (3,) * nd
+    layout = data.draw(nc_layouts(shape))
+    xg = np.random.default_rng(nd).normal(size=shape) + 3.0   # no zeros in x
+    fn = {1: R.dropout1d, 2: R.dropout2d, 3: R.dropout3d}[nd]
+    x = Tensor(scatter(xg, layout), requires_grad=True)
+    y = fn(x, p, True, rng=dt.random.Generator(42))
+    one = fn(Tensor(scatter(xg, ((1,) * len(layout[0]), layout[1], None), self_grid())),
+             p, True, rng=dt.random.Generator(42))
+    yg = y.data.to_numpy()
+    close(yg, one.data.to_numpy(), f"dropout{nd}d p={p}: grid independence", atol=0)
+    kept = np.all(yg != 0, axis=tuple(range(2, yg.ndim)))
+    dropped = np.all(yg == 0, axis=tuple(range(2, yg.ndim)))
+    expect(bool(np.all(kept | dropped)), f"dropout{nd}d: a map partly dropped")
+    scale = 0.0 if p == 1.0 else 1.0 / (1.0 - p)
+    close(yg, xg * scale * kept[(...,) + (None,) * nd], f"dropout{nd}d values")
+    if 0 < p < 1:
+        expect(0 < dropped.mean() < 1, f"dropout{nd}d p={p}: dropped {dropped.mean()}")
+    dyg = np.random.default_rng(1).normal(size=shape)
+    y.backward(like(dyg, y.data))
+    close(x.grad.to_numpy(), dyg * scale * kept[(...,) + (None,) * nd], f"dropout{nd}d grad")
+
+
+@guarded
+def test_channel_dropout_layers():
+    xg = np.random.default_rng(4).normal(size=(4, 6, 3, 2))
+    x = Tensor(scatter(xg, ((SIZE,), (None, None, 0, None), None)))
+    layer = nn.Dropout2d(0.5, seed=3)
+    a, b = layer(x).data.to_numpy(), layer(x).data.to_numpy()
+    expect(not np.array_equal(a, b), "Dropout2d: the generator advances per call")
+    expect(int(layer.rng_counter) == 2, f"Dropout2d: counter {int(layer.rng_counter)}")
+    layer.eval()
+    close(layer(x).data.to_numpy(), xg, "Dropout2d eval: identity", atol=0)
+    with assert_raises_collectively(ValueError, match="between 0 and 1"):
+        R.dropout3d(Tensor(scatter(np.zeros((1, 1, 2, 2, 2)), ((SIZE,), (None,) * 5, None))),
+                    1.5)
+    with assert_raises_collectively(ValueError, match="3 spatial axes"):
+        R.dropout3d(x, 0.5)
