@@ -91,6 +91,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prune-schedule", choices=("gradual", "oneshot"), default="gradual",
                    help="gradual: Zhu & Gupta's cubic schedule; oneshot: all at --prune-start")
     p.add_argument("--prune-layers", choices=("dense", "conv", "all"), default="dense")
+    p.add_argument("--prune-scope", choices=("global", "layer"), default="global",
+                   help="rank the weights of all --prune-layers together, or each layer alone")
     p.add_argument("--prune-start", type=int, default=0, help="first pruning step")
     p.add_argument("--prune-end", type=int, default=None, help="last pruning step (default: "
                    "3/4 of the run's steps)")
