@@ -26,6 +26,7 @@ from ..autograd.tensor import make_result, unwrap
 from ..ops.losses_classification import class_loss_backward, class_loss_forward
 from ..ops.losses_dice import dice_backward, dice_forward
 from ..ops.losses_dice import one_hot as _one_hot
+from ..ops.losses_dice_ce import dice_ce_backward, dice_ce_forward
 from ..ops.losses_pointwise import pointwise_loss_backward, pointwise_loss_forward
 from .module import Module
 
@@ -147,23 +148,19 @@ def dice_ce_loss(input, target, include_background: bool = True, sigmoid: bool =
                  ignore_index: int = -100):
     """MONAI's ``DiceCELoss``: ``lambda_dice * dice_loss + lambda_ce * cross_entropy`` (the
     cross-entropy with ``ce_weight``, ``ignore_index`` and ``label_smoothing`` and the same
-    ``reduction``, ``'mean'`` or ``'sum'``).  Integer ``(N, 1, *S)`` labels are accepted as
+    ``reduction``, ``'mean'`` or ``'sum'``), one op with one all-reduce
+    (:mod:`disttensor.ops.losses_dice_ce`).  Integer ``(N, 1, *S)`` labels are accepted as
     ``(N, *S)``.  nnU-Net's ``DC_and_CE_loss`` is ``include_background=False, smooth_nr =
     smooth_dr = 1`` (+1: it adds ``-dice``)."""
-    if reduction not in ("mean", "sum"):
-        raise ValueError(f"dice_ce_loss: reduction must be 'mean' or 'sum', got {reduction!r}")
-    from ..autograd.math import add, multiply
-    dice = dice_loss(input, target, include_background, sigmoid, softmax, squared_pred,
-                     jaccard, reduction, smooth_nr, smooth_dr, batch, weight)
-    ce = cross_entropy(input, _labels_for_ce(input, target), ce_weight, None, ignore_index,
-                       None, reduction, label_smoothing)
-    return add(multiply(dice, float(lambda_dice)), multiply(ce, float(lambda_ce)))
-
-
-def _labels_for_ce(input, target):
-    from ..ops.losses_dice import dice_labels
-    t, x = unwrap(target), unwrap(input)
-    return dice_labels(t, x) if hasattr(t, "dtype") and hasattr(x, "ndim") else t
+    if sigmoid and softmax:
+        raise ValueError("dice_ce_loss: sigmoid=True and softmax=True are not compatible")
+    act = "sigmoid" if sigmoid else ("softmax" if softmax else None)
+    loss, saved = dice_ce_forward(unwrap(input), unwrap(target), act, include_background,
+                                  squared_pred, jaccard, reduction, smooth_nr, smooth_dr,
+                                  batch, unwrap(weight), lambda_dice, lambda_ce,
+                                  label_smoothing, unwrap(ce_weight), ignore_index)
+    return make_result(loss, (input, target), lambda g: (dice_ce_backward(saved, g), None),
+                       "dice_ce_loss")
 
 
 def one_hot(tensor, num_classes: int = -1):

@@ -39,7 +39,8 @@ from ._losses import (aligned, check_class_labels, check_distarray, check_reduct
 from ._spatial import array_key, check_layout, meaning, param_comm
 from .local import kernels_for
 
-__all__ = ["ClassLossSaved", "class_loss_forward", "class_loss_backward"]
+__all__ = ["ClassLossSaved", "class_loss_forward", "class_loss_backward", "check_class_args",
+           "class_local", "class_finish"]
 
 
 @dataclass
@@ -65,6 +66,76 @@ def _float_option(v, what, name, lo, hi):
     return f
 
 
+def check_class_args(x, target, weight, ignore_index, reduction, label_smoothing, log_input,
+                     what: str):
+    """The checks of :func:`class_loss_forward` (replicated metadata; inside the caller's
+    agreed block): ``(eps, ignore, weight as float64 (C,), probabilities?)``."""
+    check_distarray(x, what, "input")
+    check_distarray(target, what, "target")
+    check_reduction(reduction, what)
+    if x.ndim < 2:
+        raise ValueError(f"{what}: the input must have layout (N, C, *spatial), got shape "
+                         f"{x.shape}")
+    check_layout(x, what, min_spatial=0)
+    eps = _float_option(label_smoothing, what, "label_smoothing", 0.0, 1.0)
+    if not isinstance(ignore_index, (int,)) and not hasattr(ignore_index, "__index__"):
+        raise TypeError(f"{what}: ignore_index must be an int, got "
+                        f"{type(ignore_index).__name__}")
+    w = class_weight(weight, x.shape[1], what)
+    probabilities = target.shape == x.shape and not log_input
+    if probabilities:
+        if is_integer_dtype(target.dtype) or target.dtype.kind != "f":
+            raise TypeError(f"{what}: a target of the input's shape holds class "
+                            f"probabilities and must be of a float dtype, got {target.dtype}")
+    else:
+        label_shape = x.shape[:1] + x.shape[2:]
+        if target.shape != label_shape:
+            raise ValueError(f"{what}: target shape {target.shape} fits neither class labels "
+                             f"{label_shape} nor class probabilities {x.shape} of the input "
+                             f"{x.shape}")
+        check_class_labels(target, what)
+    return eps, int(ignore_index), w, probabilities
+
+
+def class_local(x, target, w, ignore, eps, log_input, probabilities):
+    """This rank's part (after the agreement; collective only where the target must be
+    redistributed): ``(per-voxel loss, target block, weight on the device, float64 [loss sum,
+    weight sum, labels out of range])``."""
+    k = kernels_for(x.local)
+    xp = x.xp
+    c = x.shape[1]
+    wd = xp.asarray(w)
+    if probabilities:
+        t = aligned(target, x).local
+        loss = k.prob_ce_forward(x.local, t, wd, eps)
+        part = xp.stack([loss.sum(), xp.zeros((), xp.float64), xp.zeros((), xp.float64)])
+    else:
+        t = aligned(target, x, drop=(1,)).local.astype(xp.int64, copy=False)
+        bad = ((t < 0) | (t >= c)) & (t != ignore)
+        loss, dens = k.class_ce_forward(x.local, t, wd, ignore, eps, bool(log_input))
+        part = xp.stack([loss.sum(), dens.sum(), bad.sum().astype(xp.float64)])
+    return loss, t, wd, xp.asarray(part, dtype=xp.float64)
+
+
+def class_finish(total, x, loss, t, wd, ignore, eps, log_input, probabilities, reduction,
+                 what):
+    """``(loss, saved)`` from the all-reduced ``total`` (3 floats, the same on every rank)."""
+    c = x.shape[1]
+    if total[2] > 0:
+        raise ValueError(f"{what}: {int(total[2])} target labels outside [0, {c}) that are "
+                         f"not ignore_index ({ignore})")
+    if probabilities:
+        den = float(x.shape[0] * _prod(x.shape[2:])) if x.size else 0.0
+    else:
+        den = total[1]
+    scale = 1.0 if reduction != "mean" else (1.0 / den if den else 0.0)
+    saved = ClassLossSaved(x, t, probabilities, wd, ignore, eps, bool(log_input), reduction,
+                           scale)
+    if reduction == "none":
+        return per_voxel(loss, x, drop=(1,)), saved
+    return reduced(total[0], den, reduction), saved
+
+
 @collective_entry
 def class_loss_forward(x: DistArray, target: DistArray, weight=None, ignore_index: int = -100,
                        reduction: str = "mean", label_smoothing: float = 0.0,
@@ -76,59 +147,13 @@ def class_loss_forward(x: DistArray, target: DistArray, weight=None, ignore_inde
     with agreed(x.grid.cart, f"{what}_forward", x=x, target=target, weight=array_key(weight),
                 ignore_index=meaning(int, ignore_index), reduction=reduction,
                 label_smoothing=meaning(float, label_smoothing), log_input=bool(log_input)):
-        check_distarray(x, what, "input")
-        check_distarray(target, what, "target")
-        check_reduction(reduction, what)
-        if x.ndim < 2:
-            raise ValueError(f"{what}: the input must have layout (N, C, *spatial), got shape "
-                             f"{x.shape}")
-        check_layout(x, what, min_spatial=0)
-        eps = _float_option(label_smoothing, what, "label_smoothing", 0.0, 1.0)
-        if not isinstance(ignore_index, (int,)) and not hasattr(ignore_index, "__index__"):
-            raise TypeError(f"{what}: ignore_index must be an int, got "
-                            f"{type(ignore_index).__name__}")
-        ignore = int(ignore_index)
-        c = x.shape[1]
-        w = class_weight(weight, c, what)
-        probabilities = target.shape == x.shape and not log_input
-        if probabilities:
-            if is_integer_dtype(target.dtype) or target.dtype.kind != "f":
-                raise TypeError(f"{what}: a target of the input's shape holds class "
-                                f"probabilities and must be of a float dtype, got "
-                                f"{target.dtype}")
-        else:
-            label_shape = x.shape[:1] + x.shape[2:]
-            if target.shape != label_shape:
-                raise ValueError(f"{what}: target shape {target.shape} fits neither class "
-                                 f"labels {label_shape} nor class probabilities {x.shape} "
-                                 f"of the input {x.shape}")
-            check_class_labels(target, what)
-    k = kernels_for(x.local)
-    xp = x.xp
-    wd = xp.asarray(w)
-    if probabilities:
-        t = aligned(target, x).local
-        loss = k.prob_ce_forward(x.local, t, wd, eps)
-        den = float(x.shape[0] * _prod(x.shape[2:])) if x.size else 0.0
-        part = xp.stack([loss.sum(), xp.zeros((), xp.float64), xp.zeros((), xp.float64)])
-    else:
-        t = aligned(target, x, drop=(1,)).local.astype(xp.int64, copy=False)
-        bad = ((t < 0) | (t >= c)) & (t != ignore)
-        loss, dens = k.class_ce_forward(x.local, t, wd, ignore, eps, bool(log_input))
-        part = xp.stack([loss.sum(), dens.sum(), bad.sum().astype(xp.float64)])
-    total = allreduce(param_comm(x), xp.asarray(part, dtype=xp.float64), "sum")
+        eps, ignore, w, probabilities = check_class_args(
+            x, target, weight, ignore_index, reduction, label_smoothing, log_input, what)
+    loss, t, wd, part = class_local(x, target, w, ignore, eps, log_input, probabilities)
+    total = allreduce(param_comm(x), part, "sum")
     total = [float(v) for v in (total.get() if hasattr(total, "get") else total)]
-    if total[2] > 0:
-        raise ValueError(f"{what}: {int(total[2])} target labels outside [0, {c}) that are "
-                         f"not ignore_index ({ignore})")
-    if not probabilities:
-        den = total[1]
-    scale = 1.0 if reduction != "mean" else (1.0 / den if den else 0.0)
-    saved = ClassLossSaved(x, t, probabilities, wd, ignore, eps, bool(log_input), reduction,
-                           scale)
-    if reduction == "none":
-        return per_voxel(loss, x, drop=(1,)), saved
-    return reduced(total[0], den, reduction), saved
+    return class_finish(total, x, loss, t, wd, ignore, eps, log_input, probabilities,
+                        reduction, what)
 
 
 def _prod(shape) -> int:

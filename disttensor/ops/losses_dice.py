@@ -39,7 +39,7 @@ from ._spatial import array_key, check_layout, meaning, param_comm
 from .local import kernels_for
 
 __all__ = ["DiceSaved", "dice_forward", "dice_backward", "dice_labels", "one_hot",
-           "DICE_ACTIVATIONS"]
+           "DICE_ACTIVATIONS", "dice_keys", "check_dice_args", "dice_local", "dice_finish"]
 
 DICE_ACTIVATIONS = ("softmax", "sigmoid", None)
 
@@ -104,6 +104,100 @@ def _f_and_coefficients(sums, jaccard, snr, sdr):
     return f, df_di, df_dp
 
 
+def dice_keys(activation, include_background, squared_pred, jaccard, reduction, smooth_nr,
+              smooth_dr, batch, weight) -> dict:
+    """The Dice options as the ranks agree on them."""
+    return dict(activation=activation, include_background=bool(include_background),
+                squared_pred=bool(squared_pred), jaccard=bool(jaccard), reduction=reduction,
+                smooth_nr=meaning(float, smooth_nr), smooth_dr=meaning(float, smooth_dr),
+                batch=bool(batch),
+                weight=array_key(weight) if weight is None or hasattr(weight, "shape")
+                else meaning(tuple, np.atleast_1d(weight).tolist()))
+
+
+def check_dice_args(x, target, activation, include_background, reduction, weight, what):
+    """The checks of :func:`dice_forward` (replicated metadata, inside the caller's agreed
+    block): ``(integer labels?, kept classes (C,) bool, per-class weight (C,))``."""
+    check_distarray(x, what, "input")
+    check_distarray(target, what, "target")
+    check_reduction(reduction, what)
+    if x.ndim < 2:
+        raise ValueError(f"{what}: the input must have layout (N, C, *spatial), got "
+                         f"shape {x.shape}")
+    check_layout(x, what, min_spatial=0)
+    if activation not in DICE_ACTIVATIONS:
+        raise ValueError(f"{what}: activation must be one of {DICE_ACTIVATIONS}, got "
+                         f"{activation!r}")
+    c = x.shape[1]
+    labels = is_integer_dtype(target.dtype)
+    label_shapes = (x.shape[:1] + x.shape[2:], x.shape[:1] + (1,) + x.shape[2:])
+    if labels and target.shape not in label_shapes:
+        raise ValueError(f"{what}: integer labels must have shape {label_shapes[0]} or "
+                         f"{label_shapes[1]}, got {target.shape}")
+    if not labels:
+        if target.dtype.kind != "f":
+            raise TypeError(f"{what}: the target must be integer labels or a float array, "
+                            f"got {target.dtype}")
+        if target.shape != x.shape:
+            raise ValueError(f"{what}: a float target must have the input shape {x.shape}, "
+                             f"got {target.shape}")
+    keep = np.ones(c, dtype=bool)
+    if not include_background:
+        if c == 1:
+            warn("single channel prediction, `include_background=False` ignored.",
+                 UserWarning)
+        else:
+            keep[0] = False
+    w = np.zeros(c)
+    kept = int(keep.sum())
+    w[keep] = _class_weight(weight, kept, what) if kept != 1 else 1.0
+    return labels, keep, w
+
+
+def dice_local(x, target, labels, activation, squared):
+    """This rank's part (after the agreement; collective where the target is redistributed):
+    ``(target block, float64 buffer of N*C*3 + 1: this rank's samples' sums in their global
+    rows, then the count of labels out of range)``."""
+    k = kernels_for(x.local)
+    xp = x.xp
+    c = x.shape[1]
+    if labels:
+        target = dice_labels(target, x)
+        t = aligned(target, x, drop=(1,)).local.astype(xp.int64, copy=False)
+        bad = ((t < 0) | (t >= c)).sum()
+    else:
+        t = aligned(target, x).local
+        bad = xp.zeros(())
+    local = k.dice_sums(x.local, t, activation or "none", bool(squared))
+    buf = xp.zeros(x.shape[0] * c * 3 + 1)
+    n0, nl = x.local_slices[0].start, x.local.shape[0]
+    buf[n0 * c * 3:(n0 + nl) * c * 3] = xp.asarray(local, dtype=xp.float64).reshape(-1)
+    buf[-1] = bad
+    return t, buf
+
+
+def dice_finish(total, x, t, activation, squared, jaccard, reduction, smooth_nr, smooth_dr,
+                batch, keep, w, what):
+    """``(loss, saved)`` from the all-reduced buffer ``total`` (host, the same everywhere)."""
+    n, c = x.shape[:2]
+    if total[-1] > 0:
+        raise ValueError(f"{what}: {int(total[-1])} target labels outside [0, {c})")
+    sums = np.asarray(total[:-1]).reshape(n, c, 3)
+    if batch:
+        sums = sums.sum(axis=0, keepdims=True)
+    f, df_di, df_dp = _f_and_coefficients(sums, bool(jaccard), float(smooth_nr),
+                                          float(smooth_dr))
+    fw = (f * w)[:, keep]
+    saved = DiceSaved(x, t, activation or "none", bool(squared), (df_di, df_dp), reduction,
+                      sums, keep, w, bool(jaccard), float(smooth_nr), float(smooth_dr),
+                      bool(batch))
+    if reduction == "none":
+        return (fw[0] if batch else fw), saved
+    if reduction == "sum":
+        return float(fw.sum()), saved
+    return (float(fw.mean()) if fw.size else float("nan")), saved
+
+
 @collective_entry
 def dice_forward(x: DistArray, target: DistArray, activation="softmax",
                  include_background: bool = True, squared_pred: bool = False,
@@ -112,80 +206,16 @@ def dice_forward(x: DistArray, target: DistArray, activation="softmax",
     """The soft Dice loss of ``x`` against ``target`` (see the module docstring; integer
     ``(N, 1, *S)`` labels go through :func:`dice_labels` first).  Returns ``(loss, saved)``."""
     what = "dice_loss"
-    with agreed(x.grid.cart, "dice_forward", x=x, target=target, activation=activation,
-                include_background=bool(include_background), squared_pred=bool(squared_pred),
-                jaccard=bool(jaccard), reduction=reduction, smooth_nr=meaning(float, smooth_nr),
-                smooth_dr=meaning(float, smooth_dr), batch=bool(batch),
-                weight=array_key(weight) if weight is None or hasattr(weight, "shape")
-                else meaning(tuple, np.atleast_1d(weight).tolist())):
-        check_distarray(x, what, "input")
-        check_distarray(target, what, "target")
-        check_reduction(reduction, what)
-        if x.ndim < 2:
-            raise ValueError(f"{what}: the input must have layout (N, C, *spatial), got "
-                             f"shape {x.shape}")
-        check_layout(x, what, min_spatial=0)
-        if activation not in DICE_ACTIVATIONS:
-            raise ValueError(f"{what}: activation must be one of {DICE_ACTIVATIONS}, got "
-                             f"{activation!r}")
-        c = x.shape[1]
-        labels = is_integer_dtype(target.dtype)
-        if labels and target.shape not in (x.shape[:1] + x.shape[2:],
-                                           x.shape[:1] + (1,) + x.shape[2:]):
-            raise ValueError(f"{what}: integer labels must have shape "
-                             f"{x.shape[:1] + x.shape[2:]} or {x.shape[:1] + (1,) + x.shape[2:]},"
-                             f" got {target.shape}")
-        if not labels:
-            if target.dtype.kind != "f":
-                raise TypeError(f"{what}: the target must be integer labels or a float array, "
-                                f"got {target.dtype}")
-            if target.shape != x.shape:
-                raise ValueError(f"{what}: a float target must have the input shape {x.shape},"
-                                 f" got {target.shape}")
-        keep = np.ones(c, dtype=bool)
-        if not include_background:
-            if c == 1:
-                warn("single channel prediction, `include_background=False` ignored.",
-                     UserWarning)
-            else:
-                keep[0] = False
-        w = np.zeros(c)
-        kept = int(keep.sum())
-        w[keep] = _class_weight(weight, kept, what) if kept != 1 else 1.0
-        snr, sdr = float(smooth_nr), float(smooth_dr)
-    k = kernels_for(x.local)
-    xp = x.xp
-    if labels:
-        target = dice_labels(target, x)
-        t = aligned(target, x, drop=(1,)).local.astype(xp.int64, copy=False)
-        bad = ((t < 0) | (t >= c)).sum()
-    else:
-        t = aligned(target, x).local
-        bad = xp.zeros(())
-    act = activation or "none"
-    local = k.dice_sums(x.local, t, act, bool(squared_pred))
-    n = x.shape[0]
-    buf = xp.zeros(n * c * 3 + 1)
-    n0 = x.local_slices[0].start
-    nl = x.local.shape[0]
-    buf[n0 * c * 3:(n0 + nl) * c * 3] = xp.asarray(local, dtype=xp.float64).reshape(-1)
-    buf[-1] = bad
+    with agreed(x.grid.cart, "dice_forward", x=x, target=target,
+                **dice_keys(activation, include_background, squared_pred, jaccard, reduction,
+                            smooth_nr, smooth_dr, batch, weight)):
+        labels, keep, w = check_dice_args(x, target, activation, include_background,
+                                          reduction, weight, what)
+    t, buf = dice_local(x, target, labels, activation, squared_pred)
     total = allreduce(param_comm(x), buf, "sum")
     total = np.asarray(total.get() if hasattr(total, "get") else total)
-    if total[-1] > 0:
-        raise ValueError(f"{what}: {int(total[-1])} target labels outside [0, {c})")
-    sums = total[:-1].reshape(n, c, 3)
-    if batch:
-        sums = sums.sum(axis=0, keepdims=True)
-    f, df_di, df_dp = _f_and_coefficients(sums, bool(jaccard), snr, sdr)
-    fw = (f * w)[:, keep]
-    saved = DiceSaved(x, t, act, bool(squared_pred), (df_di, df_dp), reduction, sums, keep, w,
-                      bool(jaccard), snr, sdr, bool(batch))
-    if reduction == "none":
-        return (fw[0] if batch else fw), saved
-    if reduction == "sum":
-        return float(fw.sum()), saved
-    return (float(fw.mean()) if fw.size else float("nan")), saved
+    return dice_finish(total, x, t, activation, squared_pred, jaccard, reduction, smooth_nr,
+                       smooth_dr, batch, keep, w, what)
 
 
 @collective_entry

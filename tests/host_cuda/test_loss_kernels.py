@@ -38,18 +38,19 @@ def test_class_ce_matches_cpu(host, shape, dtype, eps, log_input):
     from disttensor.ops.local.gpu import losses as gpu
     rng = np.random.default_rng(len(shape) * 11 + shape[-1])
     x = rand(rng, shape, dtype) * 3
-    lab = _labels(rng, shape, -7)
     w = rng.uniform(0.5, 2.0, shape[1])
     xr = reference_input(x)
-    loss, den = gpu.class_ce_forward(x, lab, w, -7, eps, log_input)
-    lr, dr = cpu.class_ce_forward(xr, lab, w, -7, eps, log_input)
-    assert_close(loss, lr, np.float64, scale=_scale(lr), what="loss")
-    np.testing.assert_array_equal(den, dr)
-    gv = rng.uniform(0.5, 1.5, lr.shape)
-    for gvox in (None, gv):
-        dx = gpu.class_ce_backward(x, lab, w, -7, eps, log_input, gvox, 0.7)
-        dxr = cpu.class_ce_backward(xr, lab, w, -7, eps, log_input, gvox, 0.7)
-        assert_close(dx, dxr, dtype, scale=_scale(dxr), what="dx")
+    for ignore in (-7, 1):      # below the classes, and one of them
+        lab = _labels(rng, shape, ignore)
+        loss, den = gpu.class_ce_forward(x, lab, w, ignore, eps, log_input)
+        lr, dr = cpu.class_ce_forward(xr, lab, w, ignore, eps, log_input)
+        assert_close(loss, lr, np.float64, scale=_scale(lr), what="loss")
+        np.testing.assert_array_equal(den, dr)
+        gv = rng.uniform(0.5, 1.5, lr.shape)
+        for gvox in (None, gv):
+            dx = gpu.class_ce_backward(x, lab, w, ignore, eps, log_input, gvox, 0.7)
+            dxr = cpu.class_ce_backward(xr, lab, w, ignore, eps, log_input, gvox, 0.7)
+            assert_close(dx, dxr, dtype, scale=_scale(dxr), what="dx")
 
 
 @pytest.mark.parametrize(**DT)
