@@ -30,7 +30,7 @@ from disttensor.nn import BackwardUpdate, DistributedDataParallel
 from disttensor.nn import functional as F
 from disttensor.nn.amp import GradScaler
 from disttensor.nn.models import CosmoFlow
-from disttensor.nn.optim import SGD, Adam, AdamW
+from disttensor.nn.optim import SGD, Adam, AdamW, NAdam
 
 from checks import COMM, SIZE, expect, grid, last_rank_only, mismatch
 from conftest import assert_raises_all
@@ -46,6 +46,8 @@ OPTIMIZERS = {
     "nesterov": lambda params: SGD(params, lr=0.05, momentum=0.8, weight_decay=1e-3,
                                    nesterov=True),
     "adamw": lambda params: AdamW(params, lr=0.01, weight_decay=1e-2, amsgrad=True),
+    "nadam": lambda params: NAdam(params, lr=0.01, weight_decay=1e-2,
+                                  decoupled_weight_decay=True),
 }
 
 
@@ -202,7 +204,7 @@ def test_ddp_in_backward_equals_ordinary_steps(cid, opt_name, overlap):
                                      "overlap")
 
 
-@pytest.mark.parametrize("opt_name", ["nesterov", "adamw"])
+@pytest.mark.parametrize("opt_name", ["nesterov", "adamw", "nadam"])
 @guarded
 def test_ddp_in_backward_other_optimizers(opt_name):
     dims = CONFIGS[sorted(CONFIGS)[-1]]

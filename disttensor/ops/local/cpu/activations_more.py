@@ -4,8 +4,10 @@ SiLU, Softplus, Mish, Hardswish, Hardsigmoid) and of PReLU (one rank, no MPI; Nu
 Contract (as :mod:`.pointwise`): data inputs float32 or float64 (``TypeError`` otherwise),
 results in the dtype of the primary input (``x`` forward, ``dy`` backward), new C-contiguous
 arrays, any shape (PReLU: ``(N, C, *spatial)`` when it has one weight per channel), empty
-inputs fine.  Every element is computed in float64 and rounded once; PReLU's weight gradient
-is accumulated in float64 per channel over fixed blocks combined in a fixed order, so it does
+inputs fine.  Elements are computed in the input's precision (float32 libm functions for
+float32 data, as the GPU kernels do: within a few float32 ulp of the terms; the float64 path
+is PyTorch's to ~1e-16), one exp per element where the formula allows (mish's ``tanh(softplus)``
+as ``n / (n + 2)``, ``n = e^x (e^x + 2)``); PReLU's weight gradient is accumulated in float64 per channel over fixed blocks combined in a fixed order, so it does
 not depend on the thread count.  Formulas (PyTorch 2.13's, ``x`` the input, ``g`` = ``dy``)::
 
     gelu         x * Phi(x)                       g * (Phi(x) + x * phi(x))
@@ -43,79 +45,121 @@ _KAPPA = 0.044715
 
 
 @njit(cache=True, inline="always")
-def _sigmoid(v):
-    if v >= 0.0:
-        return 1.0 / (1.0 + math.exp(-v))
+def _sigmoid(v, one):
+    # in v's precision, exp of a non-positive number only
+    if v >= 0:
+        return one / (one + math.exp(-v))
     e = math.exp(v)
-    return e / (1.0 + e)
+    return e / (one + e)
 
 
 @njit(cache=True, inline="always")
-def _softplus1(v):
-    # log1p(exp(v)) without overflow (PyTorch's mish uses no threshold)
-    return v + math.log1p(math.exp(-v)) if v > 0.0 else math.log1p(math.exp(v))
-
-
-@njit(cache=True)
-def _forward_value(op, v, beta, threshold):
-    if op == 0:
-        return 0.5 * v * (1.0 + math.erf(v * _SQRT1_2))
-    if op == 1:
-        return 0.5 * v * (1.0 + math.tanh(_K_TANH * (v + _KAPPA * v * v * v)))
-    if op == 2:
-        return v * _sigmoid(v)
-    if op == 3:
-        bv = beta * v
-        return v if bv > threshold else math.log1p(math.exp(bv)) / beta
-    if op == 4:
-        return v * math.tanh(_softplus1(v))
-    if op == 5:
-        return v * min(max(v + 3.0, 0.0), 6.0) / 6.0
-    return min(max(v + 3.0, 0.0), 6.0) / 6.0
-
-
-@njit(cache=True)
-def _derivative(op, v, beta, threshold):
-    if op == 0:
-        return 0.5 * (1.0 + math.erf(v * _SQRT1_2)) + v * _INV_SQRT_2PI * math.exp(-0.5 * v * v)
-    if op == 1:
-        x2 = v * v
-        t = math.tanh(_K_TANH * (v + _KAPPA * x2 * v))
-        return 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * _K_TANH * (1.0 + 3.0 * _KAPPA * x2)
-    if op == 2:
-        s = _sigmoid(v)
-        return s * (1.0 + v * (1.0 - s))
-    if op == 3:
-        bv = beta * v
-        return 1.0 if bv > threshold else _sigmoid(bv)
-    if op == 4:
-        t = math.tanh(_softplus1(v))
-        return t + v * _sigmoid(v) * (1.0 - t * t)
-    if op == 5:
-        if v != v:             # NaN propagates (PyTorch's vectorized kernel)
-            return v
-        if v <= -3.0:          # PyTorch 2.13's kinks: 0 at -3, 1 at 3
-            return 0.0
-        return v / 3.0 + 0.5 if v < 3.0 else 1.0
-    return 1.0 / 6.0 if -3.0 < v < 3.0 else 0.0
+def _mish_parts(v, one, two):
+    """``(t, 1 - t^2, sigmoid(v))`` with ``t = tanh(softplus(v))`` from one exp: ``t = n / (n +
+    2)``, ``n = e (e + 2)``, ``e = exp(v)``, so ``1 - t^2 = 4 (n + 1) / (n + 2)^2`` (no
+    cancellation); ``t = 1`` exactly (in float64 and float32) from ``v > 20``."""
+    if v > 20:
+        return one, 4 * one / math.exp(v + v), one
+    e = math.exp(v)
+    n = e * (e + two)
+    d = n + two
+    return n / d, (4 * (n + one)) / (d * d), e / (one + e)
 
 
 @njit(parallel=True, cache=True)
 def _fwd_kernel(x, y, op, beta, threshold, block):
+    T = x.dtype.type
+    one, two, half, three, six = T(1.0), T(2.0), T(0.5), T(3.0), T(6.0)
+    zero = T(0.0)
+    rs2, k, kappa = T(_SQRT1_2), T(_K_TANH), T(_KAPPA)
+    b_, t_ = T(beta), T(threshold)
     n = x.shape[0]
     nb = (n + block - 1) // block
     for b in prange(nb):
-        for i in range(b * block, min(n, b * block + block)):
-            y[i] = _forward_value(op, np.float64(x[i]), beta, threshold)
+        i0 = b * block
+        i1 = min(n, i0 + block)
+        if op == 0:                                        # gelu
+            for i in range(i0, i1):
+                v = x[i]
+                y[i] = half * v * (one + math.erf(v * rs2))
+        elif op == 1:                                      # gelu_tanh
+            for i in range(i0, i1):
+                v = x[i]
+                y[i] = half * v * (one + math.tanh(k * (v + kappa * v * v * v)))
+        elif op == 2:                                      # silu
+            for i in range(i0, i1):
+                v = x[i]
+                y[i] = v * _sigmoid(v, one)
+        elif op == 3:                                      # softplus
+            for i in range(i0, i1):
+                v = x[i]
+                bv = b_ * v
+                y[i] = v if bv > t_ else math.log1p(math.exp(bv)) / b_
+        elif op == 4:                                      # mish
+            for i in range(i0, i1):
+                v = x[i]
+                y[i] = v * _mish_parts(v, one, two)[0]
+        elif op == 5:                                      # hardswish
+            for i in range(i0, i1):
+                v = x[i]
+                y[i] = v * min(max(v + three, zero), six) / six if v == v else v
+        else:                                              # hardsigmoid
+            for i in range(i0, i1):
+                v = x[i]
+                y[i] = min(max(v + three, zero), six) / six if v == v else v
 
 
 @njit(parallel=True, cache=True)
 def _bwd_kernel(dy, x, dx, op, beta, threshold, block):
+    T = x.dtype.type
+    one, two, half, three = T(1.0), T(2.0), T(0.5), T(3.0)
+    zero, sixth = T(0.0), T(1.0 / 6.0)
+    rs2, k, kappa, rs2pi = T(_SQRT1_2), T(_K_TANH), T(_KAPPA), T(_INV_SQRT_2PI)
+    b_, t_ = T(beta), T(threshold)
     n = dy.shape[0]
     nb = (n + block - 1) // block
     for b in prange(nb):
-        for i in range(b * block, min(n, b * block + block)):
-            dx[i] = np.float64(dy[i]) * _derivative(op, np.float64(x[i]), beta, threshold)
+        i0 = b * block
+        i1 = min(n, i0 + block)
+        if op == 0:                                        # gelu: Phi(x) + x phi(x)
+            for i in range(i0, i1):
+                v = x[i]
+                d = half * (one + math.erf(v * rs2)) + v * rs2pi * math.exp(-half * v * v)
+                dx[i] = dy[i] * d
+        elif op == 1:                                      # gelu_tanh (PyTorch's form)
+            for i in range(i0, i1):
+                v = x[i]
+                x2 = v * v
+                t = math.tanh(k * (v + kappa * x2 * v))
+                d = half * (one + t) + half * v * (one - t * t) * k * (one + three * kappa * x2)
+                dx[i] = dy[i] * d
+        elif op == 2:                                      # silu
+            for i in range(i0, i1):
+                v = x[i]
+                s = _sigmoid(v, one)
+                dx[i] = dy[i] * (s * (one + v * (one - s)))
+        elif op == 3:                                      # softplus
+            for i in range(i0, i1):
+                bv = b_ * x[i]
+                dx[i] = dy[i] if bv > t_ else dy[i] * _sigmoid(bv, one)
+        elif op == 4:                                      # mish
+            for i in range(i0, i1):
+                v = x[i]
+                t, u, s = _mish_parts(v, one, two)
+                dx[i] = dy[i] * (t + v * s * u)
+        elif op == 5:                                      # hardswish (NaN propagates)
+            for i in range(i0, i1):
+                v = x[i]
+                if v != v:
+                    dx[i] = v
+                elif v <= -three:                          # PyTorch 2.13: 0 at -3, 1 at 3
+                    dx[i] = zero
+                else:
+                    dx[i] = dy[i] * (v / three + half) if v < three else dy[i]
+        else:                                              # hardsigmoid (0 at NaN)
+            for i in range(i0, i1):
+                v = x[i]
+                dx[i] = dy[i] * sixth if -three < v < three else zero
 
 
 def _op(name):
