@@ -118,3 +118,23 @@ def test_function_errors():
                 ctx.save_for_backward(3)
                 return x.data
         SaveNumber.apply(x)
+
+
+def test_replicated_reductions_match_torch_spellings():
+    """The reductions on replicated values (parameters): elementwise max/min share ties half
+    and half, ``unbiased=False``, ``argmax`` of the flattened tensor, ``amax`` over a tuple."""
+    from disttensor import autograd as ag
+    a = Tensor(np.array([1.0, 2.0, 3.0]), requires_grad=True)
+    b = Tensor(np.array([1.0, 3.0, 2.0]), requires_grad=True)
+    ag.max(a, b).sum().backward()
+    np.testing.assert_allclose(a.grad, [0.5, 0.0, 1.0])
+    np.testing.assert_allclose(b.grad, [0.5, 1.0, 0.0])
+    x = Tensor(np.array([[1.0, 2.0], [3.0, 4.0]]), requires_grad=True)
+    assert abs(x.var().data - np.var(x.data, ddof=1)) < 1e-15
+    assert abs(x.std(unbiased=False).data - np.std(x.data)) < 1e-15
+    assert x.argmax().data == 3 and x.argmax(1, keepdim=True).data.tolist() == [[1], [1]]
+    assert x.amax(dim=(0, 1), keepdim=True).data.shape == (1, 1)
+    with pytest.raises(TypeError, match="both 'dim' and 'axis'"):
+        x.sum(0, axis=1)
+    with pytest.raises(RuntimeError, match="at least one of 'min' or 'max'"):
+        x.clamp()
