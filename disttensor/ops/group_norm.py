@@ -220,7 +220,6 @@ def group_norm_backward(saved: GroupNormSaved, dy: DistArray, reduce: bool = Tru
     ``saved.param_sums_in_stats``, else they are this rank's partial sums.  Collective."""
     x = saved.x
     xp = x.xp
-    k = kernels_for(dy.local)
     n_loc, c = x.local.shape[:2]
     g = saved.groups
     per_channel = c // g
@@ -229,8 +228,7 @@ def group_norm_backward(saved: GroupNormSaved, dy: DistArray, reduce: bool = Tru
         check_gradient_layout(dy, x.distribution, "group-norm")
         mean_c = xp.repeat(saved.mean, per_channel, axis=1)
         dy2, x2 = _rows(dy.local, n_loc * c), _rows(x.local, n_loc * c)
-        ones = xp.ones(n_loc * c, dtype=xp.float64)
-        s_dy, s_dyx = k.channel_sums_backward(dy2[None], x2[None], mean_c.reshape(-1), ones)
+        s_dy, s_dyx = norm_kernels(dy.local).rows_backward_sums(dy2, x2, mean_c.reshape(-1))
     s_dy = xp.asarray(s_dy, dtype=xp.float64).reshape(n_loc, c)
     s_dyx = xp.asarray(s_dyx, dtype=xp.float64).reshape(n_loc, c)   # sum dy * (x - mean)
     invstd_c = xp.repeat(saved.invstd, per_channel, axis=1)

@@ -87,10 +87,14 @@ def _check(x, ns, gamma, beta):
 
 
 def _local_params(xp, v, slices, size, fill):
-    """This block's part of the parameter ``v`` (float64, flattened; ``fill`` for ``None``)."""
+    """This block's part of the parameter ``v``, flattened (float32 stays float32: the
+    kernels read it as is and compute in float64; ``fill`` for ``None``)."""
     if v is None:
         return xp.full(size, fill, dtype=xp.float64)
-    return xp.ascontiguousarray(xp.asarray(v[slices], dtype=xp.float64).reshape(-1))
+    part = v[slices]
+    if part.dtype != xp.float32:
+        part = part.astype(xp.float64)
+    return xp.ascontiguousarray(part.reshape(-1))
 
 
 def _rows_cols(a, first):

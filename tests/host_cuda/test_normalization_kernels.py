@@ -43,6 +43,9 @@ def test_backward_and_layer_norm_match_cpu(host, shape, dtype):
     x, dy = rand(rng, shape, dtype), rand(rng, shape, dtype)
     xr, dyr = reference_input(x), reference_input(dy)
     a, m, b, d = (rng.standard_normal(R) for _ in range(4))
+    for g, w, what in zip(gpu.rows_backward_sums(dy, x, m), cpu.rows_backward_sums(dyr, xr, m),
+                          ("sum dy", "sum dy*(x - m)")):
+        assert_close(g, w, np.float64, scale=_scale(dy) * 16 + 1e-300, what=what)
     assert_close(gpu.rows_backward_apply(dy, x, a, m, b, d),
                  cpu.rows_backward_apply(dyr, xr, a, m, b, d), dtype, scale=8.0,
                  what="rows_backward_apply")

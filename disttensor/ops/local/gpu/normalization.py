@@ -1,5 +1,6 @@
 """GPU kernels of group, instance and layer normalization on CuPy arrays: the functions and
-contracts of :mod:`..cpu.normalization` (``row_moments``, ``rows_backward_apply``,
+contracts of :mod:`..cpu.normalization` (``row_moments``, ``rows_backward_sums``,
+``rows_backward_apply``,
 ``ln_forward_apply``, ``ln_backward_sums``, ``ln_backward_apply``), with the RawKernels of
 ``kernels/normalization.cu`` (float16 too).
 
@@ -59,6 +60,16 @@ def row_moments(x):
     launch(kernel("normalization", "row_moments_finalize"), R,
            (pm, pq) + i64(R, L, B) + (mean, m2))
     return mean, m2
+
+
+def rows_backward_sums(dy, x, m):
+    """Per row ``(sum(dy), sum(dy * (x - m[r])))`` (float64 ``(R,)``): pointwise.cu's channel
+    sums over the ``(1, R, L)`` view."""
+    from .batchnorm import channel_sums_backward
+    cp = cupy()
+    dy, x = _pair(cp, dy, x)
+    R = x.shape[0]
+    return channel_sums_backward(dy[None], x[None], _vec(cp, m, R, "m"), cp.ones(R))
 
 
 def rows_backward_apply(dy, x, a, m, b, d):
