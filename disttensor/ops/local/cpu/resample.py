@@ -4,8 +4,8 @@ axis (interpolation, adaptive average pooling and their adjoints) and adaptive m
 **Separable maps.**  Along one axis a resampling op is a sparse matrix in CSR form
 ``(indptr, idx, w)``: output row ``o`` is ``sum_k w[k] * a[..., idx[k], ...]`` over
 ``k in [indptr[o], indptr[o+1])``.  :func:`apply_axis` applies it along axis ``t`` of an
-array of any rank (viewed as ``(P, L, Q)``, parallel over ``P x rows``, float64
-accumulation, the input dtype kept); :func:`transpose_csr` gives the adjoint's matrix.
+array of any rank (viewed as ``(P, L, Q)``, parallel over the ``P`` slabs, or over the rows
+when there are few slabs; float64 accumulation, the input dtype kept); :func:`transpose_csr` gives the adjoint's matrix.
 Non-NumPy arrays (CuPy) take a dense ``matmul`` of the same matrix.
 
 **Adaptive max pooling** (:func:`adaptive_max_forward`, :func:`adaptive_max_backward`):
@@ -18,7 +18,7 @@ cells: the scatter runs serially per ``(n, c)`` slab, parallel over slabs).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import get_num_threads, njit, prange
 
 __all__ = ["csr_from_rows", "transpose_csr", "apply_axis", "adaptive_max_forward",
            "adaptive_max_backward"]
@@ -47,17 +47,29 @@ def transpose_csr(csr, ncols: int) -> tuple:
 
 
 @njit(parallel=True, cache=True)
-def _apply(a, indptr, idx, w, out):
+def _apply_slabs(a, indptr, idx, w, out):
     P, O, Q = out.shape
-    for t in prange(P * O):
-        p = t // O
-        o = t - p * O
+    for p in prange(P):
+        for o in range(O):
+            k0, k1 = indptr[o], indptr[o + 1]
+            for q in range(Q):
+                acc = 0.0
+                for k in range(k0, k1):
+                    acc += w[k] * a[p, idx[k], q]
+                out[p, o, q] = acc
+
+
+@njit(parallel=True, cache=True)
+def _apply_rows(a, indptr, idx, w, out):
+    P, O, Q = out.shape
+    for o in prange(O):
         k0, k1 = indptr[o], indptr[o + 1]
-        for q in range(Q):
-            acc = 0.0
-            for k in range(k0, k1):
-                acc += w[k] * a[p, idx[k], q]
-            out[p, o, q] = acc
+        for p in range(P):
+            for q in range(Q):
+                acc = 0.0
+                for k in range(k0, k1):
+                    acc += w[k] * a[p, idx[k], q]
+                out[p, o, q] = acc
 
 
 def apply_axis(a, t: int, csr, rows: int | None = None):
@@ -78,7 +90,8 @@ def apply_axis(a, t: int, csr, rows: int | None = None):
         return xp.ascontiguousarray(xp.matmul(m, a.reshape(P, shape[t], Q))).reshape(out_shape)
     out = np.empty((P, nrows, Q), dtype=a.dtype)
     if out.size:
-        _apply(np.ascontiguousarray(a).reshape(P, shape[t], Q), indptr, idx, w, out)
+        kernel = _apply_slabs if P >= 4 * get_num_threads() else _apply_rows
+        kernel(np.ascontiguousarray(a).reshape(P, shape[t], Q), indptr, idx, w, out)
     return out.reshape(out_shape)
 
 
