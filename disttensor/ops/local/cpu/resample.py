@@ -5,8 +5,8 @@ axis (interpolation, adaptive average pooling and their adjoints) and adaptive m
 ``(indptr, idx, w)``: output row ``o`` is ``sum_k w[k] * a[..., idx[k], ...]`` over
 ``k in [indptr[o], indptr[o+1])``.  :func:`apply_axis` applies it along axis ``t`` of an
 array of any rank (viewed as ``(P, L, Q)``, parallel over the ``P`` slabs, or over the rows
-when there are few slabs; float64 accumulation, the input dtype kept); :func:`transpose_csr` gives the adjoint's matrix.
-Non-NumPy arrays (CuPy) take a dense ``matmul`` of the same matrix.
+when there are few slabs; float64 accumulation, the input dtype kept); :func:`transpose_csr`
+gives the adjoint's matrix.  Non-NumPy arrays (CuPy) take a dense ``matmul`` of the same matrix.
 
 **Adaptive max pooling** (:func:`adaptive_max_forward`, :func:`adaptive_max_backward`):
 ``(N, C, D, H, W)`` input (any strides), per-axis bins ``[lo, hi)`` relative to it; the
