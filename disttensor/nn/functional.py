@@ -304,3 +304,7 @@ __all__ += ["group_norm", "instance_norm", "layer_norm"]
 from .activation import (gelu, hardsigmoid, hardswish, mish, prelu, silu,  # noqa: E402
                          softplus)
 __all__ += ["gelu", "silu", "softplus", "mish", "hardswish", "hardsigmoid", "prelu"]
+
+from . import resampling as _resampling  # noqa: E402  (interpolate, adaptive pools, pad, ...)
+globals().update({_n: getattr(_resampling, _n) for _n in _resampling.FUNCTIONS})
+__all__ += [_n for _n in _resampling.FUNCTIONS if _n not in __all__]

@@ -376,3 +376,7 @@ class CrossEntropyLoss(Module):
 from . import losses as _losses  # noqa: E402  (the loss modules, PyTorch's names and options)
 globals().update({_n: getattr(_losses, _n) for _n in _losses.MODULES})
 __all__ += [_n for _n in _losses.MODULES if _n not in __all__]
+
+from . import resampling as _resampling  # noqa: E402  (Upsample, adaptive pools, pads, ...)
+globals().update({_n: getattr(_resampling, _n) for _n in _resampling.LAYERS})
+__all__ += [_n for _n in _resampling.LAYERS if _n not in __all__]

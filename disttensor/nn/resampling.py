@@ -17,6 +17,7 @@ from ..ops.pad import pad_backward, pad_forward
 from ..ops.resample import interpolate_backward, interpolate_forward
 from ..random import Generator
 from .module import Module
+from .operand_checks import activation as _activation_of
 
 FUNCTIONS = ["adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d",
              "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d",
@@ -32,7 +33,7 @@ __all__ = FUNCTIONS + LAYERS
 
 
 def _spatial_rank(x, nd: int, what: str) -> None:
-    shape = unwrap(x).shape
+    shape = _activation_of(what, x).shape
     if len(shape) != nd + 2:
         raise ValueError(f"{what} expects (N, C, {nd} spatial axes) input, got shape {shape}")
 
@@ -128,7 +129,7 @@ def interpolate(input, size=None, scale_factor=None, mode: str = "nearest", alig
     so ``interpolate(x, 2)`` asks for an output extent 2): nearest, nearest-exact,
     (bi/tri)linear with ``align_corners``, area; see :mod:`disttensor.ops.resample`.
     ``antialias=True`` and bicubic are not supported (raise)."""
-    y, saved = interpolate_forward(unwrap(input), size, scale_factor, mode, align_corners,
+    y, saved = interpolate_forward(_activation_of("interpolate", input), size, scale_factor, mode, align_corners,
                                    recompute_scale_factor, antialias)
     return make_result(y, (input,), lambda g: (interpolate_backward(saved, g),), "interpolate")
 
@@ -176,7 +177,7 @@ def pad(input, pad, mode: str = "constant", value=None):
     """``torch.nn.functional.pad``: ``pad`` lists ``(lo, hi)`` from the last axis backwards
     (negative entries crop); modes constant, reflect, replicate, circular; see
     :mod:`disttensor.ops.pad`."""
-    y, saved = pad_forward(unwrap(input), pad, mode, value)
+    y, saved = pad_forward(_activation_of("pad", input), pad, mode, value)
     return make_result(y, (input,), lambda g: (pad_backward(saved, g),), "pad")
 
 
@@ -198,7 +199,7 @@ class _PadNd(Module):
         return f"{self.padding}" + ("" if self.value is None else f", value={self.value}")
 
     def forward(self, x):
-        k = len(unwrap(x).shape)
+        k = len(_activation_of(type(self).__name__, x).shape)
         if k != self._nd + 2:
             raise ValueError(f"{type(self).__name__}: expected {self._nd + 1}D or "
                              f"{self._nd + 2}D input (got {k}D input); inputs here are "
