@@ -156,10 +156,16 @@ def layer_norm_backward(saved: LayerNormSaved, dy: DistArray, reduce: bool = Tru
         s_a, s_b, col_g, col_b = k.ln_backward_sums(dy2, x2, saved.mean, saved.invstd, g_loc)
     ns = tuple(x.shape[first:])
     rows = x2.shape[0]
-    params = xp.zeros((2,) + ns)
-    params[(0,) + sl] = xp.asarray(col_g).reshape(x.local.shape[first:])
-    params[(1,) + sl] = xp.asarray(col_b).reshape(x.local.shape[first:])
-    params = params.reshape(-1)
+    has_params = saved.gamma is not None or saved.beta_dtype is not None
+    if not has_params:
+        params = xp.zeros(0)
+    elif not saved.stats_axes:     # this block holds all of normalized_shape
+        params = xp.concatenate([xp.asarray(col_g), xp.asarray(col_b)])
+    else:                          # its part of it, zeros elsewhere
+        params = xp.zeros((2,) + ns)
+        params[(0,) + sl] = xp.asarray(col_g).reshape(x.local.shape[first:])
+        params[(1,) + sl] = xp.asarray(col_b).reshape(x.local.shape[first:])
+        params = params.reshape(-1)
     sums = xp.concatenate([xp.asarray(s_a, dtype=xp.float64),
                            xp.asarray(s_b, dtype=xp.float64)])
     params_done = False
@@ -171,12 +177,14 @@ def layer_norm_backward(saved: LayerNormSaved, dy: DistArray, reduce: bool = Tru
             params_done = True
         elif comm.size > 1:
             sums = allreduce(comm, sums, "sum")
-    if reduce and not params_done and (saved.gamma is not None or saved.beta_dtype is not None):
+    if reduce and not params_done and has_params:
         params = allreduce(param_comm(x), params, "sum")
     m = max(saved.count, 1.0)
     dx = k.ln_backward_apply(dy2, x2, saved.mean, saved.invstd, g_loc, sums[:rows] / m,
                              sums[rows:] / m)
     dx = DistArray(dx.reshape(x.local.shape), x.distribution, x.grid)
+    if not has_params:
+        return dx, None, None
     params = params.reshape((2,) + ns)
     dgamma = None if saved.gamma is None else params[0].astype(saved.gamma.dtype)
     dbeta = None if saved.beta_dtype is None else params[1].astype(saved.beta_dtype)
