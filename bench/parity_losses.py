@@ -10,6 +10,11 @@ an oracle only here::
 
     mpiexec -n 1 .venv/bin/python bench/parity_losses.py
     mpiexec -n 2 .venv/bin/python bench/parity_losses.py
+
+``--speed`` (one process) times forward + backward of cross-entropy (labels, weights,
+smoothing), soft Dice and DiceCE at a U-Net activation shape against PyTorch CPU in the same
+run (medians of ``--repeats``; PyTorch and Numba on the same thread count,
+``NUMBA_NUM_THREADS``).
 """
 from __future__ import annotations
 
@@ -98,6 +103,9 @@ def cases(rng):
                       weight=[1.0, 2.0, 0.5])):
         yield "dice " + ",".join(k if v is True else f"{k}={v}" for k, v in opts.items()), \
             x, labels, opts, "dice"
+    yield "dice_ce nnU-Net style, ce_weight, smoothing", x, labels, \
+        dict(softmax=True, include_background=False, smooth_nr=1.0, smooth_dr=1.0,
+             ce_weight=w, label_smoothing=0.1, lambda_ce=0.5), "dice_ce"
 
 
 def torch_loss(kind, name, x, target, opts, reduction):
@@ -108,6 +116,13 @@ def torch_loss(kind, name, x, target, opts, reduction):
     if kind == "nll":
         return xt, TF.nll_loss(TF.log_softmax(xt, 1), torch.tensor(target),
                                weight=torch.tensor(opts["weight"]), reduction=reduction)
+    if kind == "dice_ce":
+        oh = TF.one_hot(torch.tensor(target), SHAPE[1]).movedim(-1, 1).double()
+        dice = monai_dice(torch.softmax(xt, 1), oh, False, False, False, reduction, 1.0, 1.0,
+                          False, None)
+        ce = TF.cross_entropy(xt, torch.tensor(target), weight=torch.tensor(opts["ce_weight"]),
+                              label_smoothing=0.1, reduction=reduction)
+        return xt, dice + 0.5 * ce
     if kind == "dice":
         p = torch.softmax(xt, 1) if opts.get("softmax") else torch.sigmoid(xt)
         oh = TF.one_hot(torch.tensor(target), SHAPE[1]).movedim(-1, 1).double()
@@ -123,7 +138,7 @@ def ours(kind, x, target, opts, reduction, layout):
     X = Tensor(dist(x, layout), requires_grad=True)
     if kind in ("class", "nll"):
         T = dist(target, layout, drop_channel=True)
-    elif kind == "dice":
+    elif kind in ("dice", "dice_ce"):
         T = dist(target, layout, drop_channel=True)
     else:
         T = dist(target, layout)
@@ -134,6 +149,8 @@ def ours(kind, x, target, opts, reduction, layout):
         return X, L.cross_entropy(X, T, reduction=reduction, **opts)
     if kind == "dice":
         return X, L.dice_loss(X, T, reduction=reduction, **opts)
+    if kind == "dice_ce":
+        return X, L.dice_ce_loss(X, T, reduction=reduction, **opts)
     return X, getattr(L, kind)(X, T, reduction=reduction, **opts)
 
 
@@ -142,7 +159,7 @@ def main():
     rng = np.random.default_rng(0)
     rows = []
     for name, x, target, opts, kind in cases(rng):
-        for reduction in ("mean", "sum", "none"):
+        for reduction in ("mean", "sum") + (("none",) if kind != "dice_ce" else ()):
             xt, lt = torch_loss(kind, name, x, target, opts, reduction)
             gout = rng.uniform(0.5, 1.5, tuple(lt.shape)) if reduction == "none" else None
             lt.backward(torch.tensor(gout) if gout is not None else None)
@@ -168,5 +185,69 @@ def main():
               f"{max(r[4] for r in rows):.1e}")
 
 
+def speed(repeats: int, shape=(2, 4, 48, 48, 48)):
+    """Median seconds of forward + backward, ours vs PyTorch, on one process."""
+    import time
+
+    import numba
+    torch.set_num_threads(numba.get_num_threads())
+    rng = np.random.default_rng(1)
+    g = dt.ProcessGrid((1, 1), comm=MPI.COMM_SELF)
+    split = (0, None, 1) + (None,) * (len(shape) - 3)
+    for dtype in (np.float32, np.float64):
+        x = rng.standard_normal(shape).astype(dtype)
+        lab = rng.integers(0, shape[1], shape[:1] + shape[2:])
+        w = rng.uniform(0.5, 2, shape[1])
+        X = dt.from_global(x, grid=g, split=split)
+        Lb = dt.from_global(lab, grid=g, split=split[:1] + split[2:])
+
+        def ours_ce():
+            xt = Tensor(X, requires_grad=True)
+            L.cross_entropy(xt, Lb, weight=w, label_smoothing=0.1).backward()
+
+        def torch_ce():
+            xt = torch.tensor(x, requires_grad=True)
+            TF.cross_entropy(xt, torch.tensor(lab), weight=torch.tensor(w, dtype=xt.dtype),
+                             label_smoothing=0.1).backward()
+
+        def ours_dice():
+            xt = Tensor(X, requires_grad=True)
+            L.dice_loss(xt, Lb, softmax=True, include_background=False).backward()
+
+        def torch_dice():
+            xt = torch.tensor(x, requires_grad=True)
+            oh = TF.one_hot(torch.tensor(lab), shape[1]).movedim(-1, 1).to(xt.dtype)
+            monai_dice(torch.softmax(xt, 1), oh, False, False, False, "mean", 1e-5, 1e-5,
+                       False, None).backward()
+
+        def ours_dice_ce():
+            xt = Tensor(X, requires_grad=True)
+            L.dice_ce_loss(xt, Lb, softmax=True, include_background=False).backward()
+
+        def torch_dice_ce():
+            xt = torch.tensor(x, requires_grad=True)
+            oh = TF.one_hot(torch.tensor(lab), shape[1]).movedim(-1, 1).to(xt.dtype)
+            (monai_dice(torch.softmax(xt, 1), oh, False, False, False, "mean", 1e-5, 1e-5,
+                        False, None) + TF.cross_entropy(xt, torch.tensor(lab))).backward()
+
+        for name, a, b in (("cross_entropy", ours_ce, torch_ce), ("dice", ours_dice, torch_dice),
+                           ("dice_ce", ours_dice_ce, torch_dice_ce)):
+            times = {}
+            for who, fn in (("ours", a), ("torch", b)):
+                fn()
+                ts = []
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    fn()
+                    ts.append(time.perf_counter() - t0)
+                times[who] = float(np.median(ts))
+            print(f"{name:14s} {np.dtype(dtype).name:8s} {shape}  ours {times['ours']:.4f} s  "
+                  f"torch {times['torch']:.4f} s  ratio {times['ours'] / times['torch']:.2f}x")
+
+
 if __name__ == "__main__":
-    main()
+    if "--speed" in sys.argv:
+        reps = int(sys.argv[sys.argv.index("--repeats") + 1]) if "--repeats" in sys.argv else 7
+        speed(reps)
+    else:
+        main()

@@ -304,7 +304,7 @@ DICE_CASES = [dict(activation="softmax"),
                    sdr=1.0),
               dict(activation="sigmoid", squared=True, jaccard=True, weight=[1.0, 2.0, 0.5,
                                                                              0.25]),
-              dict(activation=None, target="float")]
+              dict(activation=None, target="float", squared=True)]
 
 
 def _dice_kw(case):
