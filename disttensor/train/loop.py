@@ -29,6 +29,7 @@ from .builders import build_loss, build_optimizer, build_schedule
 from .checkpoints import CHECKPOINT, restore, save_state
 from .data import batches, target_mean
 from .metrics import METRICS, append_csv, epoch_line, final_line, validate
+from .pruning import head_inference_times, make_pruner, pruning_line
 
 __all__ = ["TrainResult", "train_epochs"]
 
@@ -43,6 +44,7 @@ class TrainResult:
     epochs_done: int = 0
     interrupted: bool = False
     grid: tuple = ()
+    pruning: dict = field(default_factory=dict)     # --prune-to: sparsity, head times
 
 
 class _StopFlag:
@@ -117,6 +119,8 @@ def train_epochs(args, comm, grid, train_ds, val_ds, model, progress, segmentati
     opt = build_optimizer(args, params)
     steps_per_epoch = len(train_ds)
     sched = build_schedule(args, opt, steps_per_epoch)
+    pruner = make_pruner(args, model, comm, args.epochs * steps_per_epoch if args.max_steps
+                         is None else args.max_steps, pipe is not None)
     scaler = nn.amp.GradScaler(enabled=args.amp)
     update = None
     if args.update_in_backward:
@@ -143,6 +147,8 @@ def train_epochs(args, comm, grid, train_ds, val_ds, model, progress, segmentati
                                         scaler, pipe)
             progress.say(f"resumed from {ckpt}: epoch {start_epoch + 1}, step "
                          f"{result.steps}")
+    if pruner is not None:
+        pruner.last_step = result.steps - 1
     if not segmentation:
         tmean = target_mean(train_ds.files, train_ds.stacked, yname, comm)
     progress.say(f"disttensor.train {args.model}: {comm.size} ranks, grid "
@@ -178,6 +184,8 @@ def train_epochs(args, comm, grid, train_ds, val_ds, model, progress, segmentati
                     scaler.step(opt)
                     scaler.update()
                 sched.step()
+                if pruner is not None:
+                    pruner.step()
                 result.steps += 1
                 result.losses.append(lossv)
                 seen += args.batch_size
@@ -236,4 +244,8 @@ def train_epochs(args, comm, grid, train_ds, val_ds, model, progress, segmentati
         last = result.val[-1]
         result.baseline = {k: last[k] for k in last if k.startswith("baseline_")}
         progress.say(final_line(last, segmentation))
+    if pruner is not None:
+        result.pruning = {"sparsity": pruner.sparsity(),
+                          **head_inference_times(model, args.batch_size, comm)}
+        progress.say(pruning_line(result.pruning["sparsity"], result.pruning))
     return result
