@@ -75,3 +75,8 @@ from .training_state import (TrainingState, load_training_state,  # noqa: E402
 
 __all__ += ["containers", "training_state", "ModuleDict", "ParameterList", "ParameterDict",
             "save_training_state", "load_training_state", "TrainingState"]
+
+from . import sparse_layers  # noqa: E402  (CSB-weight SparseLinear / SparseConv3d, sparsify)
+from .sparse_layers import SparseConv3d, SparseLinear, densify, sparsify  # noqa: E402
+
+__all__ += ["sparse_layers", "SparseLinear", "SparseConv3d", "sparsify", "densify"]
