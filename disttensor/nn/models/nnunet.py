@@ -58,7 +58,7 @@ class NNUNet3D(Module):
                              f"convs_per_stage={convs_per_stage}")
         kw = dict(dtype=dtype, device=device, rng=rng)
         self.in_channels, self.classes = in_channels, classes
-        self.deep_supervision = deep_supervision
+        self.deep_supervision, self.levels = deep_supervision, len(features)
         self.input_size = None if input_size is None else spatial_size(input_size)
         if self.input_size is not None:
             self._check_size(self.input_size)
@@ -75,7 +75,6 @@ class NNUNet3D(Module):
                                        kw))
             self.heads.append(Conv3d(skip, classes, 1, **kw))
             c = skip
-        self.levels = len(features)
 
     @property
     def num_outputs(self) -> int:
