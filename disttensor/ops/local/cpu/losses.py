@@ -75,6 +75,27 @@ def _lse(x, n, s0, L, C, m, tot):
         tot[j] = m[j] + math.log(tot[j])
 
 
+@njit(inline="always")
+def _softmax_block(x, n, s0, L, C, m, tot, e):
+    """e[c, j]: the channel softmax of the block's positions (one exp per element)."""
+    for j in range(L):
+        m[j] = -np.inf
+        tot[j] = 0.0
+    for c in range(C):
+        for j in range(L):
+            v = np.float64(x[n, c, s0 + j])
+            if v > m[j] or v != v:
+                m[j] = v
+    for c in range(C):
+        for j in range(L):
+            ev = math.exp(np.float64(x[n, c, s0 + j]) - m[j])
+            e[c, j] = ev
+            tot[j] += ev
+    for c in range(C):
+        for j in range(L):
+            e[c, j] /= tot[j]
+
+
 @njit(parallel=True, cache=True)
 def _class_fwd(x, lab, w, ignore, eps, log_input, loss, den, block):
     N, C, S = x.shape
@@ -117,9 +138,10 @@ def _class_bwd(x, lab, w, ignore, eps, log_input, gvox, gscale, dx, block):
         s0 = (t - n * nb) * block
         L = min(S, s0 + block) - s0
         m = np.empty(L)
-        lse = np.zeros(L)
+        tot = np.zeros(L)
+        e = np.empty((C, L))
         if not log_input:
-            _lse(x, n, s0, L, C, m, lse)
+            _softmax_block(x, n, s0, L, C, m, tot, e)
         for j in range(L):
             y = lab[n, s0 + j]
             g = gscale * gvox[n, s0 + j] if per_voxel else gscale
@@ -135,7 +157,7 @@ def _class_bwd(x, lab, w, ignore, eps, log_input, gvox, gscale, dx, block):
                 continue
             a = (1.0 - eps) * wy + eps / C * wsum
             for c in range(C):
-                p = math.exp(np.float64(x[n, c, s0 + j]) - lse[j])
+                p = e[c, j]
                 b = eps / C * w[c]
                 if c == y:
                     b += (1.0 - eps) * wy
@@ -203,8 +225,9 @@ def _prob_bwd(x, tg, w, eps, gvox, gscale, dx, block):
         s0 = (t - n * nb) * block
         L = min(S, s0 + block) - s0
         m = np.empty(L)
-        lse = np.zeros(L)
-        _lse(x, n, s0, L, C, m, lse)
+        tot = np.zeros(L)
+        e = np.empty((C, L))
+        _softmax_block(x, n, s0, L, C, m, tot, e)
         for j in range(L):
             g = gscale * gvox[n, s0 + j] if per_voxel else gscale
             wt = 0.0
@@ -212,7 +235,7 @@ def _prob_bwd(x, tg, w, eps, gvox, gscale, dx, block):
                 wt += w[c] * ((1.0 - eps) * np.float64(tg[n, c, s0 + j]) + eps / C)
             for c in range(C):
                 tc = (1.0 - eps) * np.float64(tg[n, c, s0 + j]) + eps / C
-                p = math.exp(np.float64(x[n, c, s0 + j]) - lse[j])
+                p = e[c, j]
                 dx[n, c, s0 + j] = g * (p * wt - w[c] * tc)
 
 
@@ -355,19 +378,18 @@ def pointwise_loss_backward(name, x, target, param=1.0, weight=None, pos_weight=
 def _activate(x, n, s0, L, C, act, p, m, tot):
     """p[c, j]: the activation (none / softmax / sigmoid) of the block's positions."""
     if act == 1:
-        _lse(x, n, s0, L, C, m, tot)
+        _softmax_block(x, n, s0, L, C, m, tot, p)
+        return
     for c in range(C):
         for j in range(L):
             v = np.float64(x[n, c, s0 + j])
             if act == 0:
                 p[c, j] = v
-            elif act == 1:
-                p[c, j] = math.exp(v - tot[j])
             elif v >= 0:
                 p[c, j] = 1.0 / (1.0 + math.exp(-v))
             else:
-                e = math.exp(v)
-                p[c, j] = e / (1.0 + e)
+                ev = math.exp(v)
+                p[c, j] = ev / (1.0 + ev)
 
 
 @njit(inline="always")
