@@ -162,3 +162,58 @@ def pad_backward(dy, in_shape, pads, mode):
     dx = np.zeros(in_shape)
     dx[(slice(None), slice(None)) + keep] = dxc
     return dx
+
+
+# -- pooling with ceil_mode, dilation, divisor_override -----------------------------------------
+def pool_extent(n, k, s, d, lo, hi, ceil_mode):
+    span = d * (k - 1) + 1
+    q = (n + lo + hi - span) / s
+    m = (math.ceil(q) if ceil_mode else math.floor(q)) + 1
+    if ceil_mode and (m - 1) * s >= n + lo:
+        m -= 1
+    return m
+
+
+def pool(x, mode, k, s, pads, d, ceil_mode=False, include=True, divisor=None):
+    """``(y, backward)`` of PyTorch's max/avg pooling (per-axis tuples; ``pads``: (lo, hi)
+    pairs).  Max: the first of equal maxima among the real cells (row-major window order)."""
+    x = np.asarray(x, dtype=np.float64)
+    sp = x.shape[2:]
+    out = tuple(pool_extent(n, *a, ceil_mode) for n, a in zip(sp, zip(k, s, d, *zip(*pads))))
+    y = np.zeros(x.shape[:2] + out)
+    taps = {}
+    for idx in itertools.product(*[range(m) for m in out]):
+        starts = [o * si - lo for o, si, (lo, _) in zip(idx, s, pads)]
+        axes = [[st + j * di for j in range(ki) if 0 <= st + j * di < n]
+                for st, ki, di, n in zip(starts, k, d, sp)]
+        cells = list(itertools.product(*axes))
+        if mode == "avg":
+            if divisor is not None:
+                div = divisor
+            elif include:
+                div = np.prod([min(st + ki, n + hi) - st
+                               for st, ki, n, (_, hi) in zip(starts, k, sp, pads)])
+            else:
+                div = len(cells)
+            for n_, c_ in itertools.product(range(x.shape[0]), range(x.shape[1])):
+                y[(n_, c_) + idx] = sum(x[(n_, c_) + c] for c in cells) / div
+            taps[idx] = [(c, 1.0 / div) for c in cells]
+            continue
+        for n_, c_ in itertools.product(range(x.shape[0]), range(x.shape[1])):
+            best, arg = -np.inf, None
+            for c in cells:
+                if arg is None or x[(n_, c_) + c] > best:
+                    best, arg = x[(n_, c_) + c], c
+            y[(n_, c_) + idx] = best
+            taps[(n_, c_) + idx] = arg
+
+    def backward(dy):
+        dx = np.zeros(x.shape)
+        for key, t in taps.items():
+            if mode == "avg":
+                for c, w in t:
+                    dx[(slice(None), slice(None)) + c] += w * dy[(...,) + key]
+            elif t is not None:
+                dx[key[:2] + t] += dy[key]
+        return dx
+    return y, backward

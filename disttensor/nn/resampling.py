@@ -14,6 +14,7 @@ from ..autograd.tensor import make_result, unwrap
 from ..ops.adaptive_pool import adaptive_pool_backward, adaptive_pool_forward
 from ..ops.channel_dropout import channel_dropout_backward, channel_dropout_forward
 from ..ops.pad import pad_backward, pad_forward
+from ..ops.pooling import pool_backward, pool_forward
 from ..ops.resample import interpolate_backward, interpolate_forward
 from ..random import Generator
 from .module import Module
@@ -21,14 +22,16 @@ from .operand_checks import activation as _activation_of
 
 FUNCTIONS = ["adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d",
              "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d",
-             "interpolate", "upsample", "pad", "dropout1d", "dropout2d", "dropout3d"]
+             "interpolate", "upsample", "pad", "dropout1d", "dropout2d", "dropout3d",
+             "max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d", "avg_pool3d"]
 LAYERS = ["AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "AdaptiveMaxPool1d",
           "AdaptiveMaxPool2d", "AdaptiveMaxPool3d", "Upsample", "UpsamplingNearest2d",
           "UpsamplingBilinear2d", "ConstantPad1d", "ConstantPad2d", "ConstantPad3d",
           "ZeroPad1d", "ZeroPad2d", "ZeroPad3d", "ReflectionPad1d", "ReflectionPad2d",
           "ReflectionPad3d", "ReplicationPad1d", "ReplicationPad2d", "ReplicationPad3d",
           "CircularPad1d", "CircularPad2d", "CircularPad3d", "Dropout1d", "Dropout2d",
-          "Dropout3d"]
+          "Dropout3d", "MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d", "AvgPool2d",
+          "AvgPool3d"]
 __all__ = FUNCTIONS + LAYERS
 
 
@@ -129,8 +132,8 @@ def interpolate(input, size=None, scale_factor=None, mode: str = "nearest", alig
     so ``interpolate(x, 2)`` asks for an output extent 2): nearest, nearest-exact,
     (bi/tri)linear with ``align_corners``, area; see :mod:`disttensor.ops.resample`.
     ``antialias=True`` and bicubic are not supported (raise)."""
-    y, saved = interpolate_forward(_activation_of("interpolate", input), size, scale_factor, mode, align_corners,
-                                   recompute_scale_factor, antialias)
+    y, saved = interpolate_forward(_activation_of("interpolate", input), size, scale_factor,
+                                   mode, align_corners, recompute_scale_factor, antialias)
     return make_result(y, (input,), lambda g: (interpolate_backward(saved, g),), "interpolate")
 
 
@@ -337,4 +340,120 @@ class Dropout2d(_DropoutNd):
 
 
 class Dropout3d(_DropoutNd):
+    _nd = 3
+
+
+# -- pooling with PyTorch's full signatures (ceil_mode, dilation, divisor_override) ------------
+def _pool(input, nd, mode, kernel_size, stride, padding, ceil_mode, count_include_pad=True,
+          dilation=1, divisor_override=None, return_indices=False):
+    what = f"{mode}_pool{nd}d"
+    if return_indices:
+        raise NotImplementedError(f"{what}: return_indices=True is not supported")
+    _spatial_rank(input, nd, what)
+    y, saved = pool_forward(_activation_of(what, input), mode, kernel_size,
+                            kernel_size if stride is None or stride == [] else stride, padding,
+                            count_include_pad, ceil_mode, dilation, divisor_override)
+    return make_result(y, (input,), lambda g: (pool_backward(saved, g),), what)
+
+
+def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+               return_indices=False):
+    """``torch.nn.functional.max_pool1d`` (``return_indices=True`` raises): see
+    :func:`disttensor.ops.pool_forward`."""
+    return _pool(input, 1, "max", kernel_size, stride, padding, ceil_mode, True, dilation,
+                 None, return_indices)
+
+
+def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+               return_indices=False):
+    return _pool(input, 2, "max", kernel_size, stride, padding, ceil_mode, True, dilation,
+                 None, return_indices)
+
+
+def max_pool3d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+               return_indices=False):
+    return _pool(input, 3, "max", kernel_size, stride, padding, ceil_mode, True, dilation,
+                 None, return_indices)
+
+
+def avg_pool1d(input, kernel_size, stride=None, padding=0, ceil_mode=False,
+               count_include_pad=True, divisor_override=None):
+    """``torch.nn.functional.avg_pool1d`` (``divisor_override`` too, which PyTorch's 1-D form
+    lacks)."""
+    return _pool(input, 1, "avg", kernel_size, stride, padding, ceil_mode, count_include_pad,
+                 1, divisor_override)
+
+
+def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False,
+               count_include_pad=True, divisor_override=None):
+    return _pool(input, 2, "avg", kernel_size, stride, padding, ceil_mode, count_include_pad,
+                 1, divisor_override)
+
+
+def avg_pool3d(input, kernel_size, stride=None, padding=0, ceil_mode=False,
+               count_include_pad=True, divisor_override=None):
+    return _pool(input, 3, "avg", kernel_size, stride, padding, ceil_mode, count_include_pad,
+                 1, divisor_override)
+
+
+class _MaxPoolNd(Module):
+    _nd = 3
+
+    def __init__(self, kernel_size, stride=None, padding=0, dilation=1,
+                 return_indices: bool = False, ceil_mode: bool = False):
+        super().__init__()
+        if return_indices:
+            raise NotImplementedError(f"{type(self).__name__}: return_indices=True is not "
+                                      "supported")
+        self.kernel_size, self.stride, self.padding = kernel_size, stride or kernel_size, padding
+        self.dilation, self.return_indices, self.ceil_mode = dilation, return_indices, ceil_mode
+
+    def extra_repr(self) -> str:
+        return (f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding},"
+                f" dilation={self.dilation}, ceil_mode={self.ceil_mode}")
+
+    def forward(self, x):
+        return _pool(x, self._nd, "max", self.kernel_size, self.stride, self.padding,
+                     self.ceil_mode, True, self.dilation)
+
+
+class MaxPool1d(_MaxPoolNd):
+    _nd = 1
+
+
+class MaxPool2d(_MaxPoolNd):
+    _nd = 2
+
+
+class MaxPool3d(_MaxPoolNd):
+    _nd = 3
+
+
+class _AvgPoolNd(Module):
+    _nd = 3
+
+    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode: bool = False,
+                 count_include_pad: bool = True, divisor_override=None):
+        super().__init__()
+        self.kernel_size, self.stride, self.padding = kernel_size, stride or kernel_size, padding
+        self.ceil_mode, self.count_include_pad = ceil_mode, count_include_pad
+        self.divisor_override = divisor_override
+
+    def extra_repr(self) -> str:
+        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+
+    def forward(self, x):
+        return _pool(x, self._nd, "avg", self.kernel_size, self.stride, self.padding,
+                     self.ceil_mode, self.count_include_pad, 1, self.divisor_override)
+
+
+class AvgPool1d(_AvgPoolNd):
+    _nd = 1
+
+
+class AvgPool2d(_AvgPoolNd):
+    _nd = 2
+
+
+class AvgPool3d(_AvgPoolNd):
     _nd = 3

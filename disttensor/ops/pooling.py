@@ -6,6 +6,13 @@ its outputs read and pads only at global boundaries (``-inf`` for max, zero for 
 PyTorch).  Backward routes gradients into the rank's read window, halo cells included (a max
 that sits in a neighbour's cell), and the reverse halo exchange adds them to their owners.
 
+``ceil_mode`` is extra padding past the high side (the last window must start inside the input
+or the low padding, PyTorch's rule); average windows that reach into it divide by the cells up
+to the declared padding only (a per-output factor, as ``divisor_override``).  Max pooling with
+``dilation`` runs the dilated-window kernel of :mod:`.local.cpu.resample` (the argmax a flat
+index into the read window; the last NaN of a window wins there, as PyTorch's, where the
+undilated kernel keeps the first).
+
 Both entry points agree on their arguments (mode, window geometry, the arrays' metadata) before
 any message; where no halo is exchanged first (the forward of a window that reads only owned
 cells, the backward always) the local kernel runs inside the agreeing block, so its failure
@@ -39,11 +46,57 @@ class PoolSaved:
     count_include_pad: bool
     argmax: object          # local argmax (max pooling) or None
     read_shape: tuple       # spatial shape of the read window
+    factor: object = None   # avg: per-output rescaling (ceil_mode / divisor_override) or None
+    dilated: bool = False   # max with dilation: argmax is a flat index into the read window
 
 
-def _pool_geometry(x: DistArray, mode: str, kernel, stride, padding):
-    """Validated ``(nd, kernel, stride, padding, plan)`` of a pooling (pure; raises on bad
-    arguments)."""
+def ceil_extra(n: int, k: int, s: int, d: int, lo: int, hi: int, ceil_mode: bool) -> int:
+    """Cells of extra padding past ``hi`` that PyTorch's ``ceil_mode`` adds: the output extent
+    is rounded up, except that the last window must start inside the input or the low
+    padding (``(m - 1) * s < n + lo``)."""
+    span = d * (k - 1) + 1
+    padded = n + lo + hi
+    if not ceil_mode or padded < span:
+        return 0
+    m = -(-(padded - span) // s) + 1
+    if (m - 1) * s >= n + lo:
+        m -= 1
+    return max(0, (m - 1) * s + span - padded)
+
+
+def _avg_factor(plan: WindowPlan, coords, nd, kernel, stride, padding, extra, n_spatial,
+                divisor_override, count_include_pad):
+    """The per-output factor turning the kernel's average (divided by the kernel volume with
+    ``count_include_pad``) into PyTorch's: windows reaching into the ``ceil_mode`` extra
+    padding divide by the cells up to the declared padding only; ``divisor_override``
+    divides by itself.  ``None`` where every factor is 1."""
+    if divisor_override is None and (not count_include_pad or not any(extra)):
+        return None
+    import numpy as np
+    factor = None
+    for i in range(nd):
+        t = 2 + i
+        o0, o1 = plan.out_dist.block_range(t, plan.out_dist.axis_coord(t, coords))
+        o = np.arange(o0, o1)
+        start = o * stride[i] - padding[i][0]
+        if divisor_override is not None:
+            f = np.ones(o1 - o0)
+        else:
+            end = np.minimum(start + kernel[i], n_spatial[i] + padding[i][1])
+            f = kernel[i] / (end - start)
+        shape = [1] * (2 + nd)
+        shape[t] = o1 - o0
+        f = f.reshape(shape)
+        factor = f if factor is None else factor * f
+    if divisor_override is not None:
+        factor = factor * (float(np.prod(kernel)) / divisor_override)
+    return factor
+
+
+def _pool_geometry(x: DistArray, mode: str, kernel, stride, padding, ceil_mode=False,
+                   dilation=1, divisor_override=None):
+    """Validated ``(nd, kernel, stride, padding, plan, dilation, extra)`` of a pooling (pure;
+    raises on bad arguments); ``extra``: the ``ceil_mode`` padding past each high side."""
     if mode not in ("max", "avg"):
         raise ValueError(f"pooling mode must be 'max' or 'avg', got {mode!r}")
     nd = check_layout(x, f"{mode}_pool")
@@ -51,55 +104,87 @@ def _pool_geometry(x: DistArray, mode: str, kernel, stride, padding):
     kernel = normalize_tuple(kernel, nd, "kernel")
     stride = kernel if stride is None else normalize_tuple(stride, nd, "stride")
     padding = normalize_padding(padding, nd, kernel)
+    dilation = normalize_tuple(dilation, nd, "dilation")
+    if mode == "avg" and any(d != 1 for d in dilation):
+        raise ValueError("average pooling takes no dilation (as PyTorch's)")
+    if divisor_override is not None and (mode != "avg" or isinstance(divisor_override, bool)
+                                         or int(divisor_override) != divisor_override
+                                         or divisor_override == 0):
+        raise ValueError(f"divisor_override must be a non-zero int for average pooling, got "
+                         f"{divisor_override!r}")
     for k, (lo, hi) in zip(kernel, padding):
         if max(lo, hi) > k // 2:
             raise ValueError(f"pooling padding {padding} must be at most half the kernel "
                              f"{kernel} on each side")
-    windows = spatial_windows(nd, kernel, stride, (1,) * nd, padding)
-    return nd, kernel, stride, padding, window_plan(x.distribution, windows, x.grid.coords)
+    extra = tuple(ceil_extra(n, k, s, d, lo, hi, bool(ceil_mode)) for n, k, s, d, (lo, hi)
+                  in zip(x.shape[2:], kernel, stride, dilation, padding))
+    padded = tuple((lo, hi + e) for (lo, hi), e in zip(padding, extra))
+    windows = spatial_windows(nd, kernel, stride, dilation, padded)
+    return (nd, kernel, stride, padding, window_plan(x.distribution, windows, x.grid.coords),
+            dilation, extra)
 
 
-def _pool_keys(x: DistArray, kernel, stride, padding) -> dict:
+def _pool_keys(x: DistArray, kernel, stride, padding, ceil_mode=False, dilation=1,
+               divisor_override=None) -> dict:
     nd = x.ndim - 2
     k = meaning(normalize_tuple, kernel, nd, "kernel")
-    return dict(kernel=k, stride=k if stride is None else meaning(normalize_tuple, stride, nd,
+    keys = dict(kernel=k, stride=k if stride is None else meaning(normalize_tuple, stride, nd,
                                                                    "stride"),
                 padding=meaning(lambda p: normalize_padding(
                     p, nd, normalize_tuple(kernel, nd, "kernel")), padding))
+    if ceil_mode or dilation != 1 or divisor_override is not None:   # keep the common digest
+        keys.update(ceil_mode=canon(ceil_mode), divisor_override=canon(divisor_override),
+                    dilation=meaning(normalize_tuple, dilation, nd, "dilation"))
+    return keys
 
 
 @collective_entry
 def pool_forward(x: DistArray, mode: str, kernel, stride=None, padding=0,
-                 count_include_pad: bool = True):
+                 count_include_pad: bool = True, ceil_mode: bool = False, dilation=1,
+                 divisor_override=None):
     """Pooling of ``x`` ``(N, C, *S)``: ``mode`` ``'max'`` or ``'avg'``, ``kernel`` int or per
     axis, ``stride`` defaults to ``kernel``, ``padding`` int / per-axis / (lo, hi) pairs, each
-    side at most half the kernel (as PyTorch).  Collective.  Returns ``(y, saved)``."""
+    side at most half the kernel (as PyTorch); ``ceil_mode`` (PyTorch's rule: the last window
+    starts inside the input or the low padding), ``dilation`` (max pooling) and
+    ``divisor_override`` (average pooling) as PyTorch's.  Collective.  Returns
+    ``(y, saved)``."""
     # the geometry first (pure), so that the ranks know whether a halo exchange comes before
     # the kernel: when none does, the kernel runs inside the agreeing block (one all-reduce
     # agrees on the arguments and on a kernel failure)
     try:
-        geometry, err = _pool_geometry(x, mode, kernel, stride, padding), None
+        geometry, err = _pool_geometry(x, mode, kernel, stride, padding, ceil_mode, dilation,
+                                       divisor_override), None
     except Exception as e:  # noqa: BLE001 - raised inside the agreed block, on every rank
         geometry, err = None, e
-    direct = geometry is not None and not geometry[-1].needs_exchange
+    direct = geometry is not None and not geometry[4].needs_exchange
     y_local = argmax = None
     read_shape = ()
     with agreed(x.grid.cart, "pool_forward", rank_local=direct, x=x, mode=mode,
-                **_pool_keys(x, kernel, stride, padding),
+                **_pool_keys(x, kernel, stride, padding, ceil_mode, dilation,
+                             divisor_override),
                 count_include_pad=canon(count_include_pad)):
         if err is not None:
             raise err
-        nd, kernel, stride, padding, plan = geometry
+        nd, kernel, stride, padding, plan, dilation, extra = geometry
+        dilated = any(d != 1 for d in dilation)
+        include = count_include_pad or divisor_override is not None
+        factor = _avg_factor(plan, x.grid.coords, nd, kernel, stride, padding, extra,
+                             x.shape[2:], divisor_override, include) if mode == "avg" else None
 
         def run(xin):
             if not plan.has_output:
                 return (x.xp.zeros(plan.out_dist.block_shape(x.grid.coords), dtype=x.dtype),
                         None, ())
             win = xin.buffer[plan.read]
+            if dilated:
+                return _dilated_max(win, plan, nd, kernel, stride, dilation, x.xp)
             y, am = kernels_for(win).pool_forward(
                 lift(win, nd), mode, lift3(kernel, nd, 1), lift3(stride, nd, 1),
-                lift3(plan.pad_lo, nd, 0), lift3(plan.pad_hi, nd, 0), count_include_pad)
-            return unlift(y, nd), None if am is None else unlift(am, nd), tuple(win.shape[2:])
+                lift3(plan.pad_lo, nd, 0), lift3(plan.pad_hi, nd, 0), include)
+            y = unlift(y, nd)
+            if factor is not None:
+                y = y * x.xp.asarray(factor, dtype=y.dtype)
+            return y, None if am is None else unlift(am, nd), tuple(win.shape[2:])
         if direct:
             y_local, argmax, read_shape = run(x)
     if not direct:
@@ -108,8 +193,28 @@ def pool_forward(x: DistArray, mode: str, kernel, stride=None, padding=0,
             y_local, argmax, read_shape = run(xin)
     y = DistArray(y_local, plan.out_dist, x.grid)
     saved = PoolSaved(x.distribution, plan, mode, nd, lift3(kernel, nd, 1), lift3(stride, nd, 1),
-                      count_include_pad, argmax, read_shape)
+                      include, argmax, read_shape, factor, dilated)
     return y, saved
+
+
+def _dilated_max(win, plan: WindowPlan, nd: int, kernel, stride, dilation, xp):
+    """Max pooling with dilation on the read window (the CPU kernel; CuPy blocks go through
+    the host): ``(y, flat argmax into the window, window spatial shape)``."""
+    import numpy as np
+    from .local.cpu.resample import dilated_max_forward
+    host = type(win) is np.ndarray
+    w = win if host else win.get()
+    starts, out = [], []
+    for i in range(nd):
+        m = (w.shape[2 + i] + plan.pad_lo[i] + plan.pad_hi[i] - dilation[i] * (kernel[i] - 1)
+             - 1) // stride[i] + 1
+        out.append(max(m, 0))
+        starts.append(np.arange(out[-1]) * stride[i] - plan.pad_lo[i])
+    pad3 = [np.zeros(1, np.int64)] * (3 - nd)
+    y, am = dilated_max_forward(lift(w, nd), (1,) * (3 - nd) + tuple(out), pad3 + starts,
+                                lift3(kernel, nd, 1), lift3(dilation, nd, 1))
+    y = unlift(y, nd)
+    return (y if host else xp.asarray(y)), unlift(am, nd), tuple(win.shape[2:])
 
 
 @collective_entry
@@ -119,9 +224,14 @@ def pool_backward(saved: PoolSaved, dy: DistArray) -> DistArray:
     plan, nd = saved.plan, saved.nd
     with agreed(dy.grid.cart, "pool_backward", rank_local=True, dy=dy, mode=saved.mode):
         check_gradient_layout(dy, plan.out_dist, "pooling")
-        if plan.has_output:
-            g = kernels_for(dy.local).pool_backward(
-                lift(dy.local, nd), None if saved.argmax is None else lift(saved.argmax, nd),
+        if plan.has_output and saved.dilated:
+            g = _dilated_max_backward(dy.local, saved)
+        elif plan.has_output:
+            d = dy.local
+            if saved.factor is not None:
+                d = d * dy.xp.asarray(saved.factor, dtype=d.dtype)
+            g = kernels_for(d).pool_backward(
+                lift(d, nd), None if saved.argmax is None else lift(saved.argmax, nd),
                 saved.mode, lift3(saved.read_shape, nd, 1), saved.kernel3, saved.stride3,
                 lift3(plan.pad_lo, nd, 0), lift3(plan.pad_hi, nd, 0), saved.count_include_pad)
             g = unlift(g, nd)
@@ -130,10 +240,23 @@ def pool_backward(saved: PoolSaved, dy: DistArray) -> DistArray:
     return halo_gradient(g, saved.x_dist, dy.grid, plan)
 
 
+def _dilated_max_backward(dy, saved: PoolSaved):
+    import numpy as np
+    from .local.cpu.resample import adaptive_max_backward
+    nd = saved.nd
+    host = type(dy) is np.ndarray
+    g = adaptive_max_backward(lift(dy if host else dy.get(), nd), lift(saved.argmax, nd),
+                              lift3(saved.read_shape, nd, 1))
+    g = unlift(g, nd)
+    return g if host else __import__("cupy").asarray(g)
+
+
 def pool(x: DistArray, mode: str, kernel, stride=None, padding=0,
-         count_include_pad: bool = True) -> DistArray:
+         count_include_pad: bool = True, ceil_mode: bool = False, dilation=1,
+         divisor_override=None) -> DistArray:
     """:func:`pool_forward` without the saved state."""
-    return pool_forward(x, mode, kernel, stride, padding, count_include_pad)[0]
+    return pool_forward(x, mode, kernel, stride, padding, count_include_pad, ceil_mode,
+                        dilation, divisor_override)[0]
 
 
 def max_pool(x: DistArray, kernel, stride=None, padding=0) -> DistArray:

@@ -8,6 +8,10 @@ array of any rank (viewed as ``(P, L, Q)``, parallel over the ``P`` slabs, or ov
 when there are few slabs; float64 accumulation, the input dtype kept); :func:`transpose_csr`
 gives the adjoint's matrix.  Non-NumPy arrays (CuPy) take a dense ``matmul`` of the same matrix.
 
+**Dilated max pooling** (:func:`dilated_max_forward`, backward as adaptive max pooling's): the
+window of output ``o`` is ``start[o] + j*dilation`` for ``j < kernel`` per axis, cells outside
+the input being padding that never wins; the same maximum rule.
+
 **Adaptive max pooling** (:func:`adaptive_max_forward`, :func:`adaptive_max_backward`):
 ``(N, C, D, H, W)`` input (any strides), per-axis bins ``[lo, hi)`` relative to it; the
 maximum over each bin with PyTorch's rule (a strictly larger value or a NaN replaces the
@@ -21,7 +25,7 @@ import numpy as np
 from numba import get_num_threads, njit, prange
 
 __all__ = ["csr_from_rows", "transpose_csr", "apply_axis", "adaptive_max_forward",
-           "adaptive_max_backward"]
+           "adaptive_max_backward", "dilated_max_forward"]
 
 
 def csr_from_rows(rows) -> tuple:
@@ -144,7 +148,8 @@ def _amax_bwd(dy, am, dx):
         a = am[n, c].reshape(M)
         out = dx[n, c].reshape(dx.shape[2] * dx.shape[3] * dx.shape[4])
         for k in range(M):
-            out[a[k]] += g[k]
+            if a[k] >= 0:
+                out[a[k]] += g[k]
 
 
 def adaptive_max_backward(dy, argmax, in_spatial):
@@ -154,3 +159,52 @@ def adaptive_max_backward(dy, argmax, in_spatial):
     if dy.size:
         _amax_bwd(np.ascontiguousarray(dy), np.ascontiguousarray(argmax), dx)
     return dx
+
+
+@njit(parallel=True, cache=True)
+def _dmax_fwd(x, st, kk, dd, y, am):
+    N, C = x.shape[0], x.shape[1]
+    D, H, W = x.shape[2], x.shape[3], x.shape[4]
+    OD, OH, OW = y.shape[2], y.shape[3], y.shape[4]
+    for s in prange(N * C):
+        n = s // C
+        c = s - n * C
+        for od in range(OD):
+            for oh in range(OH):
+                for ow in range(OW):
+                    best = -np.inf
+                    arg = -1
+                    for jd in range(kk[0]):
+                        d = st[0, od] + jd * dd[0]
+                        if d < 0 or d >= D:
+                            continue
+                        for jh in range(kk[1]):
+                            h = st[1, oh] + jh * dd[1]
+                            if h < 0 or h >= H:
+                                continue
+                            for jw in range(kk[2]):
+                                w = st[2, ow] + jw * dd[2]
+                                if w < 0 or w >= W:
+                                    continue
+                                v = x[n, c, d, h, w]
+                                if arg < 0 or v > best or np.isnan(v):
+                                    best = v
+                                    arg = (d * H + h) * W + w
+                    y[n, c, od, oh, ow] = best
+                    am[n, c, od, oh, ow] = arg
+
+
+def dilated_max_forward(x, out_spatial, starts, kernel, dilation):
+    """``(y, argmax)`` of max pooling of ``x`` ``(N, C, D, H, W)`` whose output ``o`` along
+    axis ``i`` reads ``starts[i][o] + j * dilation[i]``, ``j < kernel[i]`` (cells outside
+    ``x`` are padding; a window of padding only gives ``-inf``, argmax -1: no gradient)."""
+    m = max(out_spatial) if out_spatial else 0
+    st = np.zeros((3, max(m, 1)), dtype=np.int64)
+    for i, v in enumerate(starts):
+        st[i, :len(v)] = v
+    shape = x.shape[:2] + tuple(out_spatial)
+    y = np.empty(shape, dtype=x.dtype)
+    am = np.empty(shape, dtype=np.int64)
+    if y.size:
+        _dmax_fwd(x, st, np.asarray(kernel, np.int64), np.asarray(dilation, np.int64), y, am)
+    return y, am
