@@ -56,6 +56,12 @@ MODULE_SPECS = {
                       ("row_moments_finalize",)),
 }
 
+# disttensor.sparse's CSB kernels (sparse/ sits beside ops/: the path is relative to KERNEL_DIR;
+# plain name expressions, float/double by in-block index type, no __half)
+MODULE_SPECS["csb"] = ("../../../../sparse/kernels/csb.cu", (), tuple(
+    f"{kern}<{t}, {i}>" for kern in ("csb_spmm_lines", "csb_sddmm")
+    for t in ("float", "double") for i in ("unsigned char", "unsigned short")))
+
 _LOCAL_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"[ \t]*(//[^\n]*)?$', re.M)
 
 
@@ -82,8 +88,8 @@ def expand_local_includes(code: str, folder: Path, _stack=()) -> str:
 def module_source(name: str) -> str:
     """The source NVRTC compiles for module ``name`` (a key of :data:`MODULE_SPECS`):
     ``kernels/<file>.cu`` with its local headers inlined."""
-    fname = MODULE_SPECS[name][0]
-    return expand_local_includes((KERNEL_DIR / fname).read_text(), KERNEL_DIR)
+    path = KERNEL_DIR / MODULE_SPECS[name][0]
+    return expand_local_includes(path.read_text(), path.parent)
 
 
 _modules: dict = {}
