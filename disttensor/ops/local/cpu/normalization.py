@@ -38,6 +38,7 @@ _BLOCK = 16384        # values of a row per task
 # slower), nothing else of fastmath: NaN and inf keep IEEE rules.  The order is fixed by the
 # compiled code, so results do not depend on the thread count.
 _REASSOC = {"reassoc"}
+_COL_BLOCK = 2048     # columns per task of layer norm's column sums (kept in L1/L2 over rows)
 
 
 def _rows(name, a):
@@ -232,11 +233,14 @@ def _ln_fwd_kernel(x, mean, invstd, gamma, beta, y, block):
 @njit(parallel=True, cache=True, fastmath=_REASSOC)
 def _ln_sums_kernel(dy, x, mean, invstd, gamma, block):
     # one task per column block: its rows' partial (sum dy*g, sum dy*g*xhat) and its columns'
-    # (sum dy*xhat, sum dy) over all rows
+    # (sum dy*xhat, sum dy) over all rows, accumulated in place (the block's column sums stay
+    # in cache from row to row; the first row assigns them)
     R, L = x.shape
     nb = (L + block - 1) // block
     rows = np.zeros((nb, R, 2))
-    cols = np.zeros((2, L))
+    cols = np.empty((2, L))
+    if R == 0:
+        cols[:] = 0.0
     for k in prange(nb):
         s0 = k * block
         s1 = min(L, s0 + block)
@@ -252,14 +256,21 @@ def _ln_sums_kernel(dy, x, mean, invstd, gamma, block):
             sb = 0.0
             for j in range(s1 - s0):
                 g = np.float64(gs[j])
-                xh = (np.float64(xs[j]) - mr) * ir
                 gg = g * np.float64(ws[j])
                 sa += gg
-                sb += gg * xh
-                c0[j] += g * xh
-                c1[j] += g
+                sb += gg * ((np.float64(xs[j]) - mr) * ir)
             rows[k, r, 0] = sa
             rows[k, r, 1] = sb
+            if r == 0:
+                for j in range(s1 - s0):
+                    g = np.float64(gs[j])
+                    c0[j] = g * ((np.float64(xs[j]) - mr) * ir)
+                    c1[j] = g
+            else:
+                for j in range(s1 - s0):
+                    g = np.float64(gs[j])
+                    c0[j] += g * ((np.float64(xs[j]) - mr) * ir)
+                    c1[j] += g
     sums = np.zeros((2, R))
     for r in prange(R):
         sa = 0.0
@@ -312,7 +323,7 @@ def ln_backward_sums(dy, x, mean, invstd, gamma):
     dy, x = _pair(dy, x)
     R, L = x.shape
     sums, cols = _ln_sums_kernel(dy, x, _vec("mean", mean, R), _vec("invstd", invstd, R),
-                                 _params("gamma", gamma, L), _BLOCK)
+                                 _params("gamma", gamma, L), _COL_BLOCK)
     return sums[0], sums[1], cols[0], cols[1]
 
 
