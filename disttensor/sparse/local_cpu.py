@@ -101,7 +101,7 @@ def spmm(structure, values, x, by_columns: bool, target=None):
     if structure.nnz == 0 or k == 0:
         return y
     if by_columns:
-        out_loc, in_loc = structure.lrow, structure.lcol
+        out_loc, in_loc = structure.lcol, structure.lrow
         line_mul, step, count = 1, structure.nbc, structure.nbr
     else:
         out_loc, in_loc = structure.lrow, structure.lcol
