@@ -15,5 +15,12 @@ from __future__ import annotations
 
 from .blocking import choose_block_size
 from .csb import CSBMatrix, sddmm
+# distributed matrices (S2): DistCSBMatrix, generators, solvers, HDF5 files
+from .distributed import DistCSBMatrix
+from .laplacian import laplacian_3d, random_graph
+from . import linalg
+from .io import read_hdf5, write_hdf5
 
 __all__ = ["CSBMatrix", "sddmm", "choose_block_size"]
+__all__ += ["DistCSBMatrix", "laplacian_3d", "random_graph", "linalg", "read_hdf5",
+            "write_hdf5"]
