@@ -198,12 +198,17 @@ def _max_local(xin: DistArray, plan: WindowPlan, maps, nd: int, coords):
         r0 = amap.lo[o0]
         bins.append((np.array(amap.lo[o0:o1]) - r0, np.array(amap.hi[o0:o1]) - r0))
     bins = [(np.zeros(1, np.int64), np.ones(1, np.int64))] * (3 - nd) + bins
-    host = type(win) is np.ndarray
-    y, am = _cpu.adaptive_max_forward(lift(win if host else win.get(), nd), bins)
-    y = unlift(y, nd)
-    if not host:
-        y = xin.xp.asarray(y)
-    return y, am, tuple(win.shape[2:])
+    y, am = _max_kernels(win).adaptive_max_forward(lift(win, nd), bins)
+    return unlift(y, nd), am, tuple(win.shape[2:])
+
+
+def _max_kernels(a):
+    """The adaptive max kernels of ``a``'s device (:mod:`.local.cpu.resample` or
+    :mod:`.local.gpu.resample`)."""
+    if type(a) is np.ndarray:
+        return _cpu
+    from .local.gpu import resample as gpu
+    return gpu
 
 
 @collective_entry
@@ -218,11 +223,9 @@ def adaptive_pool_backward(saved: AdaptivePoolSaved, dy: DistArray) -> DistArray
         plan, nd = saved.plan, saved.nd
         with collective(dy.grid.cart):
             if plan.has_output:
-                host = type(dy.local) is np.ndarray
-                g = _cpu.adaptive_max_backward(
-                    lift(dy.local if host else dy.local.get(), nd), saved.argmax,
-                    (1,) * (3 - nd) + saved.read_shape)
-                g = unlift(g if host else xp.asarray(g), nd)
+                g = _max_kernels(dy.local).adaptive_max_backward(
+                    lift(dy.local, nd), saved.argmax, (1,) * (3 - nd) + saved.read_shape)
+                g = unlift(g, nd)
             else:
                 g = dy.local[:0]
         return halo_gradient(g, saved.x_dist, dy.grid, plan)

@@ -6,7 +6,7 @@ axis (interpolation, adaptive average pooling and their adjoints) and adaptive m
 ``k in [indptr[o], indptr[o+1])``.  :func:`apply_axis` applies it along axis ``t`` of an
 array of any rank (viewed as ``(P, L, Q)``, parallel over the ``P`` slabs, or over the rows
 when there are few slabs; float64 accumulation, the input dtype kept); :func:`transpose_csr`
-gives the adjoint's matrix.  Non-NumPy arrays (CuPy) take a dense ``matmul`` of the same matrix.
+gives the adjoint's matrix.  CuPy arrays go to :mod:`..gpu.resample` (the same contract).
 
 **Dilated max pooling** (:func:`dilated_max_forward`, backward as adaptive max pooling's): the
 window of output ``o`` is ``start[o] + j*dilation`` for ``j < kernel`` per axis, cells outside
@@ -85,13 +85,9 @@ def apply_axis(a, t: int, csr, rows: int | None = None):
     P = int(np.prod(shape[:t], dtype=np.int64))
     Q = int(np.prod(shape[t + 1:], dtype=np.int64))
     out_shape = shape[:t] + (nrows,) + shape[t + 1:]
-    if type(a) is not np.ndarray:   # CuPy: a dense matrix on the device
-        xp = __import__("cupy")
-        dense = np.zeros((nrows, shape[t]), dtype=np.float64)
-        r = np.repeat(np.arange(nrows), np.diff(indptr))
-        np.add.at(dense, (r, idx), w)
-        m = xp.asarray(dense, dtype=a.dtype)
-        return xp.ascontiguousarray(xp.matmul(m, a.reshape(P, shape[t], Q))).reshape(out_shape)
+    if type(a) is not np.ndarray:   # CuPy: the RawKernel of gpu/kernels/resample.cu
+        from ..gpu.resample import apply_axis as gpu_apply_axis
+        return gpu_apply_axis(a, t, csr, nrows)
     out = np.empty((P, nrows, Q), dtype=a.dtype)
     if out.size:
         kernel = _apply_slabs if P >= 4 * get_num_threads() else _apply_rows
