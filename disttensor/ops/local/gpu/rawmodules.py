@@ -54,6 +54,8 @@ MODULE_SPECS = {
                                            "ln_col_sums<{T}>", "rows_backward_apply<{T}>",
                                            "ln_forward_apply<{T}>", "ln_backward_apply<{T}>"),
                       ("row_moments_finalize",)),
+    "resample": ("resample.cu", ("csr_apply<{T}>", "adaptive_max_forward<{T}>",
+                                 "adaptive_max_backward<{T}>"), ()),
 }
 
 # disttensor.sparse's CSB kernels (sparse/ sits beside ops/: the path is relative to KERNEL_DIR;
