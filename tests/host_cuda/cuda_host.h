@@ -287,7 +287,7 @@ int run_grid(dim3 grid, dim3 block, Body body) {
 
 // One kernel parameter type as a code for the Python side's argument check:
 // "p:<code of the element>" for pointers ("cp:" to const); f32 f64 f16 i32 i64 u32 u64 for
-// scalars.
+// scalars (u8 u16 too: the in-block indices of the CSB kernels).
 template <typename T> struct code { static constexpr const char* s = "?"; };
 template <> struct code<float> { static constexpr const char* s = "f32"; };
 template <> struct code<double> { static constexpr const char* s = "f64"; };
@@ -296,6 +296,8 @@ template <> struct code<int> { static constexpr const char* s = "i32"; };
 template <> struct code<long long> { static constexpr const char* s = "i64"; };
 template <> struct code<unsigned int> { static constexpr const char* s = "u32"; };
 template <> struct code<unsigned long long> { static constexpr const char* s = "u64"; };
+template <> struct code<unsigned char> { static constexpr const char* s = "u8"; };
+template <> struct code<unsigned short> { static constexpr const char* s = "u16"; };
 
 template <typename T>
 std::string param_code() {

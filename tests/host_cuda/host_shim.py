@@ -27,7 +27,8 @@ import numpy as np
 import host_build as build
 
 CODES = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "i32": np.int32,
-         "i64": np.int64, "u32": np.uint32, "u64": np.uint64}
+         "i64": np.int64, "u32": np.uint32, "u64": np.uint64, "u8": np.uint8,
+         "u16": np.uint16}
 LAUNCHED: Counter = Counter()   # (variant, name expression) -> launches with work
 _libs: dict = {}
 _lock = threading.Lock()
