@@ -18,14 +18,11 @@ from gradchecks import close, guarded, value_of
 
 
 def layouts_2d(shape):
-    """Rows split, columns split, a 2-D grid (4 ranks), or all rows on rank 1 (empty blocks
-    elsewhere)."""
-    out = [((SIZE,), (0, None), None), ((SIZE,), (None, 0), None)]
-    if SIZE == 4:
-        out.append(((2, 2), (0, 1), None))
-    elif SIZE >= 2:
-        out.append(((SIZE,), (0, None), [0, shape[0]] + [0] * (SIZE - 2)))
-    return out
+    """Two layouts: rows split unevenly with empty blocks (all rows on rank 1; rows split
+    evenly on one rank), and a 2-D grid on 4 ranks, else columns split."""
+    rows = ((SIZE,), (0, None), [0, shape[0]] + [0] * (SIZE - 2) if SIZE >= 2 else None)
+    other = ((2, 2), (0, 1), None) if SIZE == 4 else ((SIZE,), (None, 0), None)
+    return [rows, other]
 
 
 def dist(a, layout, requires_grad=False):
@@ -44,59 +41,65 @@ def _expand(g, shape, dim, keepdim):
 
 @guarded
 def test_reductions_against_numpy():
+    """Per layout and ``dim``: every reduction's value, and one backward of the weighted sum
+    of all of them (so the summed NumPy gradients are checked at once)."""
     shape = (3, 4)
     for layout in layouts_2d(shape):
         rng = np.random.default_rng(4)
         a = rng.integers(0, 3, shape).astype(np.float64)  # ties
         for dim, keepdim in ((None, False), (0, False), (1, True)):
-            k = f" dim={dim} keepdim={keepdim}"
+            k = f" dim={dim} keepdim={keepdim} {layout}"
+            x = dist(a, layout, True)
+            loss, gref = 0.0, np.zeros(shape)
             for name in ("sum", "mean", "amax", "var", "std"):
-                x = dist(a, layout, True)
-                kw = {"dim": dim, "keepdim": keepdim}
-                if name in ("var", "std"):
-                    kw["correction"] = 0 if keepdim else 1
-                y = getattr(x, name)(**kw)
-                c = kw.get("correction", 0)
+                c = (0 if keepdim else 1) if name in ("var", "std") else 0
+                kw = {"correction": c} if name in ("var", "std") else {}
+                y = getattr(x, name)(dim=dim, keepdim=keepdim, **kw)
                 want = {"sum": lambda: a.sum(dim, keepdims=keepdim),
                         "mean": lambda: a.mean(dim, keepdims=keepdim),
                         "amax": lambda: a.max(dim, keepdims=keepdim),
                         "var": lambda: a.var(dim, ddof=c, keepdims=keepdim),
                         "std": lambda: a.std(dim, ddof=c, keepdims=keepdim)}[name]()
-                close(value_of(y), want, f"{name}{k} {layout}")
+                close(value_of(y), want, f"{name}{k}")
                 r = rng.standard_normal(np.shape(want))
                 rt = r.item() if np.ndim(want) == 0 else Tensor(
                     r if not isinstance(y.data, dt.DistArray) else
                     dt.from_global(r, grid=y.data.grid, split=y.data.split))
-                (y * rt).sum().backward()
+                loss = (y * rt).sum() + loss
                 ge = _expand(r, shape, dim, keepdim)
                 m = a.mean(dim, keepdims=True)
                 n = a.size if dim is None else shape[dim]
-                gref = {"sum": lambda: ge, "mean": lambda: ge / n,
-                        "amax": lambda: ge * (a == a.max(dim, keepdims=True)) / (
-                            a == a.max(dim, keepdims=True)).sum(dim, keepdims=True),
-                        "var": lambda: ge * 2 * (a - m) / (n - c),
-                        "std": lambda: ge * (a - m) / ((n - c) * a.std(
-                            dim, ddof=c, keepdims=True))}[name]()
-                close(value_of(x.grad), gref, f"d {name}{k} {layout}")
-            # max/min along a dim: (values, indices); the first extreme takes the gradient
-            for kind in ("max", "min"):
-                x = dist(a, layout, True)
-                if dim is None:
-                    v = getattr(x, kind)()
-                    close(value_of(v), getattr(a, kind)(), f"{kind}() {layout}")
-                    v.backward()
-                    mask = a == getattr(a, kind)()
-                    close(value_of(x.grad), mask / mask.sum(), f"d {kind}() ties {layout}")
-                    continue
-                v, i = getattr(x, kind)(dim, keepdim=True)
-                arg = getattr(np, f"arg{kind}")(a, dim)
-                close(value_of(v), getattr(a, kind)(dim, keepdims=True), f"{kind}({dim})")
-                close(value_of(i), np.expand_dims(arg, dim), f"{kind}({dim}) indices")
-                v.sum().backward()
-                onehot = np.zeros(shape)
-                np.put_along_axis(onehot, np.expand_dims(arg, dim), 1.0, dim)
-                close(value_of(x.grad), onehot, f"d {kind}({dim}): the first extreme {layout}")
-                close(value_of(x.argmax(dim)), np.argmax(a, dim), f"argmax({dim}) {layout}")
+                top = a == a.max(dim, keepdims=True)
+                gref = gref + {"sum": lambda: ge, "mean": lambda: ge / n,
+                               "amax": lambda: ge * top / top.sum(dim, keepdims=True),
+                               "var": lambda: ge * 2 * (a - m) / (n - c),
+                               "std": lambda: ge * (a - m) / ((n - c) * a.std(
+                                   dim, ddof=c, keepdims=True))}[name]()
+            loss.backward()
+            close(value_of(x.grad), gref, f"d (sum mean amax var std){k}")
+            # max/min: whole tensor (ties share) or along dim ((values, indices); the first
+            # extreme takes the gradient); max + 2 min in one backward
+            x = dist(a, layout, True)
+            if dim is None:
+                vmax, vmin = x.max(), x.min()
+                close([value_of(vmax), value_of(vmin)], [a.max(), a.min()], f"max() min(){k}")
+                (vmax + vmin * 2.0).backward()
+                hi, lo = a == a.max(), a == a.min()
+                close(value_of(x.grad), hi / hi.sum() + 2 * lo / lo.sum(), f"d max/min ties{k}")
+                continue
+            (vmax, imax), (vmin, imin) = x.max(dim, keepdim=True), x.min(dim, keepdim=True)
+            close(value_of(vmax), a.max(dim, keepdims=True), f"max(dim){k}")
+            close(value_of(vmin), a.min(dim, keepdims=True), f"min(dim){k}")
+            amx, amn = np.argmax(a, dim), np.argmin(a, dim)
+            close(value_of(imax), np.expand_dims(amx, dim), f"max(dim) indices{k}")
+            close(value_of(imin), np.expand_dims(amn, dim), f"min(dim) indices{k}")
+            (vmax.sum() + vmin.sum() * 2.0).backward()
+            onehot = np.zeros(shape)
+            np.put_along_axis(onehot, np.expand_dims(amx, dim), 1.0, dim)
+            two = np.zeros(shape)
+            np.put_along_axis(two, np.expand_dims(amn, dim), 2.0, dim)
+            close(value_of(x.grad), onehot + two, f"d max/min(dim): the first extreme{k}")
+            close(value_of(x.argmax(dim)), amx, f"argmax(dim){k}")
         # clamp with numbers and tensors, where
         b = rng.standard_normal(shape)
         lo, hi = rng.standard_normal(shape) - 0.5, rng.standard_normal(shape) + 0.5

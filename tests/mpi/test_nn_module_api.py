@@ -32,14 +32,11 @@ RANK = COMM.Get_rank()
 
 
 def layouts_2d(shape):
-    """Rows split, columns split, a 2-D grid (4 ranks), or all rows on rank 1 (empty blocks
-    elsewhere)."""
-    out = [((SIZE,), (0, None), None), ((SIZE,), (None, 0), None)]
-    if SIZE == 4:
-        out.append(((2, 2), (0, 1), None))
-    elif SIZE >= 2:
-        out.append(((SIZE,), (0, None), [0, shape[0]] + [0] * (SIZE - 2)))
-    return out
+    """Two layouts: rows split unevenly with empty blocks (all rows on rank 1; rows split
+    evenly on one rank), and a 2-D grid on 4 ranks, else columns split."""
+    rows = ((SIZE,), (0, None), [0, shape[0]] + [0] * (SIZE - 2) if SIZE >= 2 else None)
+    other = ((2, 2), (0, 1), None) if SIZE == 4 else ((SIZE,), (None, 0), None)
+    return [rows, other]
 
 
 def dist(a, layout, requires_grad=False):
