@@ -153,18 +153,17 @@ def layer_norm_backward(saved: LayerNormSaved, dy: DistArray, reduce: bool = Tru
         check_gradient_layout(dy, x.distribution, "layer-norm")
         dy2, x2 = _rows_cols(dy.local, first), _rows_cols(x.local, first)
         g_loc = _local_params(xp, saved.gamma, sl, x2.shape[1], 1.0)
-        s_a, s_b, col_g, col_b = k.ln_backward_sums(dy2, x2, saved.mean, saved.invstd, g_loc)
+        s_a, s_b, cols = k.ln_backward_sums(dy2, x2, saved.mean, saved.invstd, g_loc)
     ns = tuple(x.shape[first:])
     rows = x2.shape[0]
     has_params = saved.gamma is not None or saved.beta_dtype is not None
     if not has_params:
         params = xp.zeros(0)
     elif not saved.stats_axes:     # this block holds all of normalized_shape
-        params = xp.concatenate([xp.asarray(col_g), xp.asarray(col_b)])
+        params = xp.asarray(cols).reshape(-1)
     else:                          # its part of it, zeros elsewhere
         params = xp.zeros((2,) + ns)
-        params[(0,) + sl] = xp.asarray(col_g).reshape(x.local.shape[first:])
-        params[(1,) + sl] = xp.asarray(col_b).reshape(x.local.shape[first:])
+        params[(slice(None),) + sl] = xp.asarray(cols).reshape((2,) + x.local.shape[first:])
         params = params.reshape(-1)
     sums = xp.concatenate([xp.asarray(s_a, dtype=xp.float64),
                            xp.asarray(s_b, dtype=xp.float64)])

@@ -73,7 +73,9 @@ def test_layer_norm_kernels_match_reference(shape):
     y = K.ln_forward_apply(x, mean, invstd, gamma, beta)
     want = ref.layer_norm(x, (shape[1],), gamma, beta, 1e-5, dy)
     np.testing.assert_allclose(y, want[0], rtol=1e-12, atol=1e-12)
-    sa, sb, dg, db = K.ln_backward_sums(dy, x, mean, invstd, gamma)
+    sa, sb, cols = K.ln_backward_sums(dy, x, mean, invstd, gamma)
+    assert cols.shape == (2, shape[1])
+    dg, db = cols
     np.testing.assert_allclose(dg, want[2], rtol=1e-11, atol=1e-11)
     np.testing.assert_allclose(db, want[3], rtol=1e-11, atol=1e-11)
     n = max(shape[1], 1)

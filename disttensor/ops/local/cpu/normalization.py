@@ -317,14 +317,15 @@ def ln_forward_apply(x, mean, invstd, gamma, beta):
 
 
 def ln_backward_sums(dy, x, mean, invstd, gamma):
-    """``(sum_dyg, sum_dyg_xhat, dgamma, dbeta)`` of an ``(R, L)`` view, float64: per row
-    ``sum_j dy*gamma[j]`` and ``sum_j dy*gamma[j]*xhat`` (``R`` values), per column
-    ``sum_r dy*xhat`` and ``sum_r dy`` (``L`` values), ``xhat = (x - mean[r])*invstd[r]``."""
+    """``(sum_dyg, sum_dyg_xhat, cols)`` of an ``(R, L)`` view, float64: per row
+    ``sum_j dy*gamma[j]`` and ``sum_j dy*gamma[j]*xhat`` (``R`` values), and ``cols`` ``(2, L)``
+    with the per-column ``sum_r dy*xhat`` (``dgamma``) and ``sum_r dy`` (``dbeta``),
+    ``xhat = (x - mean[r])*invstd[r]``."""
     dy, x = _pair(dy, x)
     R, L = x.shape
     sums, cols = _ln_sums_kernel(dy, x, _vec("mean", mean, R), _vec("invstd", invstd, R),
                                  _params("gamma", gamma, L), _COL_BLOCK)
-    return sums[0], sums[1], cols[0], cols[1]
+    return sums[0], sums[1], cols
 
 
 def ln_backward_apply(dy, x, mean, invstd, gamma, mean_dyg, mean_dyg_xhat):
