@@ -7,7 +7,8 @@ split owns that line's result rows and accumulates into them directly; the chunk
 parallel pass adds each split line's slots into its rows.  No two threads ever write the same
 element, so there are no atomics and no races.  The loop over the ``k`` right-hand columns is
 innermost over contiguous memory (``X`` and the result C-contiguous ``(rows, k)``), which the
-compiler vectorizes.  Threads: Numba's (``NUMBA_NUM_THREADS`` / ``numba.set_num_threads``).
+compiler vectorizes.  Threads: Numba's (``NUMBA_NUM_THREADS`` / ``numba.set_num_threads``);
+products of fewer than :data:`PARALLEL_MIN_WORK` multiply-adds run on the calling thread.
 
 Both products run the one kernel :func:`_spmm_lines`: for block-rows the output index of a
 nonzero is its in-block row and the input index its in-block column, for block-columns the
@@ -20,7 +21,13 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-__all__ = ["spmm", "sddmm", "workers"]
+__all__ = ["spmm", "sddmm", "workers", "PARALLEL_MIN_WORK"]
+
+# multiply-adds below which a product runs on one thread: waking a thread team costs tens of
+# microseconds on an idle machine and whole scheduler slices on a busy one (measured: 0.1 ms
+# serial vs 20-30 ms parallel for a 1024^2, 99 %-sparse A @ X with 64 columns on 2 loaded
+# cores), more than such a product's work
+PARALLEL_MIN_WORK = 1 << 21
 
 
 def workers() -> int:
@@ -28,7 +35,7 @@ def workers() -> int:
     return int(numba.get_num_threads())
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, fastmath={"contract"})
 def _spmm_lines(blk_ptr, out_loc, in_loc, vals, x, y, partial, c_line, c_lo, c_hi, c_slot,
                 line_mul, step, count, beta, out_rows, in_rows):
     k = x.shape[1]
@@ -87,6 +94,15 @@ def _add_partials(y, partial, split_lines, slot_ptr, beta):
                     y[out0 + r, j] += partial[p0 + r, j]
 
 
+# the same loops on the calling thread (prange runs as range outside a parallel njit)
+_spmm_lines_serial = njit(cache=True, fastmath={"contract"})(_spmm_lines.py_func)
+
+
+def _parallel(work: int) -> bool:
+    """Whether a product of ``work`` multiply-adds runs the parallel kernel."""
+    return work >= PARALLEL_MIN_WORK
+
+
 def spmm(structure, values, x, by_columns: bool, target=None):
     """``A @ x`` (``by_columns`` False) or ``A.T @ x`` of the matrix ``(structure, values)``
     for a C-contiguous 2-D ``x`` of A's dtype (``(n, k)``, resp. ``(m, k)``): a new
@@ -95,7 +111,8 @@ def spmm(structure, values, x, by_columns: bool, target=None):
     m, n = structure.shape
     out_rows, in_rows = (n, m) if by_columns else (m, n)
     k = x.shape[1]
-    plan = structure.plan(by_columns, workers(), target)
+    parallel = _parallel(structure.nnz * k)
+    plan = structure.plan(by_columns, workers() if parallel else 1, target)
     y = np.zeros((out_rows, k), dtype=values.dtype)
     partial = np.zeros((plan.nslots * structure.beta, k), dtype=values.dtype)
     if structure.nnz == 0 or k == 0:
@@ -106,8 +123,9 @@ def spmm(structure, values, x, by_columns: bool, target=None):
     else:
         out_loc, in_loc = structure.lrow, structure.lcol
         line_mul, step, count = structure.nbc, 1, structure.nbc
-    _spmm_lines(structure.blk_ptr, out_loc, in_loc, values, x, y, partial, plan.line, plan.lo,
-                plan.hi, plan.slot, line_mul, step, count, structure.beta, out_rows, in_rows)
+    kernel = _spmm_lines if parallel else _spmm_lines_serial
+    kernel(structure.blk_ptr, out_loc, in_loc, values, x, y, partial, plan.line, plan.lo,
+           plan.hi, plan.slot, line_mul, step, count, structure.beta, out_rows, in_rows)
     if plan.split_lines.size:
         _add_partials(y, partial, plan.split_lines, plan.slot_ptr, structure.beta)
     return y
@@ -137,6 +155,9 @@ def _sddmm(blk_ptr, lrow, lcol, left, right, out, nbc, beta, parts, zero):
             out[q] = acc
 
 
+_sddmm_serial = njit(cache=True, fastmath=True)(_sddmm.py_func)
+
+
 def sddmm(structure, left, right, dtype):
     """The values ``left[r] . right[c]`` at every stored nonzero ``(r, c)`` of ``structure``,
     in storage order (``dtype``, summed in ``dtype``): ``left``
@@ -147,7 +168,9 @@ def sddmm(structure, left, right, dtype):
     if left.shape[1] == 0:
         out[:] = 0
         return out
-    parts = min(structure.nnz, 8 * workers())
-    _sddmm(structure.blk_ptr, structure.lrow, structure.lcol, left, right, out,
+    parallel = _parallel(structure.nnz * left.shape[1])
+    parts = min(structure.nnz, 8 * workers() if parallel else 1)
+    (_sddmm if parallel else _sddmm_serial)(
+        structure.blk_ptr, structure.lrow, structure.lcol, left, right, out,
            structure.nbc, structure.beta, parts, out.dtype.type(0))
     return out

@@ -67,10 +67,21 @@ def test_products_match_dense(shape, density, dtype, block_size, k, seed):
 @MEDIUM
 @given(st.tuples(st.integers(1, 90), st.integers(1, 90)), densities, dtypes,
        st.sampled_from([1, 4, 8]), st.integers(1, 40), st.integers(1, 5),
-       st.integers(0, 2**32 - 1))
-def test_split_heavy_lines_match_dense(shape, density, dtype, beta, target, k, seed):
+       st.integers(0, 2**32 - 1), st.booleans())
+def test_split_heavy_lines_match_dense(shape, density, dtype, beta, target, k, seed,
+                                       parallel):
     """Lines cut into chunks (a small target) give the same products: the partial results
-    of a split line are combined correctly, in both orientations."""
+    of a split line are combined correctly, in both orientations, by the parallel kernels
+    and by their one-thread twins."""
+    saved = local_cpu.PARALLEL_MIN_WORK
+    local_cpu.PARALLEL_MIN_WORK = 0 if parallel else 1 << 62
+    try:
+        _split_case(shape, density, dtype, beta, target, k, seed)
+    finally:
+        local_cpu.PARALLEL_MIN_WORK = saved
+
+
+def _split_case(shape, density, dtype, beta, target, k, seed):
     rng = np.random.default_rng(seed)
     a = _matrix(rng, shape, density, dtype)
     A = CSBMatrix.from_dense(a, block_size=beta)
@@ -83,6 +94,9 @@ def test_split_heavy_lines_match_dense(shape, density, dtype, beta, target, k, s
     np.testing.assert_array_equal(plan.split_lines, np.flatnonzero(heavy))
     _close(local_cpu.spmm(A.structure, A.values, x, False, target), ref @ x, dtype, shape[1])
     _close(local_cpu.spmm(A.structure, A.values, z, True, target), ref.T @ z, dtype, shape[0])
+    rows, cols, _ = A.to_coo()
+    _close(local_cpu.sddmm(A.structure, z, x, dtype), (z.astype(np.float64) @ x.T)[rows, cols],
+           dtype, k)
 
 
 def test_special_shapes_and_patterns():
