@@ -2,19 +2,15 @@
 
 ``pad`` lists ``(lo, hi)`` pairs from the *last* axis backwards, as PyTorch's; negative entries
 crop.  Modes ``'constant'`` (any axis, ``value`` default 0), ``'reflect'`` (the edge cell not
-repeated: ``np.pad``'s ``'reflect'``), ``'replicate'`` and ``'circular'`` (every spatial axis
-of an ``(N, C, *S)`` array, no more and no fewer, as PyTorch for batched input).
+repeated: ``np.pad``'s ``'reflect'``), ``'replicate'`` (``'edge'``) and ``'circular'``
+(``'wrap'``), the latter three on every spatial axis of an ``(N, C, *S)`` array, no more and
+no fewer, as PyTorch for batched input.
 
-**Who holds what.**  Cropping keeps each block's part of the kept range (no message, possibly
-empty blocks).  Padding then adds the ``lo`` cells to the first block of the axis and the
-``hi`` cells to the last (empty blocks included), so the other blocks keep their ownership.
-Constant padding is local.  The other modes read cells that may live elsewhere: the input gets
-a halo of ``(lo, hi)`` on each padded axis, filled by the halo exchange (periodic on circular
-axes) and, beyond the global boundary, by :class:`disttensor.core.halo.EdgeFill`
-(``'mirror'`` for reflect, ``'nearest'`` for replicate), which fetches the cells from their
-owners.  The first and last blocks then cut their output from that buffer.  The backward is
-the adjoint: the output gradient placed in a zero buffer, ``EdgeFill.reverse`` and the
-reverse halo exchange add the padded cells' gradients into the cells they copy.
+The work is :func:`disttensor.routines.padding.halo_pad` (shared with ``dt.pad``): cropping
+keeps each block's part of the kept range, the pad cells go to the first and last blocks of an
+axis, filled through the halo exchange (periodic for circular) and
+:class:`disttensor.core.halo.EdgeFill`; the backward is its adjoint
+(:func:`~disttensor.routines.padding.halo_pad_adjoint`).
 
 Bad input raises on every rank: reflect padding not narrower than the (cropped) axis,
 circular wider than it (PyTorch: "wrapping around more than once"), replicate wider than the
@@ -22,20 +18,18 @@ axis (here only: one halo exchange fetches the padding), a value with a non-cons
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from ..core.array import DistArray
-from ..core.distribution import Distribution
-from ..core.entry import agreed, canon, collective_entry, nested
-from ..core.halo import EdgeFill, HaloExchange
+from ..core.entry import agreed, canon, collective_entry
+from ..routines.padding import HaloPad, halo_pad, halo_pad_adjoint
 from ._spatial import check_gradient_layout
 
-__all__ = ["pad_forward", "pad_backward", "pad", "PadSaved", "normalize_pad"]
+__all__ = ["pad_forward", "pad_backward", "pad", "normalize_pad"]
 
 MODES = ("constant", "reflect", "replicate", "circular")
-_EDGE = {"reflect": "mirror", "replicate": "nearest"}
+_NUMPY_MODE = {"constant": "constant", "reflect": "reflect", "replicate": "edge",
+               "circular": "wrap"}
 
 
 def normalize_pad(pad, shape, mode: str) -> tuple[tuple[int, int], ...]:
@@ -82,40 +76,11 @@ def normalize_pad(pad, shape, mode: str) -> tuple[tuple[int, int], ...]:
     return tuple(pairs)
 
 
-def _padded_dist(d: Distribution, pairs) -> Distribution:
-    out = d
-    for t, (lo, hi) in enumerate(pairs):
-        if lo == hi == 0:
-            continue
-        out = out.restrict(t, max(-lo, 0), d.shape[t] - max(-hi, 0))
-        lo, hi = max(lo, 0), max(hi, 0)
-        if lo or hi:
-            if d.split[t] is None:
-                out = out.with_sizes(t, None, extent=out.shape[t] + lo + hi)
-            else:
-                sizes = list(out.sizes(t))
-                sizes[0] += lo
-                sizes[-1] += hi
-                out = out.with_sizes(t, sizes, extent=out.shape[t] + lo + hi)
-    return out
-
-
-@dataclass
-class PadSaved:
-    x_dist: Distribution
-    out_dist: Distribution
-    crop: tuple            # per axis: slice of x's block that is kept
-    cropped: Distribution  # the distribution after cropping
-    halo: tuple            # per axis: the halo of the padding buffer
-    out_slices: tuple      # per axis: slice of the buffer (or the padded block) that is output
-    mode: str
-    local_pads: tuple      # constant mode: per axis (lo, hi) this block pads
-
-
 @collective_entry
 def pad_forward(x: DistArray, pad, mode: str = "constant", value=None):
     """``torch.nn.functional.pad(x, pad, mode, value)`` (see the module docstring).
-    Collective.  Returns ``(y, saved)``."""
+    Collective.  Returns ``(y, saved)``: ``saved`` is the
+    :class:`disttensor.routines.padding.HaloPad` state of the padding."""
     with agreed(x.grid.cart, "pad_forward", x=x, pad=canon(pad), mode=mode,
                 value=canon(value)):
         if value is not None and mode != "constant":
@@ -123,74 +88,16 @@ def pad_forward(x: DistArray, pad, mode: str = "constant", value=None):
         pairs = normalize_pad(pad, x.shape, mode)
         if mode != "constant" and x.split[1] is not None:
             raise ValueError("pad: the channel axis (1) must not be split")
-    d, coords = x.distribution, x.grid.coords
-    crop, cut_pairs = [], []
-    cropped = d
-    for t, (lo, hi) in enumerate(pairs):
-        a, b = d.block_range(t, d.axis_coord(t, coords))
-        k0, k1 = max(-lo, 0), d.shape[t] - max(-hi, 0)
-        c0, c1 = min(max(k0, a), b), max(min(k1, b), min(max(k0, a), b))
-        crop.append(slice(c0 - a, c1 - a))
-        if lo < 0 or hi < 0:
-            cropped = cropped.restrict(t, k0, k1)
-        cut_pairs.append((max(lo, 0), max(hi, 0)))
-    out_dist = _padded_dist(d, pairs)
-    xc = x.local[tuple(crop)]
-    first_last = [(cropped.axis_coord(t, coords) == 0,
-                   cropped.axis_coord(t, coords) == (cropped.grid_dims[g] - 1
-                                                    if g is not None else 0))
-                  for t, g in enumerate(cropped.split)]
-    mine = tuple((lo if f else 0, hi if last else 0)
-                 for (lo, hi), (f, last) in zip(cut_pairs, first_last))
-    xp = x.xp
-    if mode == "constant":
-        fill = 0.0 if value is None else value
-        y = xp.pad(xc, mine, mode="constant", constant_values=fill) if any(
-            lo or hi for lo, hi in mine) else xp.array(xc, copy=True)
-        saved = PadSaved(d, out_dist, tuple(crop), cropped, (), (), mode, mine)
-        return DistArray(xp.ascontiguousarray(y), out_dist, x.grid), saved
-    halo = tuple(cut_pairs)
-    with nested():   # the agreed arguments fix the halo: no agreement of its own
-        xin = DistArray(xp.ascontiguousarray(xc), cropped, x.grid).with_halo(halo)
-        boundary = tuple("periodic" if mode == "circular" and (lo or hi) else "zero"
-                         for lo, hi in halo)
-        HaloExchange(xin, boundary, persistent=False).exchange()
-        if mode in _EDGE:
-            EdgeFill(xin, [(_EDGE[mode] if (lo or hi) else None) for lo, hi in halo]).run()
-    out_slices = tuple(slice(0 if f else lo, (lo + n + hi) if last else lo + n)
-                       for (lo, hi), (f, last), n in zip(halo, first_last, xc.shape))
-    y = xp.ascontiguousarray(xin.buffer[out_slices])
-    saved = PadSaved(d, out_dist, tuple(crop), cropped, halo, out_slices, mode, mine)
-    return DistArray(y, out_dist, x.grid), saved
+    return halo_pad(x, pairs, _NUMPY_MODE[mode], 0.0 if value is None else value)
 
 
 @collective_entry
-def pad_backward(saved: PadSaved, dy: DistArray) -> DistArray:
+def pad_backward(saved: HaloPad, dy: DistArray) -> DistArray:
     """Gradient with respect to the padding input for the output gradient ``dy``
     (distributed like the output).  Collective (the adjoint exchanges of the forward)."""
     with agreed(dy.grid.cart, "pad_backward", dy=dy, mode=saved.mode):
         check_gradient_layout(dy, saved.out_dist, "pad")
-    xp = dy.xp
-    if saved.mode == "constant":
-        inner = tuple(slice(lo, g - hi) for (lo, hi), g in zip(saved.local_pads, dy.local.shape))
-        gc = dy.local[inner]
-    else:
-        block = saved.cropped.block_shape(dy.grid.coords)
-        buf = xp.zeros(tuple(lo + n + hi for (lo, hi), n in zip(saved.halo, block)),
-                       dtype=dy.dtype)
-        buf[saved.out_slices] = dy.local
-        g = DistArray(buf, saved.cropped, dy.grid, saved.halo)
-        with nested():
-            if saved.mode in _EDGE:
-                EdgeFill(g, [(_EDGE[saved.mode] if (lo or hi) else None)
-                             for lo, hi in saved.halo]).reverse()
-            boundary = tuple("periodic" if saved.mode == "circular" and (lo or hi) else "zero"
-                             for lo, hi in saved.halo)
-            HaloExchange(g, boundary, persistent=False).reverse()
-        gc = g.local
-    dx = xp.zeros(saved.x_dist.block_shape(dy.grid.coords), dtype=dy.dtype)
-    dx[saved.crop] = gc
-    return DistArray(dx, saved.x_dist, dy.grid)
+    return halo_pad_adjoint(saved, dy)
 
 
 def pad(x: DistArray, pad, mode: str = "constant", value=None) -> DistArray:
