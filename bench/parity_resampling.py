@@ -6,7 +6,9 @@ shapes, the array cut along its first spatial axis over all ranks (uneven blocks
 than cells gives empty ones), gathered and compared on rank 0 with PyTorch's:
 ``max |ours - torch| / max |torch|`` per array.  Speed (float32, one process, the median of
 ``--repeat`` runs): forward + backward of ours against PyTorch's on U-Net / ResNet activation
-shapes, PyTorch on as many threads as Numba.  PyTorch is an oracle only here::
+shapes, PyTorch on as many threads as Numba.  Spatial efficiency (``--scaling``, 2+ ranks):
+forward + backward at ``(1, 8, 64, 64, 64)`` float32 split along D over all ranks against the
+same on rank 0 alone (the others waiting), ``t1 / (P * tP)``.  PyTorch is an oracle only here::
 
     .venv/bin/python bench/parity_resampling.py
     mpiexec -n 2 .venv/bin/python -m mpi4py bench/parity_resampling.py
@@ -147,14 +149,69 @@ def speed(repeat: int):
               f"{times['torch'] * 1e3:8.2f} ms  ratio {times['ours'] / times['torch']:5.2f}")
 
 
+SCALING = [("interpolate trilinear x2", lambda x: R.interpolate(x, scale_factor=2,
+                                                                  mode="trilinear")),
+           ("interpolate nearest x2", lambda x: R.interpolate(x, scale_factor=2)),
+           ("adaptive_avg_pool3d(1)", lambda x: R.adaptive_avg_pool3d(x, 1)),
+           ("adaptive_max_pool3d(4)", lambda x: R.adaptive_max_pool3d(x, 4)),
+           ("pad reflect 2", lambda x: R.pad(x, (2,) * 6, "reflect")),
+           ("max_pool3d 3 s2 ceil", lambda x: R.max_pool3d(x, 3, 2, 1, ceil_mode=True))]
+
+
+def _step(fn, x):
+    t = Tensor(x, requires_grad=True)
+    y = fn(t)
+    y.backward(dt.ones(y.data.shape, dtype=y.data.dtype, grid=y.data.grid, split=y.data.split,
+                       sizes=y.data.distribution.split_sizes))
+
+
+def _median_time(fn, x, repeat, comm):
+    _step(fn, x)
+    ts = []
+    for _ in range(repeat):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        _step(fn, x)
+        comm.Barrier()
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts))
+
+
+def scaling(repeat: int):
+    shape = (1, 8, 64, 64, 64)
+    xg = np.random.default_rng(2).normal(size=shape).astype(np.float32)
+    grid = dt.ProcessGrid((SIZE,))
+    x = dt.from_global(xg, grid=grid, split=(None, None, 0, None, None))
+    if RANK == 0:
+        one = dt.ProcessGrid((1,), comm=MPI.COMM_SELF)
+        x1 = dt.from_global(xg, grid=one)
+    lines = []
+    for name, fn in SCALING:
+        t1 = _median_time(fn, x1, repeat, MPI.COMM_SELF) if RANK == 0 else 0.0
+        COMM.Barrier()
+        tp = _median_time(fn, x, repeat, COMM)
+        lines.append((name, t1, tp))
+    if RANK == 0:
+        print(f"\nspatial efficiency, {shape} float32 forward+backward, split along D over "
+              f"{SIZE} ranks, median of {repeat}")
+        for name, t1, tp in lines:
+            print(f"{name:30s} 1 rank {t1 * 1e3:8.1f} ms  {SIZE} ranks {tp * 1e3:8.1f} ms  "
+                  f"efficiency {t1 / (SIZE * tp):5.2f}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--no-speed", action="store_true")
+    ap.add_argument("--no-parity", action="store_true")
+    ap.add_argument("--scaling", action="store_true")
     args = ap.parse_args()
-    parity()
+    if not args.no_parity:
+        parity()
     if not args.no_speed:
         speed(args.repeat)
+    if args.scaling and SIZE > 1:
+        scaling(args.repeat)
 
 
 if __name__ == "__main__":
