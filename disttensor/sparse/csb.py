@@ -68,12 +68,15 @@ class CSBMatrix:
         """The matrix of ``shape`` with ``values[i]`` at ``(rows[i], cols[i])`` (1-D arrays of
         one length; integer indices in range, else ``IndexError``); duplicates are summed,
         explicit zeros kept.  ``block_size`` (a power of two) overrides
-        :func:`~.blocking.choose_block_size`."""
+        :func:`~.blocking.choose_block_size`.  CuPy ``values`` give a matrix on the GPU (the
+        structure is assembled on the host)."""
         m, n = _shape2(shape)
-        vals = np.asarray(values)
+        device = device_of(values)
+        rows, cols, vals = (to_host(a) if device_of(a) != "cpu" else np.asarray(a)
+                            for a in (rows, cols, values))
         beta = _block_size((m, n), block_size, value_dtype(vals.dtype).itemsize)
         structure, stored = assemble(rows, cols, vals, (m, n), beta)
-        return cls(structure, stored)
+        return cls(structure, stored).to_device(device)
 
     @classmethod
     def from_dense(cls, a, block_size=None):
