@@ -1,5 +1,6 @@
 """``sparsify(model, min_sparsity)`` (``disttensor.nn.sparsify``): convert the pruned (or
-mostly zero) Linear and Conv3d layers of a model to :class:`~disttensor.nn.sparse_layers.SparseLinear` /
+mostly zero) Linear and Conv3d layers of a model to
+:class:`~disttensor.nn.sparse_layers.SparseLinear` /
 :class:`~disttensor.nn.sparse_layers.SparseConv3d` where the measured sparse kernel is faster.
 
 For each candidate (sparsity of its weight, counted on its pruning mask when it has one, at
