@@ -11,10 +11,13 @@ small Allgather and Chan's rule in rank order (bit-identical on every rank), as
 :mod:`.group_norm` does.  Nothing is exchanged when no normalized axis is split.
 
 Backward: the per-row sums ``[sum gamma*dy, sum gamma*dy*xhat]`` are summed over the
-statistics communicator with one all-reduce, which also carries ``dgamma``/``dbeta`` (each
-rank's block of them, zeros elsewhere) when no leading axis is split
-(``saved.param_sums_in_stats``); otherwise the parameter gradients are summed over the ranks
-holding different data (``reduce=True``) or left as per-rank partial sums.  Errors
+statistics communicator with one small all-reduce.  When no leading axis is split
+(``saved.param_sums_in_stats``) each rank's column sums are its block of the final
+``dgamma``/``dbeta``: one Allgatherv in the parameters' dtype assembles them on every rank (a
+normalized shape as large as a sample makes these gradients as large as the sample; an
+all-reduce of zero-padded float64 arrays moved ~4x the bytes).  Otherwise the parameter
+gradients are summed over the ranks holding different data (``reduce=True``) or left as
+per-rank partial sums.  Errors
 (``ValueError`` on every rank, PyTorch raises ``RuntimeError``): ``normalized_shape`` not
 matching the input's trailing axes, parameters of another shape.
 """
@@ -136,6 +139,42 @@ def layer_norm_forward(x: DistArray, normalized_shape, gamma=None, beta=None,
     return DistArray(y.reshape(x.local.shape), x.distribution, x.grid), saved
 
 
+def _param_dtype(saved):
+    """One dtype for both parameter gradients (float64 where gamma's and beta's differ)."""
+    dts = {np.dtype(d) for d in (None if saved.gamma is None else saved.gamma.dtype,
+                                 saved.beta_dtype) if d is not None}
+    return dts.pop() if len(dts) == 1 else np.dtype(np.float64)
+
+
+def _gather_blocks(x, first, comm, cols, dtype):
+    """``(2, *normalized_shape)``: every rank's ``cols`` (its block of the normalized axes, two
+    rows) in ``dtype``, gathered over ``comm`` (the ranks that differ only along the grid
+    axes splitting the normalized axes, row-major over them) with one Allgatherv and placed
+    at each rank's block: the full parameter gradients on every rank, from a fraction of the
+    bytes an all-reduce of zero-padded arrays moves.  Collective over ``comm``; NumPy only."""
+    d = x.distribution
+    axes = sorted(set(g for g in x.split[first:] if g is not None))
+    dims = [x.grid.dims[a] for a in axes]
+    mine = list(x.grid.coords)
+    shapes, slices = [], []
+    for i in range(comm.size):
+        coords = list(mine)
+        for a, c in zip(axes, np.unravel_index(i, dims)):
+            coords[a] = int(c)
+        slices.append(d.block_slices(tuple(coords))[first:])
+        shapes.append(d.block_shape(tuple(coords))[first:])
+    counts = [2 * int(np.prod(sh)) for sh in shapes]
+    send = np.ascontiguousarray(cols, dtype=dtype).reshape(-1)
+    recv = np.empty(sum(counts), dtype=dtype)
+    comm.Allgatherv(send, [recv, counts])
+    full = np.empty((2,) + tuple(x.shape[first:]), dtype=dtype)
+    off = 0
+    for n, sh, sl in zip(counts, shapes, slices):
+        full[(slice(None),) + sl] = recv[off:off + n].reshape((2,) + tuple(sh))
+        off += n
+    return full
+
+
 @collective_entry
 def layer_norm_backward(saved: LayerNormSaved, dy: DistArray, reduce: bool = True):
     """Gradients ``(dx, dgamma, dbeta)``: ``dgamma`` ``None`` without ``gamma``, ``dbeta``
@@ -157,34 +196,32 @@ def layer_norm_backward(saved: LayerNormSaved, dy: DistArray, reduce: bool = Tru
     ns = tuple(x.shape[first:])
     rows = x2.shape[0]
     has_params = saved.gamma is not None or saved.beta_dtype is not None
-    if not has_params:
-        params = xp.zeros(0)
-    elif not saved.stats_axes:     # this block holds all of normalized_shape
-        params = xp.asarray(cols).reshape(-1)
-    else:                          # its part of it, zeros elsewhere
-        params = xp.zeros((2,) + ns)
-        params[(slice(None),) + sl] = xp.asarray(cols).reshape((2,) + x.local.shape[first:])
-        params = params.reshape(-1)
     sums = xp.concatenate([xp.asarray(s_a, dtype=xp.float64),
                            xp.asarray(s_b, dtype=xp.float64)])
-    params_done = False
-    if saved.stats_axes:
-        comm = x.grid.sub_comm(saved.stats_axes)
-        if saved.param_sums_in_stats:
-            both = allreduce(comm, xp.concatenate([sums, params]), "sum")
-            sums, params = both[:sums.size], both[sums.size:]
-            params_done = True
-        elif comm.size > 1:
-            sums = allreduce(comm, sums, "sum")
-    if reduce and not params_done and has_params:
-        params = allreduce(param_comm(x), params, "sum")
+    comm = x.grid.sub_comm(saved.stats_axes) if saved.stats_axes else None
+    if comm is not None and comm.size > 1:
+        sums = allreduce(comm, sums, "sum")
+    gathered = None
+    if has_params and saved.param_sums_in_stats and xp is np:
+        # every column sum is complete on the rank holding the column: gather the blocks
+        gathered = _gather_blocks(x, first, comm, xp.asarray(cols), _param_dtype(saved))
+    elif has_params:
+        if not saved.stats_axes:       # this block holds all of normalized_shape
+            params = xp.asarray(cols).reshape(-1)
+        else:                          # its part of it, zeros elsewhere
+            params = xp.zeros((2,) + ns)
+            params[(slice(None),) + sl] = xp.asarray(cols).reshape(
+                (2,) + x.local.shape[first:])
+            params = params.reshape(-1)
+        if reduce or saved.param_sums_in_stats:
+            params = allreduce(param_comm(x), params, "sum")
     m = max(saved.count, 1.0)
     dx = k.ln_backward_apply(dy2, x2, saved.mean, saved.invstd, g_loc, sums[:rows] / m,
                              sums[rows:] / m)
     dx = DistArray(dx.reshape(x.local.shape), x.distribution, x.grid)
     if not has_params:
         return dx, None, None
-    params = params.reshape((2,) + ns)
+    params = gathered if gathered is not None else params.reshape((2,) + ns)
     dgamma = None if saved.gamma is None else params[0].astype(saved.gamma.dtype)
     dbeta = None if saved.beta_dtype is None else params[1].astype(saved.beta_dtype)
     return dx, dgamma, dbeta
