@@ -9,7 +9,9 @@ and instance norm, any layout for layer norm) on any grid; the statistics are th
 whole array (the result equals one rank's).  Parameters are replicated arrays; their gradients
 come back summed over the ranks holding different data, or as per-rank shares where a
 data-parallel reducer defers their reduction (as :mod:`.functional` does for every op).
-Collective, forward and backward.  Differences from PyTorch: the shape errors are
+Collective, forward and backward.  An input that is not a Tensor of a DistArray raises
+``TypeError``; parameters follow PyTorch's dtype rule (:mod:`.operand_checks`).  Differences
+from PyTorch: the shape errors are
 ``ValueError`` (PyTorch: ``RuntimeError``); an instance norm given a channel count other than
 ``num_features`` raises without affine too (PyTorch only warns then); inputs must be batched
 (no unbatched ``(C, *S)`` form).
@@ -21,6 +23,7 @@ from ..core.backend import xp_for
 from ..ops.group_norm import group_norm_backward, group_norm_forward
 from ..ops.layer_norm import layer_norm_backward, layer_norm_forward, normalized_tuple
 from .functional import _as_compute, _param_grad, _reduce_now
+from .operand_checks import activation as _activation_of
 from .module import Module, Parameter
 
 __all__ = ["group_norm", "instance_norm", "layer_norm", "GroupNorm", "InstanceNorm1d",
@@ -28,9 +31,10 @@ __all__ = ["group_norm", "instance_norm", "layer_norm", "GroupNorm", "InstanceNo
 
 def _group_norm(x, groups, weight, bias, eps, running_mean=None, running_var=None,
                 use_input_stats=True, momentum=0.1, kind="group"):
-    xv = unwrap(x)
-    y, saved = group_norm_forward(xv, groups, _as_compute(unwrap(weight), xv),
-                                  _as_compute(unwrap(bias), xv), eps, unwrap(running_mean),
+    op = f"{kind}_norm"
+    xv = _activation_of(op, x)
+    y, saved = group_norm_forward(xv, groups, _as_compute(unwrap(weight), xv, op),
+                                  _as_compute(unwrap(bias), xv, op), eps, unwrap(running_mean),
                                   unwrap(running_var), use_input_stats, momentum, kind)
 
     def backward(g):
@@ -39,7 +43,7 @@ def _group_norm(x, groups, weight, bias, eps, running_mean=None, running_var=Non
         reduced = reduce or saved.param_sums_in_stats
         return (dx, _param_grad(weight, dgamma, xv, reduced),
                 _param_grad(bias, dbeta, xv, reduced))
-    return make_result(y, (x, weight, bias), backward, f"{kind}_norm")
+    return make_result(y, (x, weight, bias), backward, op)
 
 
 def group_norm(input, num_groups: int, weight=None, bias=None, eps: float = 1e-5):
@@ -55,7 +59,8 @@ def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=
     over the positions; ``running_mean``/``running_var`` (plain ``(C,)`` arrays) are updated in
     place with the batch's mean of the per-instance statistics when ``use_input_stats``, and
     normalize when not."""
-    c = unwrap(input).shape[1] if len(input.shape) > 1 else 1
+    shape = _activation_of("instance_norm", input).shape
+    c = shape[1] if len(shape) > 1 else 1
     return _group_norm(input, c, weight, bias, eps, running_mean, running_var,
                        use_input_stats, 0.0 if momentum is None else momentum, "instance")
 
@@ -64,9 +69,10 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
     """Layer normalization (``torch.nn.functional.layer_norm``) over the trailing
     ``normalized_shape`` axes of ``input`` (which may be split over the grid); ``weight`` and
     ``bias`` of shape ``normalized_shape`` (or ``None``)."""
-    xv = unwrap(input)
-    y, saved = layer_norm_forward(xv, normalized_shape, _as_compute(unwrap(weight), xv),
-                                  _as_compute(unwrap(bias), xv), eps)
+    xv = _activation_of("layer_norm", input)
+    y, saved = layer_norm_forward(xv, normalized_shape,
+                                  _as_compute(unwrap(weight), xv, "layer_norm"),
+                                  _as_compute(unwrap(bias), xv, "layer_norm"), eps)
 
     def backward(g):
         reduce = _reduce_now(weight, bias)

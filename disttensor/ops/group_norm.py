@@ -102,8 +102,9 @@ def _check_arguments(x, groups, gamma, beta, running_mean, running_var, use_inpu
     spatial = math.prod(x.shape[2:])
     if use_input_stats:
         if kind == "group" and (n * c // groups) * spatial == 1:
+            size = _shape_list([n * c // groups, groups] + list(x.shape[2:]))
             raise ValueError(f"Expected more than 1 value per channel when training, got "
-                             f"input size {_shape_list([n * c // groups, groups] + list(x.shape[2:]))}")
+                             f"input size {size}")
         if kind == "instance" and spatial == 1:
             raise ValueError(f"Expected more than 1 spatial element when training, got input "
                              f"size {_shape_list(x.shape)}")

@@ -222,8 +222,8 @@ def layer_norm_backward(saved: LayerNormSaved, dy: DistArray, reduce: bool = Tru
     if not has_params:
         return dx, None, None
     params = gathered if gathered is not None else params.reshape((2,) + ns)
-    dgamma = None if saved.gamma is None else params[0].astype(saved.gamma.dtype)
-    dbeta = None if saved.beta_dtype is None else params[1].astype(saved.beta_dtype)
+    dgamma = None if saved.gamma is None else params[0].astype(saved.gamma.dtype, copy=False)
+    dbeta = None if saved.beta_dtype is None else params[1].astype(saved.beta_dtype, copy=False)
     return dx, dgamma, dbeta
 
 

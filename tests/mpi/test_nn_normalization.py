@@ -288,6 +288,8 @@ def test_errors_raise_on_every_rank():
                       lambda: N.group_norm(_x((1, 2, 1)), 2))
     assert_raises_all(COMM, ValueError, "Expected running_mean and running_var to be defined",
                       lambda: N.instance_norm(_x((2, 3, 4)), use_input_stats=False))
+    assert_raises_all(COMM, TypeError, "must be Tensor, not numpy.ndarray",
+                      lambda: N.layer_norm(np.ones((2, 3)), (3,)))
     # too few values is a training rule only: eval with running statistics takes one value
     y = N.instance_norm(_x((2, 3, 1)), np.zeros(3), np.ones(3), use_input_stats=False)
     assert y.shape == (2, 3, 1)
