@@ -69,12 +69,17 @@ def _spmm_lines(blk_ptr, out_loc, in_loc, vals, x, y, partial, c_line, c_lo, c_h
             stop = min(cum + size, hi)
             q0 = blk_ptr[b] + (pos - cum)
             in0 = t * beta
-            for q in range(q0, q0 + (stop - pos)):
-                r = rbase + np.int64(out_loc[q])
-                s = in0 + np.int64(in_loc[q])
-                v = vals[q]
-                for j in range(k):
-                    dest[r, j] += v * x[s, j]
+            if k == 1:                      # SpMV: no inner loop to set up per nonzero
+                for q in range(q0, q0 + (stop - pos)):
+                    dest[rbase + np.int64(out_loc[q]), 0] += (
+                        vals[q] * x[in0 + np.int64(in_loc[q]), 0])
+            else:
+                for q in range(q0, q0 + (stop - pos)):
+                    r = rbase + np.int64(out_loc[q])
+                    s = in0 + np.int64(in_loc[q])
+                    v = vals[q]
+                    for j in range(k):
+                        dest[r, j] += v * x[s, j]
             pos = stop
             cum += size
             t += 1
