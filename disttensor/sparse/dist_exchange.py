@@ -52,6 +52,10 @@ class RowHalo:
             self.stats = [exchange_stats(self.plan, [], owned).as_tuple()]
         self._counts = np.diff(np.asarray(self.col_offsets, dtype=np.int64))
         self._cache: dict = {}
+        # the rows reference exactly this rank's own block, in order: x_ext is x's block
+        # (used on one rank)
+        self.identity = not self.plan.recvs and len(self.ext) == owned and (
+            owned == 0 or int(self.ext[0]) == self.col_offsets[self.rank])
 
     def _requests(self) -> list[tuple[int, np.ndarray]]:
         """Tell every owner which of its entries this rank needs; learn what to send."""
@@ -102,8 +106,8 @@ class RowHalo:
         column-split right-hand side (collective)."""
         k = X.shape[1]
         method = self.method(k, X.dtype.itemsize, force)
-        if method == "local":
-            return X[self.ext]
+        if method == "local":   # (other ranks may need this one's entries: never skip)
+            return X if self.identity else X[self.ext]
         if method == "allgather":
             return self._allgather(X)[self.ext]
         ext_buf, packs, ex = self._p2p(k, X.dtype, False)

@@ -220,7 +220,8 @@ class DistCSBMatrix:
                         layout: str | None = None, row_sizes=None, col_sizes=None,
                         block_size=None) -> "DistCSBMatrix":
         """Collective: every rank passes the same global triplets and keeps its own
-        (no data moves; the triplets are agreed by digest)."""
+        (no data moves; their shapes and dtypes are agreed, their contents only under
+        ``DISTTENSOR_DEBUG``)."""
         grid = get_default_grid() if grid is None else grid
         with agreed(grid.cart, "DistCSBMatrix.from_global_coo", grid=grid, rows=rows,
                     cols=cols, values=values, shape=canon(shape), layout=layout,
@@ -270,11 +271,10 @@ class DistCSBMatrix:
 
     @classmethod
     def _assemble(cls, lay: _Layout, rows, cols, values, block_size) -> "DistCSBMatrix":
-        """This rank's (owned) triplets -> the matrix (collective: dtype, nnz)."""
+        """This rank's (owned) triplets -> the matrix (collective: nnz, the halo).  The values'
+        dtype is the same on every rank (agreed, or made so, by the caller)."""
         comm = lay.grid.cart
-        dts = comm.allgather(values.dtype.str) if comm.size > 1 else [values.dtype.str]
-        dtype = np.result_type(*[np.dtype(d) for d in dts])
-        values = values.astype(dtype, copy=False)
+        dtype = values.dtype
         r0, r1 = lay.ro[lay.ri], lay.ro[lay.ri + 1]
         lr = rows - r0
         if lay.layout == "rows":
@@ -413,11 +413,8 @@ def route(comm, dest: np.ndarray, rows, cols, values):
     comm.Alltoall(counts, got)
     sd = np.concatenate(([0], np.cumsum(counts)[:-1]))
     rd = np.concatenate(([0], np.cumsum(got)[:-1]))
-    dts = comm.allgather(values.dtype.str)
-    vdt = np.result_type(*[np.dtype(d) for d in dts])
-    out = []
-    for arr, t in ((rows, MPI.INT64_T), (cols, MPI.INT64_T),
-                   (values.astype(vdt, copy=False), mpi_type(vdt))):
+    out = []   # (the values' dtype is the same on every rank: agreed by the caller)
+    for arr, t in ((rows, MPI.INT64_T), (cols, MPI.INT64_T), (values, mpi_type(values.dtype))):
         send = np.ascontiguousarray(arr[order])
         recv = np.empty(int(got.sum()), dtype=send.dtype)
         comm.Alltoallv([send, (counts, sd), t], [recv, (got, rd), t])
