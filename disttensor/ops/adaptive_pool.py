@@ -158,10 +158,22 @@ def adaptive_pool_forward(x: DistArray, mode: str, output_size):
     ``output_size`` (an int, or per spatial axis an int or ``None``).  The output is split
     like ``x`` with the bins owned by the blocks holding their centres.  Collective.
     Returns ``(y, saved)``."""
-    with agreed(x.grid.cart, "adaptive_pool_forward", x=x, mode=mode,
-                output_size=canon(output_size)):
+    # average pooling runs its local kernel before any message: inside the agreeing block,
+    # so one all-reduce agrees on the arguments and on a kernel failure
+    buf = None
+    with agreed(x.grid.cart, "adaptive_pool_forward", rank_local=mode == "avg", x=x,
+                mode=mode, output_size=canon(output_size)):
         nd, maps = _geometry(x, mode, output_size)
-    d, coords = x.distribution, x.grid.coords
+        d, coords = x.distribution, x.grid.coords
+        if mode == "avg":
+            out_dist = resample_dist(d, maps)
+            out_halo = ((0, 0), (0, 0)) + tuple(
+                amap.out_halo(d.offsets[2 + i]) if d.split[2 + i] is not None else (0, 0)
+                for i, amap in enumerate(maps))
+            csrs = _avg_csrs(d, out_dist, maps, coords, out_halo)
+            buf = x.local
+            for i, (csr, rows, _) in enumerate(csrs):
+                buf = _cpu.apply_axis(buf, 2 + i, csr, rows)
     if mode == "max":
         plan = window_plan_of(d, maps, coords)
         xin = halo_input(x, plan)
@@ -169,15 +181,6 @@ def adaptive_pool_forward(x: DistArray, mode: str, output_size):
             y, am, read_shape = _max_local(xin, plan, maps, nd, coords)
         saved = AdaptivePoolSaved(d, plan.out_dist, mode, nd, plan, (), (), am, read_shape)
         return DistArray(y, plan.out_dist, x.grid), saved
-    out_dist = resample_dist(d, maps)
-    out_halo = ((0, 0), (0, 0)) + tuple(
-        amap.out_halo(d.offsets[2 + i]) if d.split[2 + i] is not None else (0, 0)
-        for i, amap in enumerate(maps))
-    with collective(x.grid.cart):
-        csrs = _avg_csrs(d, out_dist, maps, coords, out_halo)
-        buf = x.local
-        for i, (csr, rows, _) in enumerate(csrs):
-            buf = _cpu.apply_axis(buf, 2 + i, csr, rows)
     y = DistArray(buf, out_dist, x.grid, out_halo)
     if any(h != (0, 0) for h in out_halo):
         with nested():

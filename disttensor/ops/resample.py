@@ -112,40 +112,68 @@ def interpolate_forward(x: DistArray, size=None, scale_factor=None, mode: str = 
                         align_corners=None, recompute_scale_factor=None, antialias=False):
     """``torch.nn.functional.interpolate`` of ``x`` ``(N, C, *S)`` (see the module docstring).
     The output is split like ``x``.  Collective.  Returns ``(y, saved)``."""
-    with agreed(x.grid.cart, "interpolate_forward", x=x, size=canon(size),
+    # the plan first (pure), so that the ranks know whether a halo exchange comes before the
+    # kernel: when none does (nearest modes, mostly), the kernel runs inside the agreeing
+    # block (one all-reduce agrees on the arguments and on a kernel failure)
+    try:
+        geometry, err = _plan(x, size, scale_factor, mode, align_corners,
+                              recompute_scale_factor, antialias), None
+    except Exception as e:  # noqa: BLE001 - raised inside the agreed block, on every rank
+        geometry, err = None, e
+    direct = geometry is not None and geometry[0] != "area" and \
+        not geometry[-1].needs_exchange
+    y = csrs = None
+    with agreed(x.grid.cart, "interpolate_forward", rank_local=direct, x=x, size=canon(size),
                 scale_factor=canon(scale_factor), mode=mode, align_corners=canon(align_corners),
                 recompute_scale_factor=canon(recompute_scale_factor),
                 antialias=canon(antialias)):
-        check_layout(x, "interpolate")
-        check_extents(x, "interpolate")
-        base, out, scales, align = interpolate_geometry(
-            x.shape, size, scale_factor, mode, align_corners, recompute_scale_factor, antialias)
+        if err is not None:
+            raise err
+        base, out, scales, align, shortcuts, maps, plan = geometry
+        if direct:
+            y, csrs = _interp_local(x, plan, base, maps, scales, align, shortcuts)
     if base == "area":
         y, saved = adaptive_pool_forward(x, "avg", out)
         return y, InterpolateSaved(x.distribution, None, (), saved)
-    d, coords = x.distribution, x.grid.coords
+    if not direct:
+        xin = halo_input(x, plan)
+        with collective(x.grid.cart):
+            y, csrs = _interp_local(xin, plan, base, maps, scales, align, shortcuts)
+    return DistArray(y, plan.out_dist, x.grid), InterpolateSaved(x.distribution, plan, csrs)
+
+
+def _plan(x, size, scale_factor, mode, align_corners, recompute_scale_factor, antialias):
+    """Validated geometry and window plan of an interpolation (pure; raises on bad input)."""
+    check_layout(x, "interpolate")
+    check_extents(x, "interpolate")
+    base, out, scales, align = interpolate_geometry(
+        x.shape, size, scale_factor, mode, align_corners, recompute_scale_factor, antialias)
+    if base == "area":
+        return base, out, None, False, False, (), None
     shortcuts = x.ndim == 4   # PyTorch's 2-D nearest kernel (see nearest_index)
     maps = tuple(interp_map(n, m, base, None if scales is None else scales[i], align,
                             shortcuts) for i, (n, m) in enumerate(zip(x.shape[2:], out)))
-    plan = window_plan_of(d, maps, coords)
-    xin = halo_input(x, plan)
+    return base, out, scales, align, shortcuts, maps, window_plan_of(x.distribution, maps,
+                                                                     x.grid.coords)
+
+
+def _interp_local(xin: DistArray, plan, base, maps, scales, align, shortcuts):
+    """This rank's output block from the (halo'd) input, and the per-axis CSR maps."""
+    coords = xin.grid.coords
+    if not plan.has_output:
+        return xin.xp.zeros(plan.out_dist.block_shape(coords), dtype=xin.dtype), ()
+    win = xin.buffer[plan.read]
     csrs = []
-    with collective(x.grid.cart):
-        if plan.has_output:
-            win = xin.buffer[plan.read]
-            for i, amap in enumerate(maps):
-                t = 2 + i
-                o0, o1 = plan.out_dist.block_range(t, plan.out_dist.axis_coord(t, coords))
-                r0 = amap.lo[o0]
-                csr = _taps(base, amap.n, amap.m, o0, o1, r0,
-                            None if scales is None else scales[i], align, shortcuts)
-                csrs.append((csr, o1 - o0, win.shape[t]))
-            y = win
-            for i in reversed(range(len(maps))):
-                y = _cpu.apply_axis(y, 2 + i, csrs[i][0], csrs[i][1])
-        else:
-            y = x.xp.zeros(plan.out_dist.block_shape(coords), dtype=x.dtype)
-    return DistArray(y, plan.out_dist, x.grid), InterpolateSaved(d, plan, tuple(csrs))
+    for i, amap in enumerate(maps):
+        t = 2 + i
+        o0, o1 = plan.out_dist.block_range(t, plan.out_dist.axis_coord(t, coords))
+        csr = _taps(base, amap.n, amap.m, o0, o1, amap.lo[o0],
+                    None if scales is None else scales[i], align, shortcuts)
+        csrs.append((csr, o1 - o0, win.shape[t]))
+    y = win
+    for i in reversed(range(len(maps))):
+        y = _cpu.apply_axis(y, 2 + i, csrs[i][0], csrs[i][1])
+    return y, tuple(csrs)
 
 
 def _taps(mode, n, m, o0, o1, r0, scale, align, shortcuts):
