@@ -43,3 +43,13 @@ from .activations_more import (PointwiseActivationSaved, PReLUSaved,  # noqa: E4
 
 __all__ += ["PointwiseActivationSaved", "PReLUSaved", "pointwise_activation_backward",
             "pointwise_activation_forward", "prelu_backward", "prelu_forward"]
+
+from .adaptive_pool import (adaptive_pool, adaptive_pool_backward,  # noqa: E402
+                            adaptive_pool_forward)
+from .channel_dropout import channel_dropout_backward, channel_dropout_forward  # noqa: E402
+from .pad import pad, pad_backward, pad_forward  # noqa: E402
+from .resample import interpolate, interpolate_backward, interpolate_forward  # noqa: E402
+
+__all__ += ["adaptive_pool", "adaptive_pool_backward", "adaptive_pool_forward",
+            "channel_dropout_backward", "channel_dropout_forward", "pad", "pad_backward",
+            "pad_forward", "interpolate", "interpolate_backward", "interpolate_forward"]
