@@ -171,9 +171,13 @@ def adaptive_pool_forward(x: DistArray, mode: str, output_size):
                 amap.out_halo(d.offsets[2 + i]) if d.split[2 + i] is not None else (0, 0)
                 for i, amap in enumerate(maps))
             csrs = _avg_csrs(d, out_dist, maps, coords, out_halo)
-            buf = x.local
-            for i, (csr, rows, _) in enumerate(csrs):
-                buf = _cpu.apply_axis(buf, 2 + i, csr, rows)
+            single = _single_bins(csrs)
+            if single is not None:   # global pooling: one reduction of the block
+                buf = _single_bin_forward(x.local, single, csrs)
+            else:
+                buf = x.local
+                for i, (csr, rows, _) in enumerate(csrs):
+                    buf = _cpu.apply_axis(buf, 2 + i, csr, rows)
     if mode == "max":
         plan = window_plan_of(d, maps, coords)
         xin = halo_input(x, plan)
@@ -240,9 +244,48 @@ def adaptive_pool_backward(saved: AdaptivePoolSaved, dy: DistArray) -> DistArray
     else:
         g = dy.local
     with collective(dy.grid.cart):
-        for i, (csr, _, cells) in enumerate(saved.csrs):
-            g = _cpu.apply_axis(g, 2 + i, _cpu.transpose_csr(csr, cells), cells)
+        single = _single_bins(saved.csrs)
+        if single is not None:
+            g = _single_bin_backward(g, single, saved.csrs, xp)
+        else:
+            for i, (csr, _, cells) in enumerate(saved.csrs):
+                g = _cpu.apply_axis(g, 2 + i, _cpu.transpose_csr(csr, cells), cells)
     return DistArray(xp.ascontiguousarray(g), saved.x_dist, dy.grid)
+
+
+def _single_bins(csrs):
+    """``(row, weight)`` per spatial axis when every cell of this block falls in one bin of
+    that axis with one weight (global pooling, ``output_size=1``), else ``None``."""
+    out = []
+    for (indptr, idx, w), _, cells in csrs:
+        counts = np.diff(indptr)
+        nz = np.flatnonzero(counts)
+        if len(nz) != 1 or counts[nz[0]] != cells or (len(w) and np.ptp(w) != 0):
+            return None
+        out.append((int(nz[0]), float(w[0]) if len(w) else 0.0))
+    return out
+
+
+def _single_bin_forward(local, single, csrs):
+    """The output buffer of :func:`_avg_csrs`' map when :func:`_single_bins` applies: the
+    block's sum (float64) times the weights, in the one row of every axis."""
+    xp = __import__("cupy") if type(local) is not np.ndarray else np
+    nd = len(single)
+    buf = xp.zeros(local.shape[:2] + tuple(rows for _, rows, _ in csrs), dtype=local.dtype)
+    axes = tuple(range(2, 2 + nd))
+    total = local.sum(axis=axes, dtype=np.float64) * float(np.prod([w for _, w in single]))
+    buf[(slice(None), slice(None)) + tuple(r for r, _ in single)] = total
+    return buf
+
+
+def _single_bin_backward(g, single, csrs, xp):
+    """The adjoint of :func:`_single_bin_forward`: the row's gradient times the weights,
+    broadcast over the block."""
+    nd = len(single)
+    val = g[(slice(None), slice(None)) + tuple(r for r, _ in single)]
+    val = val * xp.asarray(float(np.prod([w for _, w in single])), dtype=g.dtype)
+    block = g.shape[:2] + tuple(cells for _, _, cells in csrs)
+    return xp.broadcast_to(val.reshape(val.shape + (1,) * nd), block)
 
 
 def adaptive_pool(x: DistArray, mode: str, output_size) -> DistArray:
