@@ -31,6 +31,9 @@ _EXCHANGES = (None, "p2p", "allgather")
 def check_operand(a, x, adjoint: bool):
     """Validate ``x`` against ``a`` (see the module doc); returns ``(x, replicated)``."""
     n = a.shape[0] if adjoint else a.shape[1]
+    if getattr(x, "device", "cpu") != "cpu" or type(x).__module__.startswith("cupy"):
+        raise TypeError("distributed sparse products take CPU (NumPy) blocks only; move the "
+                        "operand with x.to_device('cpu')")
     if not isinstance(x, DistArray):
         if not hasattr(x, "shape") or not hasattr(x, "dtype"):
             raise TypeError(f"the operand must be a DistArray or an array, got "
