@@ -29,8 +29,9 @@ bytes received)``, and a plan costs its slowest rank.
   ``MPI_Reduce_scatter``): ``ceil(log2 p)`` message rounds (recursive doubling) and every
   rank receives all of ``x`` it does not own: ``(n - n_r) k`` elements.
 
-The cheaper one wins; ties go to ``"p2p"``.  ``ALPHA = 5 us`` (an MPI message plus the Python
-call around it with mpi4py, measured on one node) and ``BETA = 1 / (5 GB/s)``.  Few, local
+The cheaper one wins; ties go to ``"p2p"``.  ``ALPHA = 5 us`` (the order of one MPI message
+plus the mpi4py call around it on one node) and ``BETA = 1 / (5 GB/s)`` are assumed constants,
+not measured per machine (both are arguments of the functions here).  Few, local
 neighbours (a stencil matrix) give ``"p2p"``; a matrix whose rows reference most of ``x`` (a
 dense-ish random graph on many ranks) gives ``"allgather"``.
 """
