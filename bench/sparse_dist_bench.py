@@ -100,6 +100,14 @@ def run_on(p: int, n: int, reps: int, want: np.ndarray | None):
             A @ xv
         ts = [timed(sub, lambda: [A @ xv for _ in range(20)]) / 20 for _ in range(reps)]
         res["spmv_s"] = statistics.median(ts)
+        X = np.ascontiguousarray(xv.local.reshape(-1, 1))
+        xe = A.halo.gather(X)
+        ts = [timed(sub, lambda: [A.halo.gather(X) for _ in range(20)]) / 20
+              for _ in range(reps)]
+        res["exchange_s"] = statistics.median(ts)   # the halo exchange alone
+        ts = [timed(sub, lambda: [A._local_product(xe, False) for _ in range(20)]) / 20
+              for _ in range(reps)]
+        res["local_s"] = statistics.median(ts)      # the local CSB product alone
         out = res if sub.rank == 0 else None
         grid.free()
         sub.Free()
@@ -164,6 +172,9 @@ def main():
     t1 = rows[1]["spmv_s"]
     print(f"\nSpMV A @ x, {n}^3 Laplacian (median of {args.reps} x 20 products)")
     print(f"  1 rank: {t1 * 1e3:.3f} ms")
+    for p, r in rows.items():
+        print(f"  {p} rank(s): halo exchange {r['exchange_s'] * 1e3:.3f} ms, local CSB product "
+              f"{r['local_s'] * 1e3:.3f} ms ({r['method']})")
     if 2 in rows:
         t2 = rows[2]["spmv_s"]
         print(f"  2 ranks: {t2 * 1e3:.3f} ms   speed-up 1 -> 2 ranks: {t1 / t2:.2f}x")

@@ -146,6 +146,7 @@ class DistCSBMatrix:
         self._diag = diag
         self.block_size = block_size
         self._cast: dict = {}
+        self._dists: dict = {}
         self.halo = RowHalo(lay.grid.cart, ext, lay.co) if lay.layout == "rows" else None
 
     # -- metadata ------------------------------------------------------------------------
@@ -183,9 +184,13 @@ class DistCSBMatrix:
         return self._vec_dist(self.shape[1], g, self._lay.col_sizes, k)
 
     def _vec_dist(self, n, g, sizes, k):
-        shape, split, sz = ((n,), (g,), [sizes]) if k is None else \
-            ((n, k), (g, None), [sizes, None])
-        return Distribution(shape, self.grid.dims, split, sz)
+        key = (n, g, tuple(sizes), k)   # cached: a product asks for two per call
+        d = self._dists.get(key)
+        if d is None:
+            shape, split, sz = ((n,), (g,), [sizes]) if k is None else \
+                ((n, k), (g, None), [sizes, None])
+            d = self._dists[key] = Distribution(shape, self.grid.dims, split, sz)
+        return d
 
     def _key(self):
         return self._lay.key() + (self.dtype.str, self.nnz)
