@@ -1,5 +1,5 @@
 """Parity and speed of disttensor's resampling ops (interpolate, adaptive avg/max pooling,
-pad) against PyTorch 2.13 CPU.
+pad, pooling with ceil_mode / dilation / divisor_override) against PyTorch 2.13 CPU.
 
 Parity (float64): forward and input gradient (of ``sum(y * dy)`` for a random ``dy``) on a few
 shapes, the array cut along its first spatial axis over all ranks (uneven blocks; more ranks
@@ -62,6 +62,19 @@ def cases():
                 out.append((f"adaptive_{kind}_pool{nd}d {size}", shape,
                             lambda x, f=ours, s=size: f(x, s),
                             lambda t, f=theirs, s=size: f(t, s)))
+        mp, tmp = getattr(R, f"max_pool{nd}d"), getattr(TF, f"max_pool{nd}d")
+        out.append((f"max_pool{nd}d k3 s2 p1 dilation 2 ceil_mode", shape,
+                    lambda x, f=mp: f(x, 3, 2, 1, 2, True),
+                    lambda t, f=tmp: f(t, 3, 2, 1, 2, True)))
+        ap, tap = getattr(R, f"avg_pool{nd}d"), getattr(TF, f"avg_pool{nd}d")
+        for incl in (True, False):
+            out.append((f"avg_pool{nd}d k3 s2 p1 ceil_mode include_pad={incl}", shape,
+                        lambda x, f=ap, i=incl: f(x, 3, 2, 1, True, i),
+                        lambda t, f=tap, i=incl: f(t, 3, 2, 1, True, i)))
+        if nd > 1:
+            out.append((f"avg_pool{nd}d k2 ceil_mode divisor_override=3", shape,
+                        lambda x, f=ap: f(x, 2, 2, 0, True, True, 3),
+                        lambda t, f=tap: f(t, 2, 2, 0, True, True, 3)))
         for mode in ("constant", "reflect", "replicate", "circular"):
             p = tuple(v for _ in range(nd) for v in (2, 1))
             out.append((f"pad {mode} {p}", shape, lambda x, m=mode, p=p: R.pad(x, p, m),
