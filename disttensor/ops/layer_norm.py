@@ -187,12 +187,18 @@ def layer_norm_backward(saved: LayerNormSaved, dy: DistArray, reduce: bool = Tru
     first = saved.first
     k = norm_kernels(dy.local)
     sl = x.local_slices[first:]
+    # the column sums straight in the parameters' dtype where they are final here or are
+    # gathered as they are; float64 where an all-reduce will add them up
+    final = not saved.stats_axes and not (reduce and param_comm(x).size > 1)
+    gather = saved.param_sums_in_stats and xp is np
+    cols_dtype = _param_dtype(saved) if (final or gather) else np.float64
     with agreed(dy.grid.cart, "layer_norm_backward", rank_local=True, dy=dy,
                 reduce=bool(reduce)):
         check_gradient_layout(dy, x.distribution, "layer-norm")
         dy2, x2 = _rows_cols(dy.local, first), _rows_cols(x.local, first)
         g_loc = _local_params(xp, saved.gamma, sl, x2.shape[1], 1.0)
-        s_a, s_b, cols = k.ln_backward_sums(dy2, x2, saved.mean, saved.invstd, g_loc)
+        s_a, s_b, cols = k.ln_backward_sums(dy2, x2, saved.mean, saved.invstd, g_loc,
+                                            cols_dtype)
     ns = tuple(x.shape[first:])
     rows = x2.shape[0]
     has_params = saved.gamma is not None or saved.beta_dtype is not None

@@ -74,7 +74,10 @@ def test_layer_norm_kernels_match_reference(shape):
     want = ref.layer_norm(x, (shape[1],), gamma, beta, 1e-5, dy)
     np.testing.assert_allclose(y, want[0], rtol=1e-12, atol=1e-12)
     sa, sb, cols = K.ln_backward_sums(dy, x, mean, invstd, gamma)
-    assert cols.shape == (2, shape[1])
+    assert cols.shape == (2, shape[1]) and cols.dtype == np.float64
+    cols32 = K.ln_backward_sums(dy, x, mean, invstd, gamma, np.float32)[2]
+    assert cols32.dtype == np.float32
+    np.testing.assert_array_equal(cols32, cols.astype(np.float32))   # rounded once
     dg, db = cols
     np.testing.assert_allclose(dg, want[2], rtol=1e-11, atol=1e-11)
     np.testing.assert_allclose(db, want[3], rtol=1e-11, atol=1e-11)

@@ -231,22 +231,21 @@ def _ln_fwd_kernel(x, mean, invstd, gamma, beta, y, block):
 
 
 @njit(parallel=True, cache=True, fastmath=_REASSOC)
-def _ln_sums_kernel(dy, x, mean, invstd, gamma, block):
+def _ln_sums_kernel(dy, x, mean, invstd, gamma, cols, block):
     # one task per column block: its rows' partial (sum dy*g, sum dy*g*xhat) and its columns'
-    # (sum dy*xhat, sum dy) over all rows, accumulated in place (the block's column sums stay
-    # in cache from row to row; the first row assigns them)
+    # (sum dy*xhat, sum dy) over all rows, accumulated in a float64 scratch of the block (in
+    # cache from row to row; the first row assigns) and stored once into cols (any float dtype)
     R, L = x.shape
     nb = (L + block - 1) // block
     rows = np.zeros((nb, R, 2))
-    cols = np.empty((2, L))
-    if R == 0:
-        cols[:] = 0.0
     for k in prange(nb):
         s0 = k * block
         s1 = min(L, s0 + block)
+        n = s1 - s0
         ws = gamma[s0:s1]
-        c0 = cols[0, s0:s1]
-        c1 = cols[1, s0:s1]
+        acc = np.zeros((2, n))
+        c0 = acc[0]
+        c1 = acc[1]
         for r in range(R):
             mr = mean[r]
             ir = invstd[r]
@@ -254,23 +253,22 @@ def _ln_sums_kernel(dy, x, mean, invstd, gamma, block):
             xs = x[r, s0:s1]
             sa = 0.0
             sb = 0.0
-            for j in range(s1 - s0):
+            for j in range(n):
                 g = np.float64(gs[j])
                 gg = g * np.float64(ws[j])
                 sa += gg
                 sb += gg * ((np.float64(xs[j]) - mr) * ir)
             rows[k, r, 0] = sa
             rows[k, r, 1] = sb
-            if r == 0:
-                for j in range(s1 - s0):
-                    g = np.float64(gs[j])
-                    c0[j] = g * ((np.float64(xs[j]) - mr) * ir)
-                    c1[j] = g
-            else:
-                for j in range(s1 - s0):
-                    g = np.float64(gs[j])
-                    c0[j] += g * ((np.float64(xs[j]) - mr) * ir)
-                    c1[j] += g
+            for j in range(n):
+                g = np.float64(gs[j])
+                c0[j] += g * ((np.float64(xs[j]) - mr) * ir)
+                c1[j] += g
+        o0 = cols[0, s0:s1]
+        o1 = cols[1, s0:s1]
+        for j in range(n):
+            o0[j] = c0[j]
+            o1[j] = c1[j]
     sums = np.zeros((2, R))
     for r in prange(R):
         sa = 0.0
@@ -280,7 +278,7 @@ def _ln_sums_kernel(dy, x, mean, invstd, gamma, block):
             sb += rows[k, r, 1]
         sums[0, r] = sa
         sums[1, r] = sb
-    return sums, cols
+    return sums
 
 
 @njit(parallel=True, cache=True)
@@ -316,15 +314,18 @@ def ln_forward_apply(x, mean, invstd, gamma, beta):
     return y
 
 
-def ln_backward_sums(dy, x, mean, invstd, gamma):
-    """``(sum_dyg, sum_dyg_xhat, cols)`` of an ``(R, L)`` view, float64: per row
-    ``sum_j dy*gamma[j]`` and ``sum_j dy*gamma[j]*xhat`` (``R`` values), and ``cols`` ``(2, L)``
-    with the per-column ``sum_r dy*xhat`` (``dgamma``) and ``sum_r dy`` (``dbeta``),
+def ln_backward_sums(dy, x, mean, invstd, gamma, cols_dtype=np.float64):
+    """``(sum_dyg, sum_dyg_xhat, cols)`` of an ``(R, L)`` view: per row ``sum_j dy*gamma[j]``
+    and ``sum_j dy*gamma[j]*xhat`` (float64, ``R`` values), and ``cols`` ``(2, L)`` of
+    ``cols_dtype`` (float32 or float64; accumulated in float64 either way) with the per-column
+    ``sum_r dy*xhat`` (``dgamma``) and ``sum_r dy`` (``dbeta``),
     ``xhat = (x - mean[r])*invstd[r]``."""
     dy, x = _pair(dy, x)
     R, L = x.shape
-    sums, cols = _ln_sums_kernel(dy, x, _vec("mean", mean, R), _vec("invstd", invstd, R),
-                                 _params("gamma", gamma, L), _COL_BLOCK)
+    cols = np.empty((2, L), dtype=np.float32 if np.dtype(cols_dtype) == np.float32
+                    else np.float64)
+    sums = _ln_sums_kernel(dy, x, _vec("mean", mean, R), _vec("invstd", invstd, R),
+                           _params("gamma", gamma, L), cols, _COL_BLOCK)
     return sums[0], sums[1], cols
 
 

@@ -99,18 +99,20 @@ def ln_forward_apply(x, mean, invstd, gamma, beta):
     return y
 
 
-def ln_backward_sums(dy, x, mean, invstd, gamma):
-    """``(sum_dyg, sum_dyg_xhat, cols)``, float64: per row ``sum dy*gamma[j]`` and
-    ``sum dy*gamma[j]*xhat``; ``cols`` ``(2, L)``: per column ``sum dy*xhat``, ``sum dy``."""
+def ln_backward_sums(dy, x, mean, invstd, gamma, cols_dtype=np.float64):
+    """``(sum_dyg, sum_dyg_xhat, cols)``: per row ``sum dy*gamma[j]`` and
+    ``sum dy*gamma[j]*xhat`` (float64); ``cols`` ``(2, L)`` of ``cols_dtype`` (float32 or
+    float64, accumulated in float64): per column ``sum dy*xhat``, ``sum dy``."""
     cp = cupy()
     dy, x = _pair(cp, dy, x)
     R, L = x.shape
     mean, invstd = _vec(cp, mean, R, "mean"), _vec(cp, invstd, R, "invstd")
     gamma = _vec(cp, gamma, L, "gamma")
+    want = np.float32 if np.dtype(cols_dtype) == np.float32 else np.float64
     sa, sb, cols = cp.zeros(R), cp.zeros(R), cp.zeros((2, L))
     dg, db = cols[0], cols[1]
     if R == 0 or L == 0:
-        return sa, sb, cols
+        return sa, sb, cols.astype(want, copy=False)
     T = ctype(x.dtype, "normalization")
     B = _chunks(R, L)
     pa, pb = cp.empty(R * B), cp.empty(R * B)
@@ -119,7 +121,7 @@ def ln_backward_sums(dy, x, mean, invstd, gamma):
     launch(kernel("pointwise", "channel_finalize"), R, (pa, pb) + i64(R, B) + (sa, sb))
     launch(kernel("normalization", f"ln_col_sums<{T}>"), L,
            (dy, x, mean, invstd) + i64(R, L) + (dg, db))
-    return sa, sb, cols
+    return sa, sb, cols.astype(want, copy=False)
 
 
 def ln_backward_apply(dy, x, mean, invstd, gamma, mean_dyg, mean_dyg_xhat):
