@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 import disttensor as dt
 from disttensor import autograd as ag
-from disttensor.autograd import Tensor, enable_grad, is_grad_enabled, no_grad
+from disttensor.autograd import Function, Tensor, enable_grad, is_grad_enabled, no_grad
 from disttensor.nn import GradientReducer
 from disttensor.nn import functional as F
 
@@ -703,6 +703,17 @@ def test_backward_errors():
     expect(x.grad is None, "a failed backward left a gradient")
 
 
+class _Doubled(Function):
+    """``2 * t`` whose backward gives ``t`` no gradient (a consumer that receives none)."""
+    @staticmethod
+    def forward(ctx, t):
+        return t.data * 2.0
+
+    @staticmethod
+    def backward(ctx, g):
+        return None
+
+
 @guarded
 def test_grad_ready_hooks():
     """A hook runs once per backward per leaf, after every contribution is in: for a leaf
@@ -729,7 +740,7 @@ def test_grad_ready_hooks():
         if rnd == 1:  # a second hook on w that takes the gradient
             w.register_grad_ready_hook(lambda tt, g: taken.append(g.copy()) or True)
         z = x * w * w + w  # w used three times
-        loss = F.mse_loss(z, t * 2.0)  # t's only consumer is the target: no gradient
+        loss = F.mse_loss(z, _Doubled.apply(t))  # t's only consumer hands back no gradient
         loss.backward()
         names = sorted(n for n, _ in calls)
         expect(names == ["t", "w", "x"], f"round {rnd}: hooks ran for {names}")
