@@ -23,13 +23,22 @@ from ..autograd.tensor import Tensor, make_result, param_share, unwrap
 from ..core.comm import allreduce
 from ..ops._spatial import param_comm
 from .operand_checks import activation as _activation_of, compute_params as _compute_params
+from . import losses as _losses, resampling as _resampling
+from .losses import (binary_cross_entropy, binary_cross_entropy_with_logits,  # noqa: F401
+                     cross_entropy, dice_ce_loss, dice_loss, huber_loss, l1_loss, mse_loss,
+                     nll_loss, one_hot, smooth_l1_loss)
+from .resampling import (adaptive_avg_pool1d, adaptive_avg_pool2d,  # noqa: F401
+                         adaptive_avg_pool3d, adaptive_max_pool1d, adaptive_max_pool2d,
+                         adaptive_max_pool3d, avg_pool1d, avg_pool2d, avg_pool3d, dropout1d,
+                         dropout2d, dropout3d, interpolate, max_pool1d, max_pool2d,
+                         max_pool3d, pad, upsample)
+from .resampling import _pool as _nd_pool
 
 __all__ = ["conv", "conv1d", "conv2d", "conv3d", "conv_transpose", "conv_transpose1d",
-           "conv_transpose2d", "conv_transpose3d", "max_pool", "avg_pool", "max_pool1d",
-           "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d", "avg_pool3d", "upsample",
-           "interpolate", "batch_norm", "relu", "leaky_relu", "elu", "sigmoid", "tanh",
-           "softmax", "log_softmax", "dropout", "cat", "flatten", "linear", "mse_loss",
-           "cross_entropy"]
+           "conv_transpose2d", "conv_transpose3d", "max_pool", "avg_pool", "batch_norm",
+           "relu", "leaky_relu", "elu", "sigmoid", "tanh", "softmax", "log_softmax",
+           "dropout", "cat", "flatten", "linear", "scaled_tanh"]
+__all__ += _resampling.FUNCTIONS + _losses.FUNCTIONS
 
 
 def _needs(t) -> bool:
@@ -111,42 +120,21 @@ conv_transpose1d = conv_transpose2d = conv_transpose3d = conv_transpose
 
 
 # -- pooling and upsampling ------------------------------------------------------------------
-def _pool(x, mode, kernel_size, stride=None, padding=0, count_include_pad=True):
-    xv = _activation_of(f"{mode}_pool", x)
-    y, saved = ops.pool_forward(xv, mode, kernel_size, stride, padding, count_include_pad)
-    return make_result(y, (x,), lambda g: (ops.pool_backward(saved, g),), f"{mode}_pool")
+def max_pool(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
+    """Max pooling over every spatial axis of ``x`` ``(N, C, *S)`` (:func:`max_pool3d` and
+    friends for any number of spatial axes)."""
+    return _nd_pool(x, len(getattr(x, "shape", ())) - 2, "max", kernel_size, stride, padding, ceil_mode,
+                    dilation=dilation)
 
 
-def max_pool(x, kernel_size, stride=None, padding=0):
-    """Max pooling (``torch.nn.functional.max_pool{1,2,3}d``; no dilation or ceil_mode)."""
-    return _pool(x, "max", kernel_size, stride, padding)
+def avg_pool(x, kernel_size, stride=None, padding=0, ceil_mode=False,
+             count_include_pad: bool = True, divisor_override=None):
+    """Average pooling over every spatial axis of ``x`` ``(N, C, *S)`` (:func:`avg_pool3d` and
+    friends for any number of spatial axes)."""
+    return _nd_pool(x, len(getattr(x, "shape", ())) - 2, "avg", kernel_size, stride, padding, ceil_mode,
+                    count_include_pad, divisor_override=divisor_override)
 
 
-def avg_pool(x, kernel_size, stride=None, padding=0, count_include_pad: bool = True):
-    """Average pooling (``torch.nn.functional.avg_pool{1,2,3}d``)."""
-    return _pool(x, "avg", kernel_size, stride, padding, count_include_pad)
-
-
-max_pool1d = max_pool2d = max_pool3d = max_pool
-avg_pool1d = avg_pool2d = avg_pool3d = avg_pool
-
-
-def upsample(x, scale_factor, mode: str = "nearest"):
-    """Upsampling by integer factors, ``'nearest'`` or ``'linear'`` (``align_corners=False``;
-    ``'bilinear'``/``'trilinear'`` are accepted as ``'linear'``)."""
-    if mode in ("bilinear", "trilinear"):
-        mode = "linear"
-    xv = _activation_of("upsample", x)
-    y, saved = ops.upsample_forward(xv, scale_factor, mode)
-    return make_result(y, (x,), lambda g: (ops.upsample_backward(saved, g),), "upsample")
-
-
-def interpolate(x, scale_factor, mode: str = "nearest"):
-    """:func:`upsample` under PyTorch's name (integer ``scale_factor`` only)."""
-    return upsample(x, scale_factor, mode)
-
-
-# -- normalization ---------------------------------------------------------------------------
 def batch_norm(x, running_mean, running_var, weight, bias, training: bool = False,
                momentum: float = 0.1, eps: float = 1e-5, stats: str = "global"):
     """Batch norm (``torch.nn.functional.batch_norm`` argument order): ``running_mean`` and
@@ -266,45 +254,15 @@ def linear(x, weight, bias=None):
 
 
 # -- losses ----------------------------------------------------------------------------------
-def mse_loss(x, target):
-    """Mean squared error over all elements; a Python float on every rank (collective)."""
-    loss, saved = ops.mse_forward(_activation_of("mse_loss", x),
-                                  _activation_of("mse_loss", target, "target"))
-    return make_result(loss, (x, target), lambda g: (ops.mse_backward(saved, float(g)), None),
-                       "mse_loss")
-
-
-def cross_entropy(logits, labels):
-    """Mean over the voxels of ``-log softmax(logits)[label]`` (``(N, C, *S)`` logits, integer
-    ``(N, *S)`` labels); a Python float on every rank (collective)."""
-    loss, saved = ops.cross_entropy_forward(_activation_of("cross_entropy", logits),
-                                            _activation_of("cross_entropy", labels, "target"))
-    return make_result(loss, (logits, labels),
-                       lambda g: (ops.cross_entropy_backward(saved, float(g)), None),
-                       "cross_entropy")
-
-
 def scaled_tanh(x, scale: float):
     """``scale * tanh(x)`` (CosmoFlow's output layer uses 1.2)."""
     return multiply(tanh(x), float(scale))
 
-from . import resampling as _resampling  # noqa: E402  (PyTorch's resampling, pooling, padding)
-globals().update({_n: getattr(_resampling, _n) for _n in _resampling.FUNCTIONS})
-__all__ += _resampling.FUNCTIONS
 
-from . import losses as _losses  # noqa: E402  (PyTorch's losses with reduction=, Dice, one_hot)
-globals().update({_n: getattr(_losses, _n) for _n in _losses.FUNCTIONS})
-__all__ += [_n for _n in _losses.FUNCTIONS if _n not in __all__]
-
-from . import normalization as _normalization  # noqa: E402  (group, instance, layer norm)
-group_norm, instance_norm, layer_norm = (_normalization.group_norm,
-                                         _normalization.instance_norm, _normalization.layer_norm)
-__all__ += ["group_norm", "instance_norm", "layer_norm"]
-
+# layers written in their own modules on top of the helpers above (they import this one)
+from .normalization import group_norm, instance_norm, layer_norm  # noqa: E402
 from .activation import (gelu, hardsigmoid, hardswish, mish, prelu, silu,  # noqa: E402
                          softplus)
-__all__ += ["gelu", "silu", "softplus", "mish", "hardswish", "hardsigmoid", "prelu"]
 
-from . import resampling as _resampling  # noqa: E402  (interpolate, adaptive pools, pad, ...)
-globals().update({_n: getattr(_resampling, _n) for _n in _resampling.FUNCTIONS})
-__all__ += [_n for _n in _resampling.FUNCTIONS if _n not in __all__]
+__all__ += ["group_norm", "instance_norm", "layer_norm", "gelu", "silu", "softplus", "mish",
+            "hardswish", "hardsigmoid", "prelu"]

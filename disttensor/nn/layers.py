@@ -19,12 +19,23 @@ from . import functional as F
 from . import init
 from .module import Module, Parameter
 from .operand_checks import activation
+from . import losses as _losses, resampling as _resampling
+from .losses import (BCELoss, BCEWithLogitsLoss, CrossEntropyLoss, DiceCELoss,  # noqa: F401
+                     DiceLoss, HuberLoss, L1Loss, MSELoss, NLLLoss, SmoothL1Loss)
+from .resampling import (AdaptiveAvgPool1d, AdaptiveAvgPool2d, AdaptiveAvgPool3d,  # noqa: F401
+                         AdaptiveMaxPool1d, AdaptiveMaxPool2d, AdaptiveMaxPool3d, AvgPool1d,
+                         AvgPool2d, AvgPool3d, CircularPad1d, CircularPad2d, CircularPad3d,
+                         ConstantPad1d, ConstantPad2d, ConstantPad3d, Dropout1d, Dropout2d,
+                         Dropout3d, MaxPool1d, MaxPool2d, MaxPool3d, ReflectionPad1d,
+                         ReflectionPad2d, ReflectionPad3d, ReplicationPad1d, ReplicationPad2d,
+                         ReplicationPad3d, Upsample, UpsamplingBilinear2d,
+                         UpsamplingNearest2d, ZeroPad1d, ZeroPad2d, ZeroPad3d)
 
 __all__ = ["Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
-           "ConvTranspose3d", "MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d", "AvgPool2d",
-           "AvgPool3d", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "ReLU", "LeakyReLU", "ELU",
-           "Sigmoid", "Tanh", "ScaledTanh", "Softmax", "LogSoftmax", "Dropout", "Flatten",
-           "Linear", "Upsample", "Identity", "MSELoss", "CrossEntropyLoss"]
+           "ConvTranspose3d", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "ReLU", "LeakyReLU",
+           "ELU", "Sigmoid", "Tanh", "ScaledTanh", "Softmax", "LogSoftmax", "Dropout",
+           "Flatten", "Linear", "Identity"]
+__all__ += _resampling.LAYERS + _losses.MODULES
 
 
 def _tuple(v, n: int, name: str) -> tuple:
@@ -121,50 +132,6 @@ class ConvTranspose2d(_ConvTransposeNd):
 
 class ConvTranspose3d(_ConvTransposeNd):
     _nd = 3
-
-
-class _PoolNd(Module):
-    _nd = 3
-    _mode = "max"
-
-    def __init__(self, kernel_size, stride=None, padding=0, count_include_pad: bool = True):
-        super().__init__()
-        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
-        self.count_include_pad = count_include_pad
-
-    def extra_repr(self) -> str:
-        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
-
-    def forward(self, x):
-        _check_input(x, self._nd, None, type(self).__name__)
-        if self._mode == "max":
-            return F.max_pool(x, self.kernel_size, self.stride, self.padding)
-        return F.avg_pool(x, self.kernel_size, self.stride, self.padding,
-                          self.count_include_pad)
-
-
-class MaxPool1d(_PoolNd):
-    _nd = 1
-
-
-class MaxPool2d(_PoolNd):
-    _nd = 2
-
-
-class MaxPool3d(_PoolNd):
-    _nd = 3
-
-
-class AvgPool1d(_PoolNd):
-    _nd, _mode = 1, "avg"
-
-
-class AvgPool2d(_PoolNd):
-    _nd, _mode = 2, "avg"
-
-
-class AvgPool3d(_PoolNd):
-    _nd, _mode = 3, "avg"
 
 
 class _BatchNorm(Module):
@@ -347,36 +314,6 @@ class Linear(Module):
         return F.linear(x, self.weight, self.bias)
 
 
-class Upsample(Module):
-    def __init__(self, scale_factor, mode: str = "nearest"):
-        super().__init__()
-        self.scale_factor, self.mode = scale_factor, mode
-
-    def extra_repr(self) -> str:
-        return f"scale_factor={self.scale_factor}, mode={self.mode!r}"
-
-    def forward(self, x):
-        return F.upsample(x, self.scale_factor, self.mode)
-
-
 class Identity(Module):
     def forward(self, x):
         return x
-
-
-class MSELoss(Module):
-    def forward(self, x, target):
-        return F.mse_loss(x, target)
-
-
-class CrossEntropyLoss(Module):
-    def forward(self, logits, labels):
-        return F.cross_entropy(logits, labels)
-
-from . import losses as _losses  # noqa: E402  (the loss modules, PyTorch's names and options)
-globals().update({_n: getattr(_losses, _n) for _n in _losses.MODULES})
-__all__ += [_n for _n in _losses.MODULES if _n not in __all__]
-
-from . import resampling as _resampling  # noqa: E402  (Upsample, adaptive pools, pads, ...)
-globals().update({_n: getattr(_resampling, _n) for _n in _resampling.LAYERS})
-__all__ += [_n for _n in _resampling.LAYERS if _n not in __all__]
