@@ -93,6 +93,12 @@ JOBS = [
     Job("stats_calculus", "stats_calculus_bench.py", ["--n", "1e6", "--reps", "3"], [],
         ranks=(1, 2)),
     Job("linalg_more", "linalg_more_bench.py", ["--reps", "3"], [], ranks=(1, 2)),
+    # sparse matrices and pruned networks
+    Job("sparse", "sparse_bench.py", ["--quick"], [], mpi=False, threads_per_rank=0),
+    Job("sparse_dist", "sparse_dist_bench.py", ["--n", "32", "--reps", "3"], [],
+        ranks=(1, 2)),
+    Job("prune", "prune_bench.py", ["--size", "16", "--samples", "48", "--epochs", "3"], [],
+        ranks=(1,)),
     # GPU (each exits 0 with a message where there is no GPU)
     Job("conv_gpu", "conv_gpu_bench.py", ["--quick"], [], mpi=False, gpu=True,
         threads_per_rank=0),

@@ -5,11 +5,11 @@ A :class:`DistArray` is a global N-d array whose blocks live on the ranks of a
 NumPy-style functions (``dt.zeros``, ``dt.sum``, ``dt.concatenate``, ``dt.matmul``, ...) and
 ``dt.linalg``, ``dt.fft``, ``dt.random``, ``dt.npyio``; the other subpackages load when imported
 (``import disttensor.nn``): ``array_api``, ``ops`` (distributed CNN ops), ``autograd``, ``nn``,
-``io`` (parallel HDF5).
+``io`` (parallel HDF5), ``sparse`` (Compressed Sparse Blocks matrices).
 
 Where things live: ``docs/architecture.md`` (the layers in import order: ``core/`` the
 foundation, ``routines/`` the NumPy front by the sections of NumPy's manual, then ``linalg/``,
-``fft/``, ``ops/``, ``io/``, ``autograd/``, ``nn/``, ``train/``); the array library:
+``fft/``, ``ops/``, ``io/``, ``sparse/``, ``autograd/``, ``nn/``, ``train/``); the array library:
 ``docs/arrays.md``; training: ``docs/training.md``.
 """
 import os as _os
