@@ -21,6 +21,7 @@ import numpy as np
 
 from ..autograd import Tensor, no_grad
 from ..core.comm import allreduce
+from ..ops._losses import aligned
 from ..ops._spatial import param_comm
 
 __all__ = ["METRICS", "Progress", "validate", "segmentation_counts", "dice_accuracy",
@@ -90,7 +91,10 @@ def validate(model, ds, loss_fn, segmentation, dtype, tmean, args) -> dict:
 
 
 def segmentation_counts(logits, labels, classes: int) -> np.ndarray:
-    """Per class: [true positives, predicted, actual] summed over the distributed batch."""
+    """Per class: [true positives, predicted, actual] summed over the distributed batch (the
+    labels are first laid out like the logits without their class axis: a network's output
+    may be split otherwise than its input, e.g. after strided convolutions)."""
+    labels = aligned(labels, logits, drop=(1,))
     pred = logits.local.argmax(axis=1)
     lab = labels.local.astype(np.int64, copy=False)
     xp = logits.xp

@@ -49,7 +49,7 @@ def conv_layer_padding(ctx):
     """A layer configured per rank (rank-dependent padding)."""
     g = dt.ProcessGrid((1, ctx.size, 1, 1))
     conv = nn.Conv3d(2, 3, 3, padding=ctx.per_rank(0, 1), rng=np.random.default_rng(0))
-    x = dt.zeros((2, 2, 4 * ctx.size, 4, 4), grid=g, split=(0, None, 1, 2, 3))
+    x = dt.zeros((2, 2, 4 * ctx.size, 4, 4), dtype="float32", grid=g, split=(0, None, 1, 2, 3))
     conv(Tensor(x))
 
 
@@ -58,8 +58,9 @@ def backward_skipped_on_one_rank(ctx):
     """One rank skips ``loss.backward()`` and goes on to the next collective call."""
     g = dt.ProcessGrid((1, ctx.size, 1, 1))
     conv = nn.Conv3d(2, 3, 3, padding=1, rng=np.random.default_rng(0))
-    x = dt.ones((2, 2, 4 * ctx.size, 4, 4), grid=g, split=(0, None, 1, 2, 3))
-    loss = F.mse_loss(conv(Tensor(x)), Tensor(dt.zeros((2, 3, 4 * ctx.size, 4, 4), grid=g,
+    x = dt.ones((2, 2, 4 * ctx.size, 4, 4), dtype="float32", grid=g, split=(0, None, 1, 2, 3))
+    loss = F.mse_loss(conv(Tensor(x)), Tensor(dt.zeros((2, 3, 4 * ctx.size, 4, 4),
+                                                       dtype="float32", grid=g,
                                                        split=(0, None, 1, 2, 3))))
     if ctx.rank != ctx.size - 1:
         loss.backward()
