@@ -160,3 +160,19 @@ def evaluate(fn):
     """``fn()`` without recording a graph."""
     with no_grad():
         return fn()
+
+
+def layouts_2d(shape):
+    """Two layouts of a 2-D array: rows split unevenly with empty blocks (all rows on rank 1;
+    rows split evenly on one rank), and a 2-D grid on 4 ranks, else columns split."""
+    rows = ((SIZE,), (0, None), [0, shape[0]] + [0] * (SIZE - 2) if SIZE >= 2 else None)
+    other = ((2, 2), (0, 1), None) if SIZE == 4 else ((SIZE,), (None, 0), None)
+    return [rows, other]
+
+
+def tensor_on(a, layout, requires_grad=False) -> Tensor:
+    """A Tensor of the 2-D ``a`` laid out by ``layout`` (one of :func:`layouts_2d`)."""
+    dims, split, sizes = layout
+    return Tensor(dt.from_global(np.array(a), grid=grid(dims), split=split,
+                                 sizes=None if sizes is None else [sizes, None]),
+                  requires_grad=requires_grad)

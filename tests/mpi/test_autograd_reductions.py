@@ -13,23 +13,8 @@ import disttensor as dt
 from disttensor import autograd as ag
 from disttensor.autograd import Tensor
 
-from checks import SIZE, expect, grid
-from gradchecks import close, guarded, value_of
-
-
-def layouts_2d(shape):
-    """Two layouts: rows split unevenly with empty blocks (all rows on rank 1; rows split
-    evenly on one rank), and a 2-D grid on 4 ranks, else columns split."""
-    rows = ((SIZE,), (0, None), [0, shape[0]] + [0] * (SIZE - 2) if SIZE >= 2 else None)
-    other = ((2, 2), (0, 1), None) if SIZE == 4 else ((SIZE,), (None, 0), None)
-    return [rows, other]
-
-
-def dist(a, layout, requires_grad=False):
-    dims, split, sizes = layout
-    return Tensor(dt.from_global(np.array(a), grid=grid(dims), split=split,
-                                 sizes=None if sizes is None else [sizes, None]),
-                  requires_grad=requires_grad)
+from checks import expect
+from gradchecks import close, guarded, layouts_2d, tensor_on, value_of
 
 
 def _expand(g, shape, dim, keepdim):
@@ -49,7 +34,7 @@ def test_reductions_against_numpy():
         a = rng.integers(0, 3, shape).astype(np.float64)  # ties
         for dim, keepdim in ((None, False), (0, False), (1, True)):
             k = f" dim={dim} keepdim={keepdim} {layout}"
-            x = dist(a, layout, True)
+            x = tensor_on(a, layout, True)
             loss, gref = 0.0, np.zeros(shape)
             for name in ("sum", "mean", "amax", "var", "std"):
                 c = (0 if keepdim else 1) if name in ("var", "std") else 0
@@ -79,7 +64,7 @@ def test_reductions_against_numpy():
             close(value_of(x.grad), gref, f"d (sum mean amax var std){k}")
             # max/min: whole tensor (ties share) or along dim ((values, indices); the first
             # extreme takes the gradient); max + 2 min in one backward
-            x = dist(a, layout, True)
+            x = tensor_on(a, layout, True)
             if dim is None:
                 vmax, vmin = x.max(), x.min()
                 close([value_of(vmax), value_of(vmin)], [a.max(), a.min()], f"max() min(){k}")
@@ -103,18 +88,18 @@ def test_reductions_against_numpy():
         # clamp with numbers and tensors, where
         b = rng.standard_normal(shape)
         lo, hi = rng.standard_normal(shape) - 0.5, rng.standard_normal(shape) + 0.5
-        x, tl, th = dist(b, layout, True), dist(lo, layout, True), dist(hi, layout, True)
+        x, tl, th = tensor_on(b, layout, True), tensor_on(lo, layout, True), tensor_on(hi, layout, True)
         y = x.clamp(tl, th)
         close(value_of(y), np.minimum(np.maximum(b, lo), hi), f"clamp(tensors) {layout}")
         y.sum().backward()
         close(value_of(x.grad), 1.0 * ((b >= lo) & (b <= hi)), f"d clamp / x {layout}")
         close(value_of(tl.grad), 1.0 * ((b < lo) & (lo < hi)), f"d clamp / min {layout}")
         close(value_of(th.grad), 1.0 * ((b > hi) | (hi < lo)), f"d clamp / max {layout}")
-        x = dist(b, layout, True)
+        x = tensor_on(b, layout, True)
         x.clip(min=-0.3).sum().backward()
         close(value_of(x.grad), 1.0 * (b >= -0.3), f"d clip(min=number) {layout}")
-        x, z = dist(b, layout, True), dist(lo, layout, True)
-        cond = dist(b > 0, layout)
+        x, z = tensor_on(b, layout, True), tensor_on(lo, layout, True)
+        cond = tensor_on(b > 0, layout)
         y = ag.where(cond, x, z)
         close(value_of(y), np.where(b > 0, b, lo), f"where {layout}")
         (y * 2.0).sum().backward()

@@ -26,24 +26,9 @@ from disttensor.nn import functional as F
 
 from checks import COMM, SIZE, expect, grid
 from conftest import assert_raises_all
-from gradchecks import close, guarded, value_of
+from gradchecks import close, guarded, layouts_2d, tensor_on, value_of
 
 RANK = COMM.Get_rank()
-
-
-def layouts_2d(shape):
-    """Two layouts: rows split unevenly with empty blocks (all rows on rank 1; rows split
-    evenly on one rank), and a 2-D grid on 4 ranks, else columns split."""
-    rows = ((SIZE,), (0, None), [0, shape[0]] + [0] * (SIZE - 2) if SIZE >= 2 else None)
-    other = ((2, 2), (0, 1), None) if SIZE == 4 else ((SIZE,), (None, 0), None)
-    return [rows, other]
-
-
-def dist(a, layout, requires_grad=False):
-    dims, split, sizes = layout
-    return Tensor(dt.from_global(np.array(a), grid=grid(dims), split=split,
-                                 sizes=None if sizes is None else [sizes, None]),
-                  requires_grad=requires_grad)
 
 
 # -- 1. the reducer: None gradients -----------------------------------------------------------
@@ -264,7 +249,7 @@ def test_tensor_hooks_and_retain_grad():
         rng = np.random.default_rng(11)
         a, wv, r = rng.standard_normal((3, 4)), rng.standard_normal(4), rng.standard_normal(
             (3, 4))
-        x = dist(a, layout, True)
+        x = tensor_on(a, layout, True)
         w = Tensor(wv.copy(), requires_grad=True)
         y = x * w
         y.retain_grad()
@@ -273,7 +258,7 @@ def test_tensor_hooks_and_retain_grad():
         y.register_hook(lambda gr: gr * 2.0)
         w.register_hook(lambda gr: (order.append("w"), gr + 1.0)[1])
         z = y.exp()
-        (z * Tensor(dist(r, layout).data)).sum().backward()
+        (z * Tensor(tensor_on(r, layout).data)).sum().backward()
         gy = r * np.exp(a * wv)
         expect(y.retains_grad and not x.retains_grad, "retains_grad")
         close(value_of(y.grad), 2.0 * gy, f"retained y.grad {layout}")  # after the hooks
@@ -331,17 +316,17 @@ def test_function_against_numpy():
         rng = np.random.default_rng(2)
         a, wv, r = rng.standard_normal((3, 4)), rng.standard_normal(4), rng.standard_normal(
             (3, 4))
-        x, w = dist(a, layout, True), Tensor(wv.copy(), requires_grad=True)
+        x, w = tensor_on(a, layout, True), Tensor(wv.copy(), requires_grad=True)
         y = _ScaledCube.apply(x, w, 0.5)
         close(value_of(y), a ** 3 * wv * 0.5, f"Function forward {layout}")
-        (y * Tensor(dist(r, layout).data)).sum().backward()
+        (y * Tensor(tensor_on(r, layout).data)).sum().backward()
         close(value_of(x.grad), r * 3 * a ** 2 * wv * 0.5, f"Function dx {layout}")
         close(w.grad, (r * a ** 3 * 0.5).sum(0), f"Function dw {layout}")
-        x2 = dist(a, layout, True)
+        x2 = tensor_on(a, layout, True)
         p, n = _SplitSigns.apply(x2)
         (p * 2.0 + n * 3.0).sum().backward()
         close(value_of(x2.grad), np.where(a > 0, 2.0, 3.0), f"two-output Function {layout}")
-    x = dist(np.ones((3, 4)), layouts_2d((3, 4))[0], True)
+    x = tensor_on(np.ones((3, 4)), layouts_2d((3, 4))[0], True)
     y = _WrongCount.apply(x)
     assert_raises_all(COMM, RuntimeError, r"incorrect number of gradients \(expected 1, got 2\)",
                       lambda: y.sum().backward())
