@@ -62,11 +62,13 @@ from .errors import DatasetNotFoundError, HDF5UnavailableError, NotHDF5FileError
 from .hdf5 import hdf5_driver_available, read_hdf5, write_hdf5
 from .checkpoint import load_checkpoint, save_checkpoint
 from .dataset import SampleDataset
+from .zarrio import read_zarr, write_zarr
 
 __all__ = ["read_hdf5", "write_hdf5", "hdf5_driver_available", "SampleDataset",
            "save_checkpoint", "load_checkpoint", "generate_synthetic", "synthetic_sample",
            "synthetic_segmentation_sample",
            "DatasetNotFoundError", "NotHDF5FileError", "HDF5UnavailableError"]
+__all__ += ["read_zarr", "write_zarr"]
 
 
 def __getattr__(name):
