@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 
 from ..core.comm import collective
+from .presets import PRESETS, apply_preset_defaults, check_watch_args
 
 __all__ = ["parse_args", "check_args", "parse_ints", "parse_grid", "parse_partition",
            "micro_batches"]
@@ -100,6 +102,29 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.h5")
     p.add_argument("--no-checkpoint", action="store_true")
     p.add_argument("--quiet", action="store_true")
+    # watching training and the MLPerf HPC recipe (train/watch.py, train/presets.py)
+    p.add_argument("--tensorboard", default=None, metavar="DIR", help="TensorBoard event "
+                   "files here (default OUT/tensorboard when tensorboardX is installed)")
+    p.add_argument("--no-tensorboard", action="store_true", help="write no event files")
+    p.add_argument("--no-plots", action="store_true", help="no OUT/curves.png at the end")
+    p.add_argument("--preset", choices=tuple(PRESETS), default=None, help="mlperf-hpc: the "
+                   "MLPerf HPC CosmoFlow reference recipe (model, SGD momentum 0.9, warm-up "
+                   "and decay, linear batch scaling, target MAE 0.124); explicit options "
+                   "override it")
+    p.add_argument("--lr-scaling", choices=("none", "linear", "sqrt"), default="none",
+                   help="scale --lr by the global batch over --base-batch-size (linear or "
+                   "sqrt); the warm-up of --schedule cosmoflow starts from the unscaled --lr")
+    p.add_argument("--base-batch-size", type=int, default=64,
+                   help="the global batch --lr is meant for (with --lr-scaling)")
+    p.add_argument("--decay-epochs", default=None, metavar="E:F,...", help="--schedule "
+                   "cosmoflow per epoch as the MLPerf reference: the peak rate times F after "
+                   "epoch E, e.g. 32:0.25,64:0.125 (default: per step, decays at 1/2 and 3/4)")
+    p.add_argument("--target-mae", type=float, default=None, help="stop when the validation "
+                   "MAE is <= this (time to train in the summary and metrics.csv)")
+    p.add_argument("--mllog", action="store_true", help="MLPerf logging events to "
+                   "OUT/mlperf.log (needs mlperf-logging; on with --preset mlperf-hpc where "
+                   "installed)")
+    apply_preset_defaults(p, sys.argv[1:] if argv is None else argv)
     return p.parse_args(argv)
 
 
@@ -174,6 +199,7 @@ def check_args(args, comm):
                              "every gradient first)")
         if args.prune_to is not None and not 0 <= args.prune_to <= 1:
             raise ValueError(f"--prune-to is a sparsity in [0, 1], got {args.prune_to}")
+        check_watch_args(args)
         per_stage = comm.size // args.stages
         if args.grid is not None:
             dims = parse_grid(args.grid)

@@ -12,6 +12,7 @@ import math
 from .. import nn
 from ..nn.models import CosmoFlow, NNUNet3D, ResNet3D, UNet3D
 from .arguments import parse_ints
+from .presets import EpochCosmoFlowLR, lr_scale, parse_decay, peak_lr
 
 __all__ = ["SEGMENTATION_MODELS", "build_model", "build_loss", "build_optimizer",
            "build_schedule"]
@@ -63,24 +64,33 @@ _OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW", "rmsprop": "RMSprop", "adagrad"
 
 def build_optimizer(args, params):
     """``--optimizer`` (SGD with momentum, or Adam, AdamW, RMSprop, Adagrad, NAdam, RAdam with
-    PyTorch's defaults) over ``params``."""
+    PyTorch's defaults) over ``params``, at ``--lr`` scaled by ``--lr-scaling``."""
+    lr = peak_lr(args)  # --lr scaled by the global batch (--lr-scaling)
     if args.optimizer == "sgd":
-        return nn.optim.SGD(params, lr=args.lr, momentum=args.momentum,
+        return nn.optim.SGD(params, lr=lr, momentum=args.momentum,
                             weight_decay=args.weight_decay)
     cls = getattr(nn.optim, _OPTIMIZERS[args.optimizer])
-    return cls(params, lr=args.lr, weight_decay=args.weight_decay)
+    return cls(params, lr=lr, weight_decay=args.weight_decay)
 
 
 def build_schedule(args, opt, steps_per_epoch: int):
-    """A per-step schedule (epochs are converted to steps)."""
+    """A per-step schedule (epochs are converted to steps; ``cosmoflow`` with
+    ``--decay-epochs``: the MLPerf reference's per-epoch rule, stepped per step)."""
     warm = args.warmup_epochs * steps_per_epoch
     total = max(args.epochs * steps_per_epoch, 1)
     S = nn.lr_scheduler
     if args.schedule == "hybrid":
         return S.HybridCosineLinearLR(opt, total_steps=total, warmup_steps=min(warm, total - 1),
                                       cosine_weight=args.cosine_weight)
+    if args.schedule == "cosmoflow" and args.decay_epochs:
+        # the MLPerf reference's per-epoch rule: warm-up from the unscaled --lr to the peak
+        bounds, factors = parse_decay(args.decay_epochs)
+        return EpochCosmoFlowLR(opt, steps_per_epoch, warmup_epochs=args.warmup_epochs,
+                                warmup_factor=lr_scale(args), boundaries=bounds,
+                                factors=factors)
     if args.schedule == "cosmoflow":
         return S.CosmoFlowLR(opt, warmup_epochs=max(args.warmup_epochs, 1) * steps_per_epoch,
+                             warmup_factor=lr_scale(args),
                              boundaries=(total // 2, 3 * total // 4))
     if args.schedule == "onecycle":
         pct = min(warm / total, 1.0) if warm else 0.3
