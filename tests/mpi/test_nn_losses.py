@@ -446,6 +446,30 @@ def test_float_labels_raise():
     assert_raises_all(COMM, TypeError, "integer dtype", lambda: F.nll_loss(x, flab))
 
 
+@guarded
+def test_non_int_ignore_index_raises():
+    """``ignore_index`` must be an int (PyTorch: TypeError); 1.5 must not be truncated to
+    class 1 and silently drop that class's voxels."""
+    lay = LAYOUTS["spatial"]
+    x = Tensor(put(X, lay), requires_grad=True)
+    lab = put(LABELS, lay, channel=False)
+    logp = F.log_softmax(x, dim=1)
+    cases = [
+        ("cross_entropy", lambda: F.cross_entropy(x, lab, ignore_index=1.5)),
+        ("nll_loss", lambda: F.nll_loss(logp, lab, ignore_index=1.5)),
+        ("cross_entropy", lambda: nn.CrossEntropyLoss(ignore_index=1.5)(x, lab)),
+        ("nll_loss", lambda: nn.NLLLoss(ignore_index=1.5)(logp, lab)),
+        ("cross_entropy", lambda: F.cross_entropy(x, lab, ignore_index="1")),
+    ]
+    for what, fn in cases:
+        assert_raises_all(COMM, TypeError, f"{what}: ignore_index must be an int, got", fn)
+    # an int of another spelling is accepted and means that class
+    got = F.nll_loss(logp, lab, ignore_index=np.int64(1)).item()
+    want = F.nll_loss(logp, lab, ignore_index=1).item()
+    expect(got == want, f"ignore_index=np.int64(1): {got} vs {want}")
+    expect(want != F.nll_loss(logp, lab).item(), "ignore_index=1 left class 1 in the loss")
+
+
 def test_loss_errors():
     lay = LAYOUTS["spatial"]
     x = Tensor(put(X, lay), requires_grad=True)
