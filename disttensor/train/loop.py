@@ -30,6 +30,7 @@ from .checkpoints import CHECKPOINT, restore, save_state
 from .data import batches, target_mean
 from .metrics import METRICS, append_csv, epoch_line, final_line, validate
 from .pruning import head_inference_times, make_pruner, pruning_line
+from .watch import Watch
 
 __all__ = ["TrainResult", "train_epochs"]
 
@@ -45,6 +46,8 @@ class TrainResult:
     interrupted: bool = False
     grid: tuple = ()
     pruning: dict = field(default_factory=dict)     # --prune-to: sparsity, head times
+    best_epoch: int = 0                              # best validation metric (OUT/best.h5)
+    time_to_train: float | None = None               # seconds to --target-mae (None: not)
 
 
 class _StopFlag:
@@ -149,6 +152,7 @@ def train_epochs(args, comm, grid, train_ds, val_ds, model, progress, segmentati
                          f"{result.steps}")
     if pruner is not None:
         pruner.last_step = result.steps - 1
+    watch = Watch(args, comm, segmentation, progress)
     if not segmentation:
         tmean = target_mean(train_ds.files, train_ds.stacked, yname, comm)
     progress.say(f"disttensor.train {args.model}: {comm.size} ranks, grid "
@@ -159,9 +163,12 @@ def train_epochs(args, comm, grid, train_ds, val_ds, model, progress, segmentati
                  f"of shape {sample_shape}, global batch {args.batch_size}")
     stop = _StopFlag()
     stop.install()
+    finished = False
     try:
+        watch.start(result, train_ds.num_samples, val_ds.num_samples, start_epoch or skip)
         for epoch in range(start_epoch, args.epochs):
             model.train()
+            watch.epoch_start(epoch)
             t0, seen = time.perf_counter(), 0
             halt = signalled = False
             nbatches = len(train_ds)
@@ -183,6 +190,7 @@ def train_epochs(args, comm, grid, train_ds, val_ds, model, progress, segmentati
                         nn.utils.clip_grad_norm_(params, args.clip_grad)
                     scaler.step(opt)
                     scaler.update()
+                lr_used = opt.param_groups[0]["lr"]
                 sched.step()
                 if pruner is not None:
                     pruner.step()
@@ -190,8 +198,10 @@ def train_epochs(args, comm, grid, train_ds, val_ds, model, progress, segmentati
                 result.losses.append(lossv)
                 seen += args.batch_size
                 rate = seen / max(time.perf_counter() - t0, 1e-9)
-                progress.update(f"epoch {epoch + 1}/{args.epochs} step {k + 1}/{nbatches}"
-                                f" loss {lossv:.5f} {rate:.1f} samples/s")
+                progress.step(f"epoch {epoch + 1}/{args.epochs} step {k + 1}/{nbatches}"
+                              f" loss {lossv:.5f} {rate:.1f} samples/s",
+                              f"epoch {epoch + 1}/{args.epochs}", k + 1, nbatches, lossv, rate)
+                watch.step(result.steps, lossv, lr_used, rate)
                 if on_step is not None:
                     on_step(result.steps)
                 signalled = bool(comm.allreduce(stop.raised, op=MPI.LOR))
@@ -211,6 +221,7 @@ def train_epochs(args, comm, grid, train_ds, val_ds, model, progress, segmentati
             skip = 0
             # rank 0's clock, so every rank records the same metrics (and checkpoint)
             elapsed = comm.bcast(time.perf_counter() - t0, root=0)
+            watch.eval_start(epoch)
             metrics = validate(model if pipe is None else pipe, val_ds, loss_fn,
                                segmentation, dtype, None if segmentation else tmean, args)
             if pipe is not None:  # computed on the last stage
@@ -221,6 +232,7 @@ def train_epochs(args, comm, grid, train_ds, val_ds, model, progress, segmentati
                                                 args.batch_size, 1):])),
                             "lr": sched.get_last_lr()[0],
                             "samples_per_s": seen / max(elapsed, 1e-9)})
+            watch.epoch_metrics(metrics)  # elapsed_s (, target_reached)
             result.val.append(metrics)
             result.epochs_done = epoch + 1
             progress.update(epoch_line(metrics, args, segmentation), final=True)
@@ -229,11 +241,16 @@ def train_epochs(args, comm, grid, train_ds, val_ds, model, progress, segmentati
             if not args.no_checkpoint:
                 save_state(ckpt, ckpt_grid, model, opt, sched, result, epoch + 1, 0, config,
                            scaler, pipe)
+            if watch.epoch_end(metrics, out, ckpt):  # best.h5; True: --target-mae reached
+                break
             if halt:
                 result.interrupted = signalled
                 break
+        finished = True
     finally:
         stop.restore()
+        progress.close()
+        watch.close(result, out, finished)
         if update is not None:
             update.remove()
         if pipe is not None:
@@ -244,6 +261,12 @@ def train_epochs(args, comm, grid, train_ds, val_ds, model, progress, segmentati
         last = result.val[-1]
         result.baseline = {k: last[k] for k in last if k.startswith("baseline_")}
         progress.say(final_line(last, segmentation))
+    if watch.best is not None:
+        result.best_epoch = int(watch.best["epoch"])
+    if watch.reached is not None:
+        result.time_to_train = float(watch.reached["elapsed_s"])
+    if watch.summary():
+        progress.say(watch.summary())
     if pruner is not None:
         result.pruning = {"sparsity": pruner.sparsity(),
                           **head_inference_times(model, args.batch_size, comm)}

@@ -8,14 +8,14 @@ rank 0's output.
   distributed batch).
 * :func:`append_csv`: one row per epoch appended to ``OUT/metrics.csv`` (rank 0), the header
   with the first row.
-* :class:`Progress`: the progress line on rank 0 (rewritten in place on a terminal, only the
-  final lines otherwise); :func:`epoch_line` and :func:`final_line` word the results.
+* :class:`Progress` (:mod:`~disttensor.train.progress`): rank 0's progress output (a tqdm
+  bar on a terminal, only the final lines otherwise); :func:`epoch_line` and
+  :func:`final_line` word the results.
 """
 from __future__ import annotations
 
 import csv
 import os
-import sys
 
 import numpy as np
 
@@ -23,32 +23,12 @@ from ..autograd import Tensor, no_grad
 from ..core.comm import allreduce
 from ..ops._losses import aligned
 from ..ops._spatial import param_comm
+from .progress import Progress  # re-exported: it lived here first
 
 __all__ = ["METRICS", "Progress", "validate", "segmentation_counts", "dice_accuracy",
            "epoch_line", "final_line", "append_csv"]
 
 METRICS = "metrics.csv"
-
-
-class Progress:
-    """One progress line on rank 0 (rewritten in place on a terminal, quiet otherwise)."""
-
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
-        self.tty = enabled and sys.stdout.isatty()
-
-    def update(self, text: str, final: bool = False):
-        if not self.enabled:
-            return
-        if self.tty:
-            sys.stdout.write("\r" + text.ljust(100) + ("\n" if final else ""))
-            sys.stdout.flush()
-        elif final:
-            print(text, flush=True)
-
-    def say(self, text: str):
-        if self.enabled:
-            print(text, flush=True)
 
 
 def validate(model, ds, loss_fn, segmentation, dtype, tmean, args) -> dict:
