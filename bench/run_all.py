@@ -83,6 +83,7 @@ JOBS = [
     Job("matmul", "matmul_bench.py", ["--n", "1024"], [], ranks=(2,)),
     Job("sort", "sort_bench.py", ["--n", "1e6"], [], ranks=(2,)),
     Job("io", "io_bench.py", ["--size", "64", "--reps", "3", "--no-cold"], [], ranks=(2,)),
+    Job("zarr", "zarr_bench.py", ["--size", "64", "--reps", "3"], [], ranks=(1, 2)),
     # the NumPy front: local paths, per-call cost, indexing, stencils, statistics, linalg
     Job("numpy_local", "numpy_local_bench.py", ["--sizes", "1e6", "--reps", "3"], [],
         ranks=(1, 2)),
