@@ -78,7 +78,6 @@ skipped.
 from __future__ import annotations
 
 import hashlib
-import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Iterator, Sequence
@@ -92,42 +91,12 @@ from ..core.comm import collective
 from ..core.distribution import Distribution
 from ..core.grid import ProcessGrid, get_default_grid
 from ._args import arg_paths, usable_device
-from ._h5file import (BACKGROUND, drain_background_reads, h5py_has_mpi, probe, resolve_driver,
+from ._h5file import (BACKGROUND, drain_background_reads, h5py_has_mpi, resolve_driver,
                       root_call)
-from ._sessions import ReadSession
 from .layout import batch_indices, check_dataset_name
+from .sources import SampleSource, list_sample_files, open_source
 
 __all__ = ["SampleDataset", "list_sample_files", "drain_background_reads"]
-
-_EXTENSIONS = (".h5", ".hdf5", ".hdf")
-
-
-def list_sample_files(directory) -> list[str]:
-    """The sample files of ``directory``: its HDF5 files (``.h5``, ``.hdf5``, ``.hdf``) sorted
-    by name, without dot-files (the temporary files of interrupted writes).  Serial."""
-    d = os.fspath(directory)
-    return sorted(os.path.join(d, f) for f in os.listdir(d)
-                  if f.lower().endswith(_EXTENSIONS) and not f.startswith("."))
-
-
-def _list_files(source) -> list[str]:
-    if isinstance(source, (str, os.PathLike)):
-        p = os.fspath(source)
-        if os.path.isdir(p):
-            files = list_sample_files(p)
-            if not files:
-                raise FileNotFoundError(f"no HDF5 files ({', '.join(_EXTENSIONS)}) in "
-                                        f"directory {p!r}")
-            return files
-        return [p]
-    if isinstance(source, (list, tuple)):
-        files = [os.fspath(s) for s in source]
-        if not files:
-            raise ValueError("SampleDataset needs at least one file")
-        return files
-    raise TypeError(f"source must be a path (file or directory) or a list of paths, got "
-                    f"{type(source).__name__}")
-
 
 def _source_args(source) -> dict:
     """The ``source`` argument as it is agreed: a path, or a list of paths (``str`` and
@@ -151,47 +120,6 @@ def _index_list(indices):
     except Exception:  # noqa: BLE001
         pass
     return indices
-
-
-def _probe_layout(files, xname, yname, channels_last):
-    meta = probe(files[0], [xname, yname])
-    xs, ys = meta[xname]["shape"], meta[yname]["shape"]
-    if len(files) == 1 and len(xs) == 5:
-        stacked, n = True, xs[0]
-        fsample = xs[1:]
-    elif len(xs) == 4:
-        stacked, n = False, len(files)
-        fsample = xs
-    else:
-        raise ValueError(f"dataset {xname!r} of {files[0]!r} has shape {xs}: expected a "
-                         "4-d sample (C,D,H,W), one per file, or one 5-d stacked dataset "
-                         "(N,C,D,H,W) in a single file")
-    spatial = tuple(fsample[:3]) if channels_last else tuple(fsample[1:])
-    lead = (n,) if stacked else ()
-    ysample = ys[1:] if stacked else ys
-    axes = "D,H,W,C" if channels_last else "C,D,H,W"
-    where = f"{'stacked layout: ' if stacked else ''}targets {yname!r} of {files[0]!r}"
-    if stacked and (len(ys) == 0 or ys[0] != n):
-        raise ValueError(f"{where} have shape {ys}, expected ({n}, k) target vectors or an "
-                         f"({n}, D, H, W) label volume {lead + spatial}")
-    if len(ysample) == 1 or (not stacked and len(ysample) == 0):  # a scalar counts as k = 1
-        k = ysample[0] if ysample else 1
-        kind, tshape = "vector", (k,)
-    elif len(ysample) == 3:
-        if tuple(ysample) != spatial:
-            raise ValueError(f"{where} have shape {ys}: a label volume must have the samples' "
-                             f"spatial shape {lead + spatial} ({xname!r} has shape {xs}, axes "
-                             f"{'N,' if stacked else ''}{axes})")
-        kind, k, tshape = "volume", None, spatial
-    else:
-        raise ValueError(f"{where} have shape {ys}, expected a vector "
-                         f"{'(N, k)' if stacked else '(k,)'} or a label volume "
-                         f"{lead + spatial} with the samples' spatial shape")
-    sample = (fsample[3],) + tuple(fsample[:3]) if channels_last else tuple(fsample)
-    return {"stacked": stacked, "n": n, "sample_shape": sample,
-            "file_sample_shape": tuple(fsample), "k": k, "target_kind": kind,
-            "target_shape": tshape, "y_shape": ys,
-            "dtype": meta[xname]["dtype"], "ydtype": meta[yname]["dtype"]}
 
 
 class SampleDataset:
@@ -281,18 +209,19 @@ class SampleDataset:
         self.channels_last = bool(channels_last)
         self.driver = resolved
         self.collective_io = bool(collective_io)
-        self.files: list[str] = root_call(comm, lambda: _list_files(source))
-        meta = root_call(comm, lambda: _probe_layout(self.files, self.x_dataset,
-                                                     self.y_dataset, self.channels_last))
-        self.stacked: bool = meta["stacked"]
-        self.num_samples: int = meta["n"]
-        self.sample_shape: tuple[int, ...] = meta["sample_shape"]
-        self.target_kind: str = meta["target_kind"]
-        self.target_shape: tuple[int, ...] = tuple(meta["target_shape"])
-        self.num_targets: int | None = meta["k"]
-        self.dtype: np.dtype = meta["dtype"]
-        self.target_dtype: np.dtype = meta["ydtype"]
-        self._meta = meta
+        src: SampleSource = root_call(comm, lambda: open_source(
+            source, x_dataset=self.x_dataset, y_dataset=self.y_dataset,
+            channels_last=self.channels_last))
+        self.source = src
+        self.files: list[str] = list(src.files)
+        self.stacked: bool = bool(src.stacked)
+        self.num_samples: int = int(src.num_samples)
+        self.sample_shape: tuple[int, ...] = tuple(src.sample_shape)
+        self.target_kind: str = src.target_kind
+        self.target_shape: tuple[int, ...] = tuple(src.target_shape)
+        self.num_targets: int | None = src.num_targets
+        self.dtype: np.dtype = np.dtype(src.dtype)
+        self.target_dtype: np.dtype = np.dtype(src.target_dtype)
         # what identifies this dataset in the agreement of its per-epoch and per-batch calls
         # (the file list is rank 0's on every rank; a digest keeps a long list cheap)
         listing = hashlib.blake2b("\0".join(self.files).encode(), digest_size=8).hexdigest()
@@ -449,46 +378,16 @@ class SampleDataset:
         ystart = tuple(box.start[2:]) if volume else (0,) * len(self.target_shape)
         yl = np.empty((len(mine),) + (tuple(box.shape[2:]) if volume else self.target_shape),
                       dtype=self.target_dtype)
-        cstart, cstop = box.start[1:], box.stop[1:]
-        if self.channels_last:  # file axes D,H,W,C
-            fstart = tuple(cstart[1:]) + (cstart[0],)
-            fcount = tuple(b - a for a, b in zip(cstart[1:], cstop[1:])) + (cstop[0] - cstart[0],)
-        else:
-            fstart = tuple(cstart)
-            fcount = tuple(b - a for a, b in zip(cstart, cstop))
-        tmp = np.empty(fcount, dtype=self.dtype) if self.channels_last else None
-        comm = self._io_comm
-        m = self._meta
-        if self.stacked:
-            with ReadSession(self.files[0], comm, self.driver, self.collective_io,
-                             agreed=True) as sess:
-                for j, s in enumerate(mine):
-                    out = tmp[None] if self.channels_last else xl[j:j + 1]
-                    sess.read([(self.x_dataset, (int(s),) + fstart, None, out),
-                               (self.y_dataset, (int(s),) + ystart, None, yl[j:j + 1])])
-                    if self.channels_last:
-                        xl[j] = np.moveaxis(tmp, -1, 0)
-        else:
+        src = self.source
+        fstart = src.to_stored(box.start[1:])
+        fcount = src.to_stored(box.shape[1:])
+        direct = src.stored_axes == "CDHW"
+        tmp = None if direct else np.empty(fcount, dtype=self.dtype)
+        back = src.to_logical_axes()
+        with src.open(self._io_comm, self.driver, self.collective_io) as reader:
             for j, s in enumerate(mine):
-                path = self.files[int(s)]
-                with ReadSession(path, comm, self.driver, self.collective_io,
-                                 agreed=True) as sess:
-                    got = sess.meta([self.x_dataset, self.y_dataset])
-                    with collective(comm):
-                        gx, gy = got[self.x_dataset], got[self.y_dataset]
-                        if gx["shape"] != m["file_sample_shape"] or gy["shape"] != m["y_shape"]:
-                            raise ValueError(
-                                f"sample file {path!r}: {self.x_dataset!r} has shape "
-                                f"{gx['shape']} and {self.y_dataset!r} {gy['shape']}, but the "
-                                f"first file has {m['file_sample_shape']} and {m['y_shape']}")
-                        if gx["dtype"] != self.dtype or gy["dtype"] != self.target_dtype:
-                            raise TypeError(
-                                f"sample file {path!r}: dtypes {gx['dtype']}/{gy['dtype']} "
-                                f"differ from the first file's {self.dtype}/{self.target_dtype}")
-                    out = tmp if self.channels_last else xl[j]
-                    yrow = yl[j] if m["y_shape"] else yl[j].reshape(())
-                    sess.read([(self.x_dataset, fstart, None, out),
-                               (self.y_dataset, ystart if m["y_shape"] else (), None, yrow)])
-                    if self.channels_last:
-                        xl[j] = np.moveaxis(tmp, -1, 0)
+                out = xl[j] if direct else tmp
+                reader.read(int(s), fstart, out, ystart, yl[j])
+                if not direct:
+                    xl[j] = np.transpose(tmp, back)
         return xl, yl
