@@ -36,7 +36,12 @@ The package, by job:
 * :mod:`~disttensor.train.loop`: the epochs and steps (:class:`TrainResult`);
 * :mod:`~disttensor.train.data`: training/validation files, dataset-wide facts;
 * :mod:`~disttensor.train.checkpoints`: ``OUT/checkpoint.h5`` and ``--resume``;
-* :mod:`~disttensor.train.metrics`: validation metrics, ``OUT/metrics.csv``, progress lines.
+* :mod:`~disttensor.train.metrics`: validation metrics, ``OUT/metrics.csv``, result lines;
+* :mod:`~disttensor.train.progress`: rank 0's progress (a tqdm bar on a terminal);
+* :mod:`~disttensor.train.watch`: TensorBoard event files, ``OUT/best.h5``, ``--target-mae``
+  and the time to train, MLPerf logging; :mod:`~disttensor.train.plots`: ``OUT/curves.png``;
+* :mod:`~disttensor.train.presets`: ``--preset mlperf-hpc`` (the MLPerf HPC CosmoFlow
+  recipe), learning-rate batch scaling and the reference's per-epoch decay.
 """
 from .arguments import parse_args
 from .builders import build_model, build_optimizer, build_schedule

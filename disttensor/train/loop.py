@@ -7,8 +7,10 @@ overlapped with backward), optionally with a memory plan (``--memory-budget``), 
 of stages (:class:`~disttensor.nn.Pipeline`); builds the optimizer, schedule and loss scaler
 (``--amp``: float16 activations, float32 master weights, dynamic loss scaling), resumes from
 ``OUT/checkpoint.h5`` with ``--resume``, and then runs the epochs.  After each epoch it
-validates, appends a row to ``OUT/metrics.csv`` and writes the checkpoint; SIGTERM or SIGINT
-checkpoints at the next step and returns.  Everything is collective over the run's
+validates, appends a row to ``OUT/metrics.csv`` and writes the checkpoint (and, through
+:class:`~disttensor.train.watch.Watch`, the TensorBoard scalars, ``OUT/best.h5``, the MLPerf
+events and the ``--target-mae`` stop); SIGTERM or SIGINT checkpoints at the next step and
+returns.  Everything is collective over the run's
 communicator, and the :class:`TrainResult` is the same on every rank.
 """
 from __future__ import annotations
