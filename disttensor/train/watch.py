@@ -5,8 +5,10 @@ checkpoint, the ``--target-mae`` stop with its time to train, and the curves at 
 rank 0 writes (event files, ``OUT/mlperf.log``, ``OUT/curves.png``, the copy to
 ``OUT/best.h5``).  The decisions (best epoch, target reached, elapsed time) are computed from
 values that are already the same on every rank (the validation metrics and rank 0's clock,
-broadcast), so every rank takes them alike.  Collective: :meth:`Watch.epoch_end` (one small
-broadcast, the best checkpoint's copy with its error raised on every rank).
+broadcast), so every rank takes them alike.  Collective: :meth:`Watch.start` (rank 0's
+event file and log opened, its error raised on every rank), :meth:`Watch.epoch_metrics` (one
+small broadcast) and :meth:`Watch.epoch_end` (the best checkpoint's copy, its error raised on
+every rank).
 
 TensorBoard (``tensorboardX``, ``pip install 'disttensor[tensorboard]'``): ``--tensorboard
 DIR``, default ``OUT/tensorboard`` when the package is installed, ``--no-tensorboard`` for
@@ -29,6 +31,7 @@ import os
 import shutil
 import time
 
+from ..core.comm import collective
 from ..io._atomic import replace_atomically
 from ..io._h5file import root_call
 from .plots import CURVES, plot_curves
@@ -104,14 +107,14 @@ class Watch:
                 self.reached = row
         self.before = float(result.val[-1].get("elapsed_s", 0.0)) if result.val else 0.0
         self.t0 = time.perf_counter()
-        if not self.rank0:
-            return
-        if self.tb_dir is not None:
-            from tensorboardX import SummaryWriter
-            self.writer = SummaryWriter(self.tb_dir)
-        self.ml, self._handler = _mllogger(self.args)
-        if self.ml is not None:
-            self._mllog_start(n_train, n_val, resumed)
+        with collective(self.comm):  # an unwritable directory fails every rank
+            if self.rank0:
+                if self.tb_dir is not None:
+                    from tensorboardX import SummaryWriter
+                    self.writer = SummaryWriter(self.tb_dir)
+                self.ml, self._handler = _mllogger(self.args)
+                if self.ml is not None:
+                    self._mllog_start(n_train, n_val, resumed)
 
     def _mllog_start(self, n_train, n_val, resumed):
         from mlperf_logging.mllog import constants as C

@@ -106,7 +106,7 @@ def watched(data):
     MAE moves; event files, best.h5, curves.png."""
     pytest.importorskip("tensorboardX")
     out = os.path.join(data["root"], "watched")
-    res = train.run(_args(data, out, "--epochs", "3", "--lr", "2e-2", "--quiet"))
+    res = train.run(_args(data, out, "--epochs", "3", "--lr", "5e-2", "--quiet"))
     return out, res
 
 
@@ -130,7 +130,7 @@ def test_event_file_matches_metrics_csv(watched):
         if steps_ok else math.inf
     lrs = ev.get("train/lr", {})
     assert_all_ranks(MPI.COMM_WORLD, ok and steps_ok and loss_err < 1e-6 and
-                     all(math.isclose(v, 2e-2, rel_tol=1e-6) for v in lrs.values()) and
+                     all(math.isclose(v, 5e-2, rel_tol=1e-6) for v in lrs.values()) and
                      len(lrs) == 6 and len(ev.get("train/samples_per_s", {})) == 6,
                      f"event file vs metrics.csv: {len(rows)} rows, mismatches {bad[:4]}, "
                      f"loss steps {sorted(losses)}, loss error {loss_err}")
@@ -165,7 +165,7 @@ def test_target_mae_stops_at_first_epoch_reaching_it(watched, data, capsys):
     target = maes[1]
     expect = next(i for i, m in enumerate(maes) if m <= target) + 1
     out = os.path.join(data["root"], "target")
-    res = train.run(_args(data, out, "--epochs", "3", "--lr", "2e-2", "--target-mae",
+    res = train.run(_args(data, out, "--epochs", "3", "--lr", "5e-2", "--target-mae",
                           repr(target), "--no-tensorboard", "--no-plots"))
     rows = _read_csv(os.path.join(out, train.METRICS))
     text = capsys.readouterr().out
@@ -178,6 +178,36 @@ def test_target_mae_stops_at_first_epoch_reaching_it(watched, data, capsys):
                      [r["val_mae"] for r in rows] == maes[:expect],
                      f"stopped after {res.epochs_done} epochs (expected {expect}, MAEs {maes},"
                      f" target {target}); time to train {res.time_to_train}")
+
+
+def test_resume_keeps_best_elapsed_and_events(watched, data):
+    """Stopped after step 3 (inside epoch 2) and resumed: the same losses as the run without
+    a stop, event files covering steps 1..6 between them, best.h5 at the best of all three
+    epochs, elapsed_s increasing."""
+    out0, res0 = watched
+    out = os.path.join(data["root"], "resumed")
+    argv = _args(data, out, "--epochs", "3", "--lr", "5e-2", "--quiet")
+    first = train.run(argv + ["--max-steps", "3"])
+    res = train.run(argv + ["--resume"])
+    rows = _read_csv(os.path.join(out, train.METRICS))
+    ev = _events(os.path.join(out, "tensorboard"))
+    maes = [r["val_mae"] for r in rows]
+    best = _scalars(os.path.join(out, "best.h5"))["epoch"]
+    elapsed = [r["elapsed_s"] for r in rows]
+    assert_all_ranks(MPI.COMM_WORLD,
+                     first.steps == 3 and res.losses == res0.losses and len(rows) == 3 and
+                     sorted(ev["train/loss"]) == list(range(1, 7)) and
+                     best == int(np.argmin(maes)) + 1 == res.best_epoch and
+                     elapsed == sorted(elapsed) and elapsed[0] > 0,
+                     f"resumed: {len(res.losses)} losses, rows {len(rows)}, event steps "
+                     f"{sorted(ev.get('train/loss', {}))}, best {best}, MAEs {maes}, "
+                     f"elapsed {elapsed}")
+
+
+def test_unwritable_tensorboard_dir_fails_every_rank(data):
+    assert_raises_all(MPI.COMM_WORLD, OSError, "Not a directory", lambda: train.run(_args(
+        data, os.path.join(data["root"], "tbfail"), "--tensorboard", os.devnull + "/tb",
+        "--quiet")))
 
 
 def _reference_lr(step, spe, base, peak, warmup, decay):
