@@ -90,11 +90,14 @@ from ..core.backend import xp_for
 from ..core.comm import collective
 from ..core.distribution import Distribution
 from ..core.grid import ProcessGrid, get_default_grid
-from ._args import arg_paths, usable_device
+from ._args import arg_dtype, arg_paths, usable_device
 from ._h5file import (BACKGROUND, drain_background_reads, h5py_has_mpi, resolve_driver,
                       root_call)
+from .augment import View, check_crop, draw_view, identity_view, orient, read_box
 from .layout import batch_indices, check_dataset_name
 from .sources import SampleSource, list_sample_files, open_source
+from .transforms import (Transforms, block_sums, divide_by_means, fill_block, normalize_targets,
+                         resolve_transforms)
 
 __all__ = ["SampleDataset", "list_sample_files", "drain_background_reads"]
 
@@ -107,6 +110,20 @@ def _source_args(source) -> dict:
     if isinstance(src, list) and 0 < len(src) <= 8:
         return {"len(source)": len(src), **{f"source[{i}]": p for i, p in enumerate(src)}}
     return {"source": src}
+
+
+#: Values of ``augment``: none, flips and permutations, flips only, permutations only.
+AUGMENT = (False, True, "flip", "permute")
+
+
+def _value_list(v):
+    """A small numeric argument (crop, shift, scale) as it is agreed: by value."""
+    if v is None or isinstance(v, (str, bytes)):
+        return v
+    try:
+        return tuple(float(t) for t in np.asarray(v, dtype=np.float64).reshape(-1))
+    except Exception:  # noqa: BLE001 - validation reports it
+        return v
 
 
 def _index_list(indices):
@@ -162,7 +179,9 @@ class SampleDataset:
                  shuffle: bool = True, seed: int = 0, prefetch: bool = True, *,
                  drop_last: bool = False, x_dataset: str = "full", y_dataset: str = "unitPar",
                  channels_last: bool = False, driver: str | None = None,
-                 collective_io: bool = True, device: str = "cpu"):
+                 collective_io: bool = True, device: str = "cpu", dtype=None,
+                 log1p: bool = False, divide_by_mean: bool = False, target_shift=None,
+                 target_scale=None, crop=None, random_crop: bool = True, augment=False):
         grid = get_default_grid() if grid is None else grid
         comm = getattr(grid, "cart", None)
         # the driver chosen for driver=None depends on the thread level and h5py's build too
@@ -170,7 +189,11 @@ class SampleDataset:
                         split=split, batch_size=batch_size, shuffle=shuffle, seed=seed,
                         prefetch=prefetch, drop_last=drop_last, x_dataset=x_dataset,
                         y_dataset=y_dataset, channels_last=channels_last, driver=driver,
-                        collective_io=collective_io, device=device,
+                        collective_io=collective_io, device=device, dtype=arg_dtype(dtype),
+                        log1p=log1p, divide_by_mean=divide_by_mean,
+                        target_shift=_value_list(target_shift),
+                        target_scale=_value_list(target_scale), crop=_value_list(crop),
+                        random_crop=random_crop, augment=augment,
                         thread_multiple=MPI.Query_thread() >= MPI.THREAD_MULTIPLE,
                         h5py_mpi=h5py_has_mpi()):
             if not isinstance(grid, ProcessGrid):
@@ -187,6 +210,8 @@ class SampleDataset:
                 raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
             if not isinstance(seed, (int, np.integer)) or seed < 0:
                 raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+            if augment not in AUGMENT:
+                raise ValueError(f"augment must be one of {AUGMENT}, got {augment!r}")
             self.x_dataset = check_dataset_name(x_dataset)
             self.y_dataset = check_dataset_name(y_dataset)
             self.device = usable_device(device)
@@ -222,6 +247,22 @@ class SampleDataset:
         self.num_targets: int | None = src.num_targets
         self.dtype: np.dtype = np.dtype(src.dtype)
         self.target_dtype: np.dtype = np.dtype(src.target_dtype)
+        self.stored_dtype: np.dtype = np.dtype(src.dtype)
+        with collective(comm):  # replicated metadata: the same error on every rank
+            self.transforms: Transforms = resolve_transforms(
+                src.dtype, src.target_kind, src.target_dtype, src.num_targets, dtype, log1p,
+                divide_by_mean, target_shift, target_scale)
+            self.flip = augment in (True, "flip")
+            self.permute = augment in (True, "permute")
+            self.crop = check_crop(src.spatial_shape, crop, self.permute)
+        self.random_crop = bool(random_crop)
+        self.augment = augment
+        self.dtype = self.transforms.dtype
+        self.target_dtype = np.dtype(self.transforms.target_dtype)
+        self._views = crop is not None or bool(augment)
+        self.sample_shape = (self.sample_shape[0],) + tuple(self.crop)
+        if self.target_kind == "volume":
+            self.target_shape = tuple(self.crop)
         # what identifies this dataset in the agreement of its per-epoch and per-batch calls
         # (the file list is rank 0's on every rank; a digest keeps a long list cheap)
         listing = hashlib.blake2b("\0".join(self.files).encode(), digest_size=8).hexdigest()
@@ -230,12 +271,15 @@ class SampleDataset:
             "dataset": f"{len(self.files)} file(s) {first!r}.. #{listing}",
             "datasets": (self.x_dataset, self.y_dataset), "num_samples": self.num_samples,
             "batch_size": self.batch_size, "shuffle": self.shuffle, "seed": self.seed,
-            "drop_last": self.drop_last, "split": self.split}
+            "drop_last": self.drop_last, "split": self.split,
+            "transforms": (self.transforms, self.crop, self.random_crop, self.augment)}
         # the ranks that read the same samples: all grid axes but the sample axis
         s0 = split[0]
         group = grid.sub_comm([g for g in range(grid.ndim) if g != s0]) if s0 is not None \
             else grid.cart
         self._io_comm = group.Dup() if self.driver == "mpio" else None
+        # the main thread's all-reduce of the per-sample sums (divide_by_mean)
+        self._mean_comm = group.Dup() if self.transforms.divide_by_mean else None
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="disttensor-io") \
             if self.prefetch else None
         self._pending: list[Future] = []
@@ -265,18 +309,21 @@ class SampleDataset:
                           [dx.sizes(0) if self.split[0] is not None else None, None])
         return dx, dy
 
-    def read_batch(self, indices: Sequence[int]) -> tuple[DistArray, DistArray]:
-        """Read the samples ``indices`` (in that order) as one batch now (collective; the
-        indices are agreed across the ranks)."""
+    def read_batch(self, indices: Sequence[int], epoch: int = 0) -> tuple[DistArray, DistArray]:
+        """Read the samples ``indices`` (in that order) as one batch now, with the crops and
+        augmentation of epoch ``epoch`` (collective; the indices and the epoch are agreed
+        across the ranks)."""
         with collective(self.grid.cart, "SampleDataset.read_batch", **self._ident,
-                        indices=_index_list(indices)):
+                        indices=_index_list(indices), epoch=epoch):
             self._check_open()
+            if not isinstance(epoch, (int, np.integer)) or epoch < 0:
+                raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
             idx = np.asarray(indices, dtype=np.int64).reshape(-1)
             if idx.size and (idx.min() < 0 or idx.max() >= self.num_samples):
                 raise IndexError(f"sample indices must be in [0, {self.num_samples})")
         drain_background_reads()
         with collective(self.grid.cart):
-            blocks = self._read(idx)
+            blocks = self._read(idx, int(epoch))
         return self._wrap(idx, blocks)
 
     def epoch(self, e: int) -> Iterator[tuple[DistArray, DistArray]]:
@@ -294,13 +341,13 @@ class SampleDataset:
         if not self.prefetch:
             for idx in batches:
                 with collective(self.grid.cart):
-                    blocks = self._read(idx)
+                    blocks = self._read(idx, int(e))
                 yield self._wrap(idx, blocks)
             return
-        fut = self._submit(batches[0])
+        fut = self._submit(batches[0], int(e))
         try:
             for i, idx in enumerate(batches):
-                nxt = self._submit(batches[i + 1]) if i + 1 < len(batches) else None
+                nxt = self._submit(batches[i + 1], int(e)) if i + 1 < len(batches) else None
                 cur, fut = fut, nxt
                 with collective(self.grid.cart):
                     blocks = cur.result()
@@ -323,6 +370,9 @@ class SampleDataset:
         if self._io_comm is not None:
             self._io_comm.Free()
             self._io_comm = None
+        if self._mean_comm is not None:
+            self._mean_comm.Free()
+            self._mean_comm = None
 
     def __enter__(self):
         return self
@@ -343,8 +393,8 @@ class SampleDataset:
         if self._closed:
             raise ValueError("the SampleDataset is closed")
 
-    def _submit(self, idx) -> Future:
-        fut = self._executor.submit(self._read, idx)
+    def _submit(self, idx, epoch: int) -> Future:
+        fut = self._executor.submit(self._read, idx, epoch)
         with self._lock:
             self._pending = [f for f in self._pending if not f.done()] + [fut]
         return fut
@@ -359,35 +409,61 @@ class SampleDataset:
                 pass
 
     def _wrap(self, idx, blocks):
-        xl, yl = blocks
+        xl, yl, sums = blocks
+        if self._mean_comm is not None:  # one small all-reduce over the ranks of a sample
+            part = np.concatenate([sums, np.full(len(sums), xl[0].size if len(xl) else 0.0)])
+            if self._mean_comm.size > 1:
+                self._mean_comm.Allreduce(MPI.IN_PLACE, part, op=MPI.SUM)
+            divide_by_means(xl, part[:len(sums)], part[len(sums):])
         dx, dy = self.batch_distribution(len(idx))
         if self.device != "cpu":
             xp = xp_for(self.device)
             xl, yl = xp.asarray(xl), xp.asarray(yl)
         return DistArray(xl, dx, self.grid), DistArray(yl, dy, self.grid)
 
-    def _read(self, idx: np.ndarray):
-        """This rank's blocks of the batch ``idx`` (runs in the background thread: MPI only on
-        the private communicator, and only with collective I/O)."""
+    def view(self, epoch: int, sample: int) -> View:
+        """How sample ``sample`` is seen in epoch ``epoch`` (crop window, flips, permutation:
+        :func:`disttensor.io.augment.draw_view` of the dataset's seed; pure, no I/O)."""
+        spatial = self.source.spatial_shape
+        if not self._views:
+            return identity_view(spatial)
+        return draw_view(self.seed, epoch, sample, spatial, self.crop, self.random_crop,
+                         self.flip, self.permute)
+
+    def _read(self, idx: np.ndarray, epoch: int):
+        """This rank's blocks of the batch ``idx`` in epoch ``epoch`` and, for
+        ``divide_by_mean``, their per-sample partial sums (runs in the background thread: MPI
+        only on the private communicator, and only with collective I/O)."""
         dx, _ = self.batch_distribution(len(idx))
         box = dx.block_box(self.grid.coords)
         mine = idx[box.start[0]:box.stop[0]]
+        t = self.transforms
         xl = np.empty(box.shape, dtype=self.dtype)
         volume = self.target_kind == "volume"
-        # label volumes: the hyperslab of this rank's spatial block (x's D,H,W offsets)
-        ystart = tuple(box.start[2:]) if volume else (0,) * len(self.target_shape)
-        yl = np.empty((len(mine),) + (tuple(box.shape[2:]) if volume else self.target_shape),
-                      dtype=self.target_dtype)
         src = self.source
-        fstart = src.to_stored(box.start[1:])
-        fcount = src.to_stored(box.shape[1:])
-        direct = src.stored_axes == "CDHW"
-        tmp = None if direct else np.empty(fcount, dtype=self.dtype)
+        yl = np.empty((len(mine),) + (tuple(box.shape[2:]) if volume else self.target_shape),
+                      dtype=src.target_dtype)
+        ostart, ostop = box.start[2:], box.stop[2:]
         back = src.to_logical_axes()
+        plain = src.stored_axes == "CDHW" and t.dtype == src.dtype and not t.log1p
         with src.open(self._io_comm, self.driver, self.collective_io) as reader:
             for j, s in enumerate(mine):
-                out = xl[j] if direct else tmp
-                reader.read(int(s), fstart, out, ystart, yl[j])
-                if not direct:
-                    xl[j] = np.transpose(tmp, back)
-        return xl, yl
+                v = self.view(epoch, int(s))
+                rs, re = read_box(v, ostart, ostop)
+                # label volumes: the hyperslab of this rank's spatial block (x's D,H,W box)
+                ystart = rs if volume else (0,) * len(self.target_shape)
+                yview = volume and not v.is_identity  # labels flipped/permuted locally
+                ybuf = np.empty(tuple(b - a for a, b in zip(rs, re)), src.target_dtype) \
+                    if yview else yl[j]
+                fstart = src.to_stored((box.start[1],) + tuple(rs))
+                fcount = src.to_stored((box.shape[1],) + tuple(b - a for a, b in zip(rs, re)))
+                if plain and v.is_identity:  # straight into the batch
+                    reader.read(int(s), fstart, xl[j], ystart, ybuf)
+                    continue
+                tmp = np.empty(fcount, dtype=src.dtype)
+                reader.read(int(s), fstart, tmp, ystart, ybuf)
+                fill_block(xl[j], orient(v, np.transpose(tmp, back), 1), t)
+                if yview:
+                    yl[j] = orient(v, ybuf, 0)
+        sums = block_sums(xl) if t.divide_by_mean else None
+        return xl, normalize_targets(yl, t), sums
