@@ -63,6 +63,9 @@ from .hdf5 import hdf5_driver_available, read_hdf5, write_hdf5
 from .checkpoint import load_checkpoint, save_checkpoint
 from .dataset import SampleDataset
 from .zarrio import read_zarr, write_zarr
+# the sample sources of the other formats register their openers with io.sources (zarr and
+# tfrecord are imported only when such a source is used)
+from . import npy_samples, tfrecord_samples, zarr_samples  # noqa: E402,F401
 
 __all__ = ["read_hdf5", "write_hdf5", "hdf5_driver_available", "SampleDataset",
            "save_checkpoint", "load_checkpoint", "generate_synthetic", "synthetic_sample",
