@@ -428,10 +428,28 @@ def main(argv=None) -> int:
     p.add_argument("--classes", type=int, default=3,
                    help=f"segmentation classes, background included (2 to {MAX_CLASSES}, "
                         "default 3)")
+    p.add_argument("--format", choices=("hdf5", "zarr", "npy", "tfrecord"), default="hdf5",
+                   help="hdf5 (default; --layout applies), zarr (a group, one sample per "
+                        "chunk), npy (a directory of *_data.npy/*_label.npy pairs, D,H,W,C) or "
+                        "tfrecord (gzipped MLPerf-layout records, D,H,W,C); --dtype int16 "
+                        "stores count-like integers (see disttensor.io.synthetic_formats)")
+    p.add_argument("--records-per-file", type=int, default=1, help="--format tfrecord only")
     a = p.parse_args(argv)
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
     t0 = MPI.Wtime()
+    if a.format != "hdf5":
+        from .synthetic_formats import generate_synthetic_format
+        res = generate_synthetic_format(a.out, a.samples, a.size, a.channels, a.seed,
+                                        format=a.format, dtype=a.dtype, comm=comm,
+                                        task=a.task, classes=a.classes,
+                                        records_per_file=a.records_per_file)
+        comm.Barrier()
+        if comm.rank == 0:
+            print(f"wrote {a.samples} samples of {a.channels}x{a.size}^3 {a.dtype} "
+                  f"({a.format}, {a.task}) to {res} in {MPI.Wtime() - t0:.2f} s on "
+                  f"{comm.size} rank(s)")
+        return 0
     res = generate_synthetic(a.out, a.samples, a.size, a.channels, a.seed, layout=a.layout,
                              dtype=a.dtype, comm=comm, driver=a.driver, task=a.task,
                              classes=a.classes)
