@@ -78,10 +78,15 @@ with ``'stacked'`` each rank writes its samples' hyperslabs of the shared file. 
 segmentation dataset with ``SampleDataset(..., y_dataset="labels")``: ``y`` is then an
 ``(N,D,H,W)`` DistArray split like ``x``'s sample and spatial axes.
 
+``'raw'``: the raw CosmoFlow format (a directory of ``sample_000000.h5`` ..., each with
+``full (D,H,W,C)`` int16 particle counts and ``unitPar (4,)``) from a log-normal density field
+(:mod:`disttensor.io.synthetic_raw`); read it with ``SampleDataset(..., channels_last=True,
+dtype='float32', log1p=True)``.
+
 Command line (serial or under ``mpiexec``)::
 
     python -m disttensor.io.synthetic --out DIR --samples 64 --size 32 --channels 4 [--seed 0]
-        [--layout files|stacked] [--dtype float32] [--driver mpio|independent]
+        [--layout files|stacked|raw] [--dtype float32] [--driver mpio|independent]
         [--task regression|segmentation] [--classes 3]
 """
 from __future__ import annotations
@@ -292,6 +297,10 @@ def generate_synthetic(out, samples: int, size: int = 32, channels: int = 4, see
     :func:`synthetic_segmentation_sample` with ``classes`` classes (2 to 8, background
     included).
 
+    ``layout='raw'``: the raw CosmoFlow format (:mod:`disttensor.io.synthetic_raw`: int16
+    ``D,H,W,C`` counts, 4 targets; regression only, ``dtype`` ignored), one file per sample as
+    ``'files'``.
+
     ``layout='files'``: ``out`` is a directory (created if missing) that receives
     ``sample_%06d.h5`` per sample; returns the sorted list of paths.  ``layout='stacked'``:
     ``out`` is the file to write; returns its path.  Samples are dealt round-robin over the
@@ -326,8 +335,12 @@ def generate_synthetic(out, samples: int, size: int = 32, channels: int = 4, see
                                  f" int, got {v!r}")
         if size < 2:
             raise ValueError(f"size must be >= 2, got {size}")
-        if layout not in ("files", "stacked"):
-            raise ValueError(f"layout must be 'files' or 'stacked', got {layout!r}")
+        if layout not in ("files", "stacked", "raw"):
+            raise ValueError(f"layout must be 'files', 'stacked' or 'raw', got {layout!r}")
+        raw = layout == "raw"  # int16 D,H,W,C counts, 4 targets (disttensor.io.synthetic_raw)
+        if raw and task != "regression":
+            raise ValueError("layout 'raw' is the CosmoFlow regression format (task "
+                             f"'regression'), got task {task!r}")
         if task not in TASKS:
             raise ValueError(f"task must be one of {TASKS}, got {task!r}")
         seg = task == "segmentation"
@@ -337,7 +350,7 @@ def generate_synthetic(out, samples: int, size: int = 32, channels: int = 4, see
         else:
             classes = None
         dtype = np.dtype(dtype)
-        if dtype.kind != "f":
+        if dtype.kind != "f" and not raw:
             raise TypeError(f"dtype must be a floating type, got {dtype}")
         if y_dataset is None:
             y_dataset = "labels" if seg else "unitPar"
@@ -347,14 +360,21 @@ def generate_synthetic(out, samples: int, size: int = 32, channels: int = 4, see
         driver = resolve_driver(driver)
         out = os.path.abspath(os.fspath(out))
     attrs = _file_attrs(size, channels, seed, samples, task, classes)
+    if raw:
+        from .synthetic_raw import RAW_PARAM_NAMES, RAW_PARAM_RANGES
+        attrs.update(layout="raw", axes="D,H,W,C", param_names=",".join(RAW_PARAM_NAMES),
+                     param_ranges=np.asarray([RAW_PARAM_RANGES[n] for n in RAW_PARAM_NAMES]))
     mine = range(comm.rank, samples, comm.size)
 
     def make(i):
+        if raw:
+            from .synthetic_raw import synthetic_raw_sample
+            return synthetic_raw_sample(i, size, channels, seed)
         if seg:
             return synthetic_segmentation_sample(i, size, channels, classes, seed, dtype)
         return synthetic_sample(i, size, channels, seed, dtype)
 
-    if layout == "files":
+    if layout in ("files", "raw"):
         def mkdir():
             os.makedirs(out, exist_ok=True)
         root_call(comm, mkdir)
@@ -421,7 +441,10 @@ def main(argv=None) -> int:
     p.add_argument("--size", type=int, default=32, help="grid points per side (default 32)")
     p.add_argument("--channels", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--layout", choices=("files", "stacked"), default="files")
+    p.add_argument("--layout", choices=("files", "stacked", "raw"), default="files",
+                   help="'raw': the raw CosmoFlow format, one file per sample with int16 "
+                        "D,H,W,C particle counts 'full' and 4 targets 'unitPar' "
+                        "(disttensor.io.synthetic_raw; --dtype is ignored)")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--driver", choices=("mpio", "independent"), default=None)
     p.add_argument("--task", choices=TASKS, default="regression")
@@ -457,6 +480,7 @@ def main(argv=None) -> int:
     if comm.rank == 0:
         where = res if isinstance(res, str) else a.out
         what = f"{a.task}, {a.classes} classes" if a.task == "segmentation" else a.task
+        what += ", int16 D,H,W,C counts" if a.layout == "raw" else ""
         print(f"wrote {a.samples} samples of {a.channels}x{a.size}^3 {a.dtype} ({a.layout}, "
               f"{what}) to {where} in {MPI.Wtime() - t0:.2f} s on {comm.size} rank(s)")
     return 0
