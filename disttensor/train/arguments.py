@@ -124,6 +124,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--mllog", action="store_true", help="MLPerf logging events to "
                    "OUT/mlperf.log (needs mlperf-logging; on with --preset mlperf-hpc where "
                    "installed)")
+    # read-time data pipeline (disttensor.io.SampleDataset; docs/data.md)
+    p.add_argument("--channels-last", action="store_true", help="samples stored D,H,W,C (the "
+                   "raw CosmoFlow files' 'full', e.g. the synthetic --layout raw)")
+    p.add_argument("--x-dtype", default=None, help="convert the samples at read time (e.g. "
+                   "int16 counts to float32; default: --dtype when the stored samples are "
+                   "integers and --log1p/--divide-by-mean ask for floats, else as stored)")
+    p.add_argument("--log1p", action="store_true", help="log(1 + x) of every sample at read "
+                   "time")
+    p.add_argument("--divide-by-mean", action="store_true", help="divide every sample by its "
+                   "mean at read time (MLPerf's alternative to --log1p)")
+    p.add_argument("--crop", default=None, metavar="D,H,W", help="train on random crops of "
+                   "this size (one int: a cube), read as hyperslabs; validation on centred "
+                   "crops")
+    p.add_argument("--augment", choices=("none", "flip", "permute", "all"), default="none",
+                   help="random flips per spatial axis and/or axis permutations of the "
+                   "training samples (all: both, as MLPerf HPC CosmoFlow)")
     apply_preset_defaults(p, sys.argv[1:] if argv is None else argv)
     return p.parse_args(argv)
 
