@@ -304,6 +304,11 @@ def test_errors_on_every_rank(comm, root, volume, samples):
     assert_raises_all(comm, DatasetNotFoundError, "nope",
                       seg("--y-dataset", "nope", ck=cosmo, model="cosmoflow", data=d,
                           o=out[:-3] + ".csv", flags=FLAGS["cosmoflow"]))
+    # a model of 4 targets on files of 3
+    cosmo4, _ = _checkpoint(comm, root, "cosmoflow", (2, 8, 8, 8), 4, seed=9)
+    assert_raises_all(comm, ValueError, "predicts 4 targets",
+                      seg(ck=cosmo4, model="cosmoflow", data=d, o=out[:-3] + ".csv",
+                          flags=FLAGS["cosmoflow"]))
     # outputs that cannot be written
     assert_raises_all(comm, FileNotFoundError, "does not exist",
                       seg(o=os.path.join(root, "no", "such", "dir.h5")))
