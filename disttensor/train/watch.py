@@ -111,7 +111,10 @@ class Watch:
             if self.rank0:
                 if self.tb_dir is not None:
                     from tensorboardX import SummaryWriter
-                    self.writer = SummaryWriter(self.tb_dir)
+                    # a session of its own (tensorboardX names files by the second: a
+                    # resume within the same second would overwrite the first file)
+                    self.writer = SummaryWriter(self.tb_dir,
+                                                filename_suffix=f".{time.time_ns()}")
                 self.ml, self._handler = _mllogger(self.args)
                 if self.ml is not None:
                     self._mllog_start(n_train, n_val, resumed)
