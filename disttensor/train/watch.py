@@ -118,6 +118,9 @@ class Watch:
                 self.ml, self._handler = _mllogger(self.args)
                 if self.ml is not None:
                     self._mllog_start(n_train, n_val, resumed)
+                elif self.args.mllog == "auto":  # the preset, without the package
+                    self.progress.say("MLPerf logging skipped: mlperf-logging is not "
+                                      "installed (pip install 'disttensor[mlperf]')")
 
     def _mllog_start(self, n_train, n_val, resumed):
         from mlperf_logging.mllog import constants as C
