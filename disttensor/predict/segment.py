@@ -85,6 +85,15 @@ def _labels(logits: DistArray, weights=None) -> DistArray:
     return DistArray(lab, logits.distribution.drop_axes([0, 1]), logits.grid)
 
 
+def _weighted(logits: DistArray, imp) -> DistArray:
+    """The ``(1, K, *P)`` window logits times the importance map ``imp`` ``(*P)``, block by
+    block (each rank multiplies by its part of the map; no message)."""
+    box = logits.distribution.block_box(logits.grid.coords)
+    part = imp[tuple(slice(a, b) for a, b in zip(box.start[2:], box.stop[2:]))]
+    local = logits.local * logits.xp.asarray(part, dtype=logits.dtype)
+    return DistArray(local, logits.distribution, logits.grid)
+
+
 def _forward(model, x: DistArray) -> DistArray:
     with no_grad():
         y = model(Tensor(x))
@@ -136,7 +145,7 @@ def segment_sliding(model, x: DistArray, window, step: float = 0.5,
             from ..routines.creation import zeros
             acc = zeros((1, logits.shape[1]) + shape, dtype=logits.dtype, grid=xp.grid,
                         split=_SPLIT5, device=logits.device)
-        acc[key] += logits * logits.xp.asarray(imp, dtype=logits.dtype)
+        acc[key] += _weighted(logits, imp)
     block = acc.distribution.block_box(acc.grid.coords)
     wsum = weight_block(tuple(slice(a, b) for a, b in zip(block.start[2:], block.stop[2:])),
                         boxes, imp)
