@@ -481,7 +481,8 @@ def main(argv=None) -> int:
         where = res if isinstance(res, str) else a.out
         what = f"{a.task}, {a.classes} classes" if a.task == "segmentation" else a.task
         what += ", int16 D,H,W,C counts" if a.layout == "raw" else ""
-        print(f"wrote {a.samples} samples of {a.channels}x{a.size}^3 {a.dtype} ({a.layout}, "
+        print(f"wrote {a.samples} samples of {a.channels}x{a.size}^3 "
+              f"{'int16' if a.layout == 'raw' else a.dtype} ({a.layout}, "
               f"{what}) to {where} in {MPI.Wtime() - t0:.2f} s on {comm.size} rank(s)")
     return 0
 

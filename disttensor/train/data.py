@@ -15,7 +15,7 @@ import numpy as np
 from ..io._h5file import root_call
 from ..io.dataset import list_sample_files
 
-__all__ = ["split_files", "num_classes", "target_mean", "batches"]
+__all__ = ["split_files", "num_classes", "target_mean", "batches", "dataset_options"]
 
 
 def split_files(data: str, val: str | None, fraction: float):
@@ -70,4 +70,23 @@ def batches(ds, epoch, skip):
         yield from ds.epoch(epoch)
         return
     for idx in ds.batch_indices(epoch)[skip:]:
-        yield ds.read_batch(idx)
+        yield ds.read_batch(idx, epoch)  # the epoch's crops and augmentation
+
+
+def dataset_options(args, stored_dtype, training: bool) -> dict:
+    """The read-time pipeline options of :class:`~disttensor.io.SampleDataset` from the command
+    line (``--crop``, ``--log1p``, ``--divide-by-mean``, ``--x-dtype``, ``--augment``,
+    ``--channels-last``).  Training: random crops and the augmentation; validation: centred
+    crops, no augmentation.  Samples stored as integers are converted to ``--dtype`` unless
+    ``--x-dtype`` says otherwise (the model computes in floats)."""
+    dtype = args.x_dtype
+    if dtype is None and np.dtype(stored_dtype).kind != "f":
+        dtype = args.dtype
+    crop = None
+    if args.crop:
+        crop = tuple(int(t) for t in str(args.crop).split(",") if t.strip())
+        crop = crop[0] if len(crop) == 1 else crop
+    augment = {"none": False, "flip": "flip", "permute": "permute", "all": True}[args.augment]
+    return {"channels_last": args.channels_last, "dtype": dtype, "log1p": args.log1p,
+            "divide_by_mean": args.divide_by_mean, "crop": crop, "random_crop": training,
+            "augment": augment if training else False}

@@ -20,7 +20,7 @@ from ..core.grid import ProcessGrid
 from ..io import SampleDataset
 from .arguments import check_args, micro_batches, parse_args, parse_grid
 from .builders import SEGMENTATION_MODELS, build_model
-from .data import num_classes, split_files
+from .data import dataset_options, num_classes, split_files
 from .grid_choice import choose_grid, plan_grid
 from .loop import TrainResult, train_epochs
 from .metrics import Progress
@@ -47,7 +47,17 @@ def run(argv=None, comm=None, on_step=None) -> TrainResult:
 
     # probe the data on a provisional grid to learn the sample shape
     probe = SampleDataset(train_src, ProcessGrid((comm.size,), comm=comm), split=(0,),
-                          batch_size=1, prefetch=False, y_dataset=yname)
+                          batch_size=1, prefetch=False, y_dataset=yname,
+                          channels_last=args.channels_last)
+    try:  # the read-time pipeline (crops, transforms) checked now, on the probe's grid
+        train_kw = dataset_options(args, probe.stored_dtype, training=True)
+        val_kw = dataset_options(args, probe.stored_dtype, training=False)
+        probe.close()
+        probe = SampleDataset(train_src, ProcessGrid((comm.size,), comm=comm), split=(0,),
+                              batch_size=1, prefetch=False, y_dataset=yname, **train_kw)
+    except BaseException:
+        probe.close()
+        raise
     sample_shape, n_train = probe.sample_shape, probe.num_samples
     args.outputs = probe.num_targets
     per_stage = comm.size // args.stages
@@ -79,10 +89,10 @@ def run(argv=None, comm=None, on_step=None) -> TrainResult:
     prefetch = not args.no_prefetch
     train_ds = SampleDataset(train_src, grid, split, batch_size=args.batch_size, shuffle=True,
                              seed=args.seed, prefetch=prefetch, drop_last=True,
-                             y_dataset=yname, device=args.device)
+                             y_dataset=yname, device=args.device, **train_kw)
     val_ds = SampleDataset(val_src, grid, split, batch_size=args.batch_size, shuffle=False,
                            seed=args.seed, prefetch=prefetch, y_dataset=yname,
-                           device=args.device)
+                           device=args.device, **val_kw)
     try:
         if segmentation:
             args.classes = num_classes(train_ds, comm)
