@@ -20,6 +20,33 @@ segmentation``.  The kind is decided from the first file (``target_kind`` is ``'
 label volume whose shape differs from the sample's spatial shape, raises ``ValueError`` on
 every rank.
 
+Sources
+-------
+The per-format reading lives in :mod:`disttensor.io.sources` (HDF5 here; other formats add
+source classes there): the dataset asks its ``source`` for the stored shape, axis order and
+dtype of a sample and the targets' kind, and for hyperslabs of samples.
+
+Transforms, crops and augmentation
+----------------------------------
+Applied while each rank reads its block, with no communication except where noted (see
+:mod:`disttensor.io.transforms` and :mod:`disttensor.io.augment`, and ``docs/data.md``):
+
+* ``dtype`` converts the samples (int16 counts to ``float32``/``float16``), ``log1p`` takes
+  ``log(1 + x)``, ``divide_by_mean`` divides each sample by its mean (one small all-reduce per
+  batch over the ranks sharing the samples), ``target_shift``/``target_scale`` normalize
+  vector targets; a dtype a step cannot take raises ``TypeError`` on every rank at
+  construction.
+* ``crop=(d, h, w)`` hands out windows of that size (``sample_shape`` is then ``(C, d, h,
+  w)``, label volumes cropped identically), at random offsets (``random_crop=True``) or
+  centred; each rank reads only its block of the window as a hyperslab.  A crop larger than the
+  samples raises ``ValueError`` on every rank.
+* ``augment=True`` (``'flip'``, ``'permute'``): random flips per spatial axis and random
+  permutations of the spatial axes (MLPerf HPC CosmoFlow's), read as the mirrored/permuted
+  hyperslab of the rank's block and flipped/transposed locally: no messages.
+* The view of sample ``s`` in epoch ``e`` (crop offsets, flips, permutation) is drawn from
+  ``numpy.random.default_rng([seed, e, s, STREAM])`` (:func:`disttensor.io.augment.draw_view`):
+  the same on every rank and on any grid; :meth:`SampleDataset.view` returns it.
+
 Batches
 -------
 ``split = (sample_axis, c_axis, d_axis, h_axis, w_axis)`` names the grid axis of each batch
@@ -162,6 +189,11 @@ class SampleDataset:
     collective_io : with ``mpio``, collective (default) or independent transfers (see
         :func:`~disttensor.io.read_hdf5`).
     device : where the batches' blocks live (``'cpu'`` or ``'cuda'``).
+    dtype, log1p, divide_by_mean, target_shift, target_scale : read-time transforms (module
+        docstring; ``dtype=None`` keeps the stored dtype).
+    crop, random_crop : windows of ``crop`` (3 ints ``D,H,W`` or one int) at random offsets
+        per ``(seed, epoch, sample)``, or centred with ``random_crop=False``.
+    augment : ``False``, ``True`` (flips and axis permutations), ``'flip'`` or ``'permute'``.
 
     Construction is collective over ``grid``: it lists the files and checks the first one on
     rank 0 (every later file is checked when it is read), and duplicates a communicator for
@@ -170,7 +202,9 @@ class SampleDataset:
     Call :meth:`close` (collective) or use ``with`` to release the thread and the
     communicator.
 
-    Attributes: ``num_samples``, ``sample_shape`` ``(C,D,H,W)``, ``dtype``, ``target_kind``
+    Attributes: ``num_samples``, ``sample_shape`` ``(C,D,H,W)`` as handed out (cropped),
+    ``dtype`` as handed out, ``stored_dtype``, ``source``, ``transforms``, ``crop``,
+    ``target_kind``
     (``'vector'`` or ``'volume'``), ``target_shape`` (``(k,)`` or ``(D,H,W)``),
     ``num_targets`` (``k``; ``None`` for label volumes), ``target_dtype``, ``stacked``.
     """
@@ -386,7 +420,9 @@ class SampleDataset:
                 f"sample_shape={self.sample_shape}, "
                 f"targets={self.target_kind} {self.target_shape}, "
                 f"batch_size={self.batch_size}, split={self.split}, driver={self.driver!r}, "
-                f"prefetch={self.prefetch})")
+                f"prefetch={self.prefetch}"
+                f"{f', crop={self.crop}' if self._views else ''}"
+                f"{f', augment={self.augment!r}' if self.augment else ''})")
 
     # -- internals ----------------------------------------------------------------------------
     def _check_open(self):
