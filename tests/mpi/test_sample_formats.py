@@ -94,9 +94,9 @@ def _same_batches(comm, ref_src, src, ref_kw=None, grids=None, **kw):
     for dims, split in grids or _grids():
         g = dt.ProcessGrid(dims)
         try:
-            with io.SampleDataset(ref_src, g, split=split, batch_size=2, seed=3,
+            with io.SampleDataset(ref_src, g, split=split, batch_size=3, seed=3,
                                   prefetch=False, **(ref_kw or {})) as ref, \
-                    io.SampleDataset(src, g, split=split, batch_size=2, seed=3,
+                    io.SampleDataset(src, g, split=split, batch_size=3, seed=3,
                                      prefetch=True, **kw) as ds:
                 assert_all_ranks(comm, (ds.num_samples, ds.sample_shape, ds.target_shape,
                                         ds.dtype) == (ref.num_samples, ref.sample_shape,
