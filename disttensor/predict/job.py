@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from mpi4py import MPI
 
 from ..core.agreement import agree
-from ..core.comm import collective
 from ..core.grid import ProcessGrid
 from ..io import write_hdf5
 from ..train.builders import SEGMENTATION_MODELS

@@ -27,7 +27,7 @@ from ..nn.parallel import check_replicas
 from ..train.builders import SEGMENTATION_MODELS, build_model
 from .arguments import training_args
 
-__all__ = ["Trained", "load_trained", "model_config", "save_model_checkpoint"]
+__all__ = ["Trained", "load_trained", "model_config", "save_model_checkpoint", "downsampling"]
 
 
 @dataclass
