@@ -197,3 +197,77 @@ def test_train_cli_prune_to(comm, tmp_path):
                          f"resumed {rest.losses} {rest.pruning} vs {res.losses} {p}")
     assert_raises_all(comm, ValueError, "prune-to", lambda: train.run(
         argv[:-8] + ["--prune-to", "1.5"]))
+
+
+@pytest.mark.parametrize("layers", ["conv", "all"])
+def test_train_cli_prune_layers(comm, tmp_path, monkeypatch, capsys, layers):
+    """``--prune-to 0.5 --prune-layers conv`` (gradual, global scope: steps 0-2) and ``all``
+    (one-shot at step 1, per layer): the run's conv weights (and for ``all`` the dense head's
+    too) end exactly half zero, the zeros are the masks' and held through the steps after the
+    last pruning (Adam would revive them otherwise) while the kept weights go on training,
+    the layers not named stay dense, and the summary reports the sparsity."""
+    from disttensor.nn.layers import Linear, _ConvNd
+    from disttensor.train import loop
+    root = comm.bcast(str(tmp_path) if comm.rank == 0 else None)
+    tr, va = os.path.join(root, "train"), os.path.join(root, "val")
+    generate_synthetic(tr, 8, size=8, channels=4, seed=0, comm=comm)
+    generate_synthetic(va, 4, size=8, channels=4, seed=1, comm=comm)
+    sched = ["--prune-start", "0", "--prune-end", "2", "--prune-frequency", "1"] \
+        if layers == "conv" else ["--prune-schedule", "oneshot", "--prune-start", "1",
+                                  "--prune-scope", "layer"]
+    last_prune = 3 if layers == "conv" else 2      # steps done when the last pruning ran
+    argv = ["cosmoflow", "--widths", "2,3", "--dense", "6", "--no-prefetch", "--data", tr,
+            "--val", va, "--out", os.path.join(root, "out"), "--batch-size",
+            "3" if SIZE == 3 else "4", "--grid", f"{SIZE}x1x1x1", "--epochs", "3",
+            "--no-checkpoint", "--prune-to", "0.5", "--prune-layers", layers, *sched]
+    seen = {}
+    make = loop.make_pruner
+
+    def capture(args, model, *a, **kw):   # the run's model, as the pruner gets it
+        seen["model"] = model
+        return make(args, model, *a, **kw)
+    monkeypatch.setattr(loop, "make_pruner", capture)
+
+    def weights(kind):
+        return [np.array(m.weight.data, copy=True) for m in seen["model"].modules()
+                if isinstance(m, kind)]
+
+    def snapshot(step):
+        if step == last_prune:
+            seen["after_pruning"] = weights(_ConvNd) + weights(Linear)
+    res = train.run(argv, on_step=snapshot)
+    out = capsys.readouterr().out
+    convs, denses = weights(_ConvNd), weights(Linear)
+    pruned = convs + denses if layers == "all" else convs
+    assert_all_ranks(comm, res.steps == 6 and len(convs) == 2 and len(denses) == 2,
+                     f"{res.steps} steps, {len(convs)} conv and {len(denses)} dense layers")
+    sizes = [w.size for w in pruned]
+    zeros = [int((w == 0).sum()) for w in pruned]
+    if layers == "all":   # per layer: each at round(0.5 * size)
+        ok = zeros == [round(0.5 * s) for s in sizes]
+    else:                 # global over the conv weights
+        ok = sum(zeros) == round(0.5 * sum(sizes))
+    want = round(0.5 * sum(sizes)) / sum(sizes) if layers == "conv" else \
+        sum(round(0.5 * s) for s in sizes) / sum(sizes)
+    assert_all_ranks(comm, ok and res.pruning["sparsity"] == pytest.approx(want),
+                     f"--prune-layers {layers}: zeros {zeros} of {sizes}, summary "
+                     f"{res.pruning}")
+    mods = [m for m in seen["model"].modules()
+            if isinstance(m, (_ConvNd, Linear) if layers == "all" else _ConvNd)]
+    masks = [np.asarray(prune.mask_of(m, "weight")) for m in mods]
+    assert_all_ranks(comm, all(np.array_equal(w == 0, k == 0) for w, k in zip(pruned, masks)),
+                     "the zero weights are not exactly the masks' zeros")
+    if layers == "conv":
+        assert_all_ranks(comm, all(prune.mask_of(m, "weight") is None and (w != 0).all()
+                                   for m, w in zip([m for m in seen["model"].modules()
+                                                    if isinstance(m, Linear)], denses)),
+                         "--prune-layers conv pruned the dense head")
+    # held for the steps after the last pruning, while the kept weights moved
+    before = seen["after_pruning"][:len(pruned)]
+    assert_all_ranks(comm, all(np.array_equal(b == 0, w == 0) for b, w in zip(before, pruned)),
+                     "pruned weights changed after the last pruning step")
+    moved = [float(np.abs(w - b)[b != 0].max()) for b, w in zip(before, pruned)]
+    assert_all_ranks(comm, min(moved) > 0, f"kept weights did not train: {moved}")
+    line = f"pruned: final sparsity {want:.1%} of the pruned layers' weights"
+    assert_all_ranks(comm, comm.rank != 0 or (line in out and "50.0%" in line),
+                     f"summary line {line!r} not in rank 0's output:\n{out[-600:]}")
