@@ -140,6 +140,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--augment", choices=("none", "flip", "permute", "all"), default="none",
                    help="random flips per spatial axis and/or axis permutations of the "
                    "training samples (all: both, as MLPerf HPC CosmoFlow)")
+    p.add_argument("--x-shift", type=float, default=None, help="subtract this from every "
+                   "sample value after --log1p/--divide-by-mean (e.g. centre log counts)")
+    p.add_argument("--x-scale", type=float, default=None, help="then divide by this")
     apply_preset_defaults(p, sys.argv[1:] if argv is None else argv)
     return p.parse_args(argv)
 
