@@ -33,7 +33,8 @@ Applied while each rank reads its block, with no communication except where note
 
 * ``dtype`` converts the samples (int16 counts to ``float32``/``float16``), ``log1p`` takes
   ``log(1 + x)``, ``divide_by_mean`` divides each sample by its mean (one small all-reduce per
-  batch over the ranks sharing the samples), ``target_shift``/``target_scale`` normalize
+  batch over the ranks sharing the samples), ``(x - x_shift) / x_scale`` then,
+  ``target_shift``/``target_scale`` normalize
   vector targets; a dtype a step cannot take raises ``TypeError`` on every rank at
   construction.
 * ``crop=(d, h, w)`` hands out windows of that size (``sample_shape`` is then ``(C, d, h,
@@ -123,8 +124,8 @@ from ._h5file import (BACKGROUND, drain_background_reads, h5py_has_mpi, resolve_
 from .augment import View, check_crop, draw_view, identity_view, orient, read_box
 from .layout import batch_indices, check_dataset_name
 from .sources import SampleSource, list_sample_files, open_source
-from .transforms import (Transforms, block_sums, divide_by_means, fill_block, normalize_targets,
-                         resolve_transforms)
+from .transforms import (Transforms, affine_x, block_sums, divide_by_means, fill_block,
+                         normalize_targets, resolve_transforms)
 
 __all__ = ["SampleDataset", "list_sample_files", "drain_background_reads"]
 
@@ -189,8 +190,8 @@ class SampleDataset:
     collective_io : with ``mpio``, collective (default) or independent transfers (see
         :func:`~disttensor.io.read_hdf5`).
     device : where the batches' blocks live (``'cpu'`` or ``'cuda'``).
-    dtype, log1p, divide_by_mean, target_shift, target_scale : read-time transforms (module
-        docstring; ``dtype=None`` keeps the stored dtype).
+    dtype, log1p, divide_by_mean, x_shift, x_scale, target_shift, target_scale : read-time
+        transforms (module docstring; ``dtype=None`` keeps the stored dtype).
     crop, random_crop : windows of ``crop`` (3 ints ``D,H,W`` or one int) at random offsets
         per ``(seed, epoch, sample)``, or centred with ``random_crop=False``.
     augment : ``False``, ``True`` (flips and axis permutations), ``'flip'`` or ``'permute'``.
@@ -215,7 +216,8 @@ class SampleDataset:
                  channels_last: bool = False, driver: str | None = None,
                  collective_io: bool = True, device: str = "cpu", dtype=None,
                  log1p: bool = False, divide_by_mean: bool = False, target_shift=None,
-                 target_scale=None, crop=None, random_crop: bool = True, augment=False):
+                 target_scale=None, crop=None, random_crop: bool = True, augment=False,
+                 x_shift=None, x_scale=None):
         grid = get_default_grid() if grid is None else grid
         comm = getattr(grid, "cart", None)
         # the driver chosen for driver=None depends on the thread level and h5py's build too
@@ -228,6 +230,7 @@ class SampleDataset:
                         target_shift=_value_list(target_shift),
                         target_scale=_value_list(target_scale), crop=_value_list(crop),
                         random_crop=random_crop, augment=augment,
+                        x_shift=_value_list(x_shift), x_scale=_value_list(x_scale),
                         thread_multiple=MPI.Query_thread() >= MPI.THREAD_MULTIPLE,
                         h5py_mpi=h5py_has_mpi()):
             if not isinstance(grid, ProcessGrid):
@@ -285,7 +288,7 @@ class SampleDataset:
         with collective(comm):  # replicated metadata: the same error on every rank
             self.transforms: Transforms = resolve_transforms(
                 src.dtype, src.target_kind, src.target_dtype, src.num_targets, dtype, log1p,
-                divide_by_mean, target_shift, target_scale)
+                divide_by_mean, target_shift, target_scale, x_shift, x_scale)
             self.flip = augment in (True, "flip")
             self.permute = augment in (True, "permute")
             self.crop = check_crop(src.spatial_shape, crop, self.permute)
@@ -451,6 +454,7 @@ class SampleDataset:
             if self._mean_comm.size > 1:
                 self._mean_comm.Allreduce(MPI.IN_PLACE, part, op=MPI.SUM)
             divide_by_means(xl, part[:len(sums)], part[len(sums):])
+            affine_x(xl, self.transforms)
         dx, dy = self.batch_distribution(len(idx))
         if self.device != "cpu":
             xp = xp_for(self.device)
@@ -502,4 +506,6 @@ class SampleDataset:
                 if yview:
                     yl[j] = orient(v, ybuf, 0)
         sums = block_sums(xl) if t.divide_by_mean else None
+        if not t.divide_by_mean:
+            affine_x(xl, t)
         return xl, normalize_targets(yl, t), sums

@@ -10,10 +10,12 @@ Applied in this order to the samples ``x`` (every step optional):
    float64.  The ranks that share a sample add their partial sums in one small all-reduce per
    batch (the only communication of the transforms); a sample whose mean is 0 is left as it
    is.  (MLPerf HPC CosmoFlow's reference takes ``log1p`` *or* this division.)
+4. **affine input normalization** ``(x - x_shift) / x_scale`` (scalars; e.g. centring
+   ``log1p`` of counts), in ``dtype``, which must then be floating;
 
 and to vector targets ``y``:
 
-4. **affine normalization** ``(y - target_shift) / target_scale`` (scalars or one value per
+5. **affine normalization** ``(y - target_shift) / target_scale`` (scalars or one value per
    target; the result is floating: the target dtype if it is, else
    ``result_type(target dtype, float32)``).  The raw CosmoFlow ``unitPar`` targets are
    already scaled parameters and are usually fed as stored.
@@ -32,7 +34,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Transforms", "resolve_transforms", "fill_block", "block_sums", "divide_by_means",
+__all__ = ["Transforms", "resolve_transforms", "fill_block", "affine_x", "block_sums",
+           "divide_by_means",
            "normalize_targets"]
 
 
@@ -46,10 +49,12 @@ class Transforms:
     target_shift: tuple | None = None    # per target, or None
     target_scale: tuple | None = None
     target_dtype: np.dtype | None = None  # of y as handed out
+    x_shift: float | None = None
+    x_scale: float | None = None
 
     @property
     def any_x(self) -> bool:
-        return self.log1p or self.divide_by_mean
+        return self.log1p or self.divide_by_mean or self.x_shift is not None
 
     @property
     def any_y(self) -> bool:
@@ -84,7 +89,7 @@ def _conversion_ok(src: np.dtype, out: np.dtype) -> bool:
 def resolve_transforms(stored: np.dtype, target_kind: str, target_dtype: np.dtype,
                        num_targets: int | None, dtype=None, log1p: bool = False,
                        divide_by_mean: bool = False, target_shift=None,
-                       target_scale=None) -> Transforms:
+                       target_scale=None, x_shift=None, x_scale=None) -> Transforms:
     """Check the transforms against the stored dtypes (see the module docstring; serial, pure)
     and return them resolved.  ``TypeError`` for a dtype a step cannot take, ``ValueError`` for
     bad values."""
@@ -93,7 +98,9 @@ def resolve_transforms(stored: np.dtype, target_kind: str, target_dtype: np.dtyp
         out = stored if dtype is None else np.dtype(dtype)
     except TypeError:
         raise TypeError(f"dtype {dtype!r} is not a NumPy dtype") from None
-    for flag, name in ((log1p, "log1p"), (divide_by_mean, "divide_by_mean")):
+    affine = x_shift is not None or x_scale is not None
+    for flag, name in ((log1p, "log1p"), (divide_by_mean, "divide_by_mean"),
+                       (affine, "x_shift/x_scale")):
         if not flag:
             continue
         if stored.kind not in "iuf":
@@ -103,7 +110,8 @@ def resolve_transforms(stored: np.dtype, target_kind: str, target_dtype: np.dtyp
         raise TypeError(f"cannot convert the stored {stored} samples to dtype={out} (a "
                         "conversion keeps the kind or widens: integers to floats or wider "
                         "integers, floats to floats; never float to integer, bool or complex)")
-    for flag, name in ((log1p, "log1p"), (divide_by_mean, "divide_by_mean")):
+    for flag, name in ((log1p, "log1p"), (divide_by_mean, "divide_by_mean"),
+                       (affine, "x_shift/x_scale")):
         if not flag:
             continue
         if out.kind != "f":
@@ -124,7 +132,13 @@ def resolve_transforms(stored: np.dtype, target_kind: str, target_dtype: np.dtyp
         if any(s == 0 for s in scale):
             raise ValueError(f"target_scale must be non-zero, got {target_scale!r}")
         ydtype = ydtype if ydtype.kind == "f" else np.result_type(ydtype, np.float32)
-    return Transforms(out, bool(log1p), bool(divide_by_mean), shift, scale, ydtype)
+    xs = xc = None
+    if affine:
+        xs, = _per_target(0.0 if x_shift is None else x_shift, 1, "x_shift")
+        xc, = _per_target(1.0 if x_scale is None else x_scale, 1, "x_scale")
+        if xc == 0:
+            raise ValueError("x_scale must be non-zero")
+    return Transforms(out, bool(log1p), bool(divide_by_mean), shift, scale, ydtype, xs, xc)
 
 
 def fill_block(out: np.ndarray, block: np.ndarray, t: Transforms) -> None:
@@ -135,6 +149,16 @@ def fill_block(out: np.ndarray, block: np.ndarray, t: Transforms) -> None:
         np.log1p(block, out=out, casting="unsafe")
     else:
         np.copyto(out, block, casting="unsafe")
+
+
+def affine_x(xl: np.ndarray, t: Transforms) -> None:
+    """``(x - x_shift) / x_scale`` in place (step 4; nothing without them)."""
+    if t.x_shift is None:
+        return
+    if t.x_shift:
+        xl -= t.x_shift  # Python floats: computed in x's dtype
+    if t.x_scale != 1:
+        xl /= t.x_scale
 
 
 def block_sums(xl: np.ndarray) -> np.ndarray:

@@ -75,8 +75,8 @@ def batches(ds, epoch, skip):
 
 def dataset_options(args, stored_dtype, training: bool) -> dict:
     """The read-time pipeline options of :class:`~disttensor.io.SampleDataset` from the command
-    line (``--crop``, ``--log1p``, ``--divide-by-mean``, ``--x-dtype``, ``--augment``,
-    ``--channels-last``).  Training: random crops and the augmentation; validation: centred
+    line (``--crop``, ``--log1p``, ``--divide-by-mean``, ``--x-shift``, ``--x-scale``,
+    ``--x-dtype``, ``--augment``, ``--channels-last``).  Training: random crops and the augmentation; validation: centred
     crops, no augmentation.  Samples stored as integers are converted to ``--dtype`` unless
     ``--x-dtype`` says otherwise (the model computes in floats)."""
     dtype = args.x_dtype
@@ -88,5 +88,6 @@ def dataset_options(args, stored_dtype, training: bool) -> dict:
         crop = crop[0] if len(crop) == 1 else crop
     augment = {"none": False, "flip": "flip", "permute": "permute", "all": True}[args.augment]
     return {"channels_last": args.channels_last, "dtype": dtype, "log1p": args.log1p,
-            "divide_by_mean": args.divide_by_mean, "crop": crop, "random_crop": training,
+            "divide_by_mean": args.divide_by_mean, "x_shift": args.x_shift,
+            "x_scale": args.x_scale, "crop": crop, "random_crop": training,
             "augment": augment if training else False}

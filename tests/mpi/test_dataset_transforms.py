@@ -81,7 +81,8 @@ def test_cropped_augmented_transformed_equal_serial_pipeline(comm, raw, augment)
     for k, (dims, split) in enumerate(_grids()):
         g = dt.ProcessGrid(dims)
         kw = dict(dtype="float32", log1p=True, divide_by_mean=True, target_shift=0.5,
-                  target_scale=(2, 2, 4, 4), crop=CROP, augment=augment)
+                  target_scale=(2, 2, 4, 4), crop=CROP, augment=augment, x_shift=0.25,
+                  x_scale=0.5)
         with io.SampleDataset(files, g, split=split, batch_size=2, seed=7, channels_last=True,
                               prefetch=k == 0, **kw) as ds:
             expect(ds.sample_shape == (C,) + CROP and ds.dtype == np.float32, repr(ds))
@@ -93,7 +94,7 @@ def test_cropped_augmented_transformed_equal_serial_pipeline(comm, raw, augment)
                     for s in idx:
                         v = _see(np.log1p(full[s].astype(np.float32)),
                                  _view(7, e, s, CROP, True, flip, permute), 1)
-                        wx.append(v / float(v.astype(np.float64).mean()))
+                        wx.append((v / float(v.astype(np.float64).mean()) - 0.25) / 0.5)
                         wy.append(((par[s] - 0.5) / np.array([2, 2, 4, 4])).astype("float32"))
                     fs = tuple(split) + (None,) * (5 - len(split))
                     check_blocks(x, np.stack(wx), f"{dims} {split} e{e} b{b} x", rtol=2e-6,
@@ -103,8 +104,8 @@ def test_cropped_augmented_transformed_equal_serial_pipeline(comm, raw, augment)
             x, y = ds.read_batch([3, 1], epoch=1)
             v = _see(np.log1p(full[3].astype(np.float32)), _view(7, 1, 3, CROP, True, flip,
                                                                   permute), 1)
-            expect(np.allclose(x.to_numpy()[0], v / float(v.astype(np.float64).mean()),
-                               rtol=2e-6), "read_batch(epoch=1)")
+            expect(np.allclose(x.to_numpy()[0], (v / float(v.astype(np.float64).mean()) - 0.25)
+                               / 0.5, rtol=2e-6, atol=1e-6), "read_batch(epoch=1)")
         g.free()
     settle()
 
@@ -148,6 +149,11 @@ def test_plain_crops_without_transforms(comm, raw):
                          for s, o in enumerate(offs)])
         check_blocks(x, want, "plain crop")
         check_blocks(y, par, "targets as stored")
+    # an affine input normalization alone (log1p off): in float64
+    with io.SampleDataset(files, g, split=(None, None, 0), batch_size=N, shuffle=False,
+                          channels_last=True, dtype="float64", x_shift=3, x_scale=2) as ds:
+        (x, _), = list(ds.epoch(0))
+        check_blocks(x, (full.astype(np.float64) - 3) / 2, "x_shift/x_scale", rtol=1e-15)
     g.free()
     settle()
 
@@ -190,7 +196,9 @@ def test_bad_transforms_raise_on_every_rank(comm, raw, shared_tmp_path):
             (ValueError, "label volumes", make(src=stacked, y_dataset="labels",
                                                target_scale=2)),
             (ValueError, "non-zero", make(target_scale=(1, 0, 1, 1))),
-            (ValueError, "one per target", make(target_shift=(1, 2)))]:
+            (ValueError, "one per target", make(target_shift=(1, 2))),
+            (TypeError, "x_shift/x_scale needs a floating", make(x_shift=2.0)),
+            (ValueError, "x_scale must be non-zero", make(x_scale=0, dtype="float32"))]:
         assert_raises_all(comm, exc, match, fn)
     if SIZE > 1:
         from disttensor.core.agreement import ArgumentMismatchError
