@@ -132,7 +132,7 @@ def _write_zarr_group(comm, out, samples, size, channels, seed, dtype, channels_
     from ..core.comm import collective
     from ._h5file import root_call
     from ._temps import _release, temp_path_for
-    from .zarrio import _codecs, _zarr
+    from .zarrio import _codecs, _zarr, remove_stale_temp_dirs
     zarr = _zarr()
     xshape = (samples,) + ((size,) * 3 + (channels,) if channels_last
                            else (channels,) + (size,) * 3)
@@ -142,6 +142,7 @@ def _write_zarr_group(comm, out, samples, size, channels, seed, dtype, channels_
     def prep():
         if os.path.exists(out) and not os.path.isfile(os.path.join(out, "zarr.json")):
             raise FileExistsError(f"{out!r} exists and is not a Zarr store; not replacing it")
+        remove_stale_temp_dirs(out)
         tmp = temp_path_for(out)
         g = zarr.open_group(tmp, mode="w", attributes={
             "generator": "disttensor.io.synthetic", "task": "segmentation" if seg else

@@ -34,7 +34,9 @@ the target once every rank has written its chunks without error.  Any failure re
 temporary directory and leaves a previous array untouched.  Replacing an existing array takes
 two renames (the old directory to a hidden backup name, the new one into place, then the backup
 is removed): a crash exactly between them leaves the target missing and the previous array
-in the backup directory.  Chunk files are not fsynced one by one.  A path that exists but is
+in the backup directory.  The temporary directories a killed write left behind are removed by
+the next write of the same node once they are stale (:func:`remove_stale_temp_dirs`, the
+rules of :mod:`disttensor.io` for temporary files, applied to their ``zarr.json``).  Chunk files are not fsynced one by one.  A path that exists but is
 not a Zarr node (no ``zarr.json``) is never replaced (``FileExistsError``).
 
 Collective
@@ -60,12 +62,14 @@ from ..core.grid import get_default_grid
 from ..core.layout import make_distribution
 from ._args import arg_attrs, arg_dtype, arg_path, usable_device
 from ._h5file import root_call
-from ._temps import _release, temp_path_for
+from ._temps import (_inflight, _inflight_lock, _release, parse_temp_name, temp_is_stale,
+                     temp_path_for)
 from .layout import (check_dataset_name, file_hyperslab, is_writer, normalize_selection,
                      selection_shape)
 
 __all__ = ["read_zarr", "write_zarr", "aligned_chunks", "aligned_distribution",
-           "chunks_aligned", "zarr_available", "TARGET_CHUNK_BYTES"]
+           "chunks_aligned", "zarr_available", "remove_stale_temp_dirs",
+           "TARGET_CHUNK_BYTES"]
 
 #: Upper bound of the bytes of one chunk chosen by ``chunks=None`` (before compression).
 TARGET_CHUNK_BYTES = 8 << 20
@@ -182,6 +186,33 @@ def _target(store, name):
     return store, store if name is None else os.path.join(store, *name.split("/"))
 
 
+def remove_stale_temp_dirs(path) -> list[str]:
+    """Remove the temporary directories that killed writes of the Zarr node ``path`` left
+    next to it (serial).  A directory counts as stale by the rules of
+    :func:`~disttensor.io._temps.temp_is_stale` applied to its ``zarr.json`` (a dead writer on
+    this host, or too old from another host); never one this process is writing."""
+    d, b = os.path.split(os.path.abspath(os.fspath(path)))
+    removed = []
+    try:
+        entries = list(os.scandir(d))
+    except OSError:
+        return removed
+    for e in entries:
+        if not (e.name.startswith(".") and e.name.endswith(".tmp")):
+            continue
+        parsed = parse_temp_name(e.name)
+        if parsed is None or parsed.base != b or not e.is_dir(follow_symlinks=False):
+            continue
+        with _inflight_lock:
+            if e.path in _inflight:
+                continue
+        meta = os.path.join(e.path, "zarr.json")
+        if os.path.isfile(meta) and temp_is_stale(meta, parsed):
+            shutil.rmtree(e.path, ignore_errors=True)
+            removed.append(e.path)
+    return removed
+
+
 def _is_node(path) -> bool:
     return os.path.isfile(os.path.join(path, "zarr.json"))
 
@@ -295,6 +326,7 @@ def write_zarr(x: DistArray, store, name: str | None = None, *, chunks=None,
                 g = g.require_group(part)
         if os.path.exists(path) and not (os.path.isdir(path) and _is_node(path)):
             raise FileExistsError(f"{path!r} exists and is not a Zarr node; not replacing it")
+        remove_stale_temp_dirs(path)
         if atomic:
             target = temp_path_for(path)
         else:

@@ -226,3 +226,34 @@ def test_replicated_and_scalar(comm, shared_tmp_path):
     y = io.read_zarr(path, "s", grid=g)
     assert_all_ranks(comm, y.shape == () and float(y.local) == 2.5)
     g.free()
+
+
+def test_stale_temp_dirs_removed(comm, shared_tmp_path):
+    """The temporary directory of a killed write (its writer's pid is gone) is removed by the
+    next write of the same array; one of another target, or a live writer's, is kept."""
+    from disttensor.io import _temps
+    g = dt.ProcessGrid((SIZE,))
+    path = shared_tmp_path / "stale.zarr"
+    host = _temps.host_tag()
+
+    def gone():
+        for pid in range(4194000, 4000000, -1):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return pid
+            except OSError:
+                pass
+    pid = comm.bcast(gone() if comm.rank == 0 else None, root=0)
+    dead = shared_tmp_path / f".stale.zarr.{host}.{pid}.{'a' * 12}.tmp"
+    other = shared_tmp_path / f".other.zarr.{host}.{pid}.{'b' * 12}.tmp"
+    live = shared_tmp_path / f".stale.zarr.{host}.{os.getppid()}.{'c' * 12}.tmp"
+
+    def mk():
+        for dd in (dead, other, live):
+            zarr.create_array(store=dd, shape=(2,), dtype="i1")
+    _h5file.root_call(comm, mk)
+    io.write_zarr(dt.from_global(np.arange(4.0), grid=g, split=(0,)), path)
+    assert_all_ranks(comm, not dead.exists() and other.exists() and live.exists(),
+                     f"{sorted(os.listdir(shared_tmp_path))}")
+    g.free()
