@@ -4,7 +4,8 @@ CosmoFlow submissions convert the TFRecords to), read as hyperslabs.
 Layout
 ------
 A directory holding, per sample, ``{stem}{data_suffix}`` and ``{stem}{label_suffix}``
-(defaults ``_data.npy`` and ``_label.npy``: ``univ_0001_data.npy`` + ``univ_0001_label.npy``),
+(defaults ``_data.npy`` and ``_label.npy``, a naming chosen here: ``univ_0001_data.npy`` +
+``univ_0001_label.npy``),
 paired by ``stem`` and sorted by it; dot-files are skipped and a data file without its label
 file (or the reverse) is an error.  The data file is one sample, ``D,H,W,C`` (the MLPerf
 layout, ``channels_last=True``) or ``C,D,H,W`` (``channels_last=False``), any fixed-size dtype
