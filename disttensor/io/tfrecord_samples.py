@@ -22,7 +22,8 @@ Every rank that reads a sample therefore decompresses and decodes the whole reco
 its block (the ranks of a spatially partitioned sample each decode it; the data-parallel
 ranks read different samples).  Record offsets (in the uncompressed stream) are indexed once
 at construction (rank 0 reads every file through); ``records_per_file=k`` skips that scan and
-trusts ``k`` records per file.  No MPI-IO; failures are made collective over the ranks that
+trusts ``k`` records per file.  Reading record ``r`` of a gzipped file decompresses the file
+up to it (gzip has no random access): keep few records per file.  No MPI-IO; failures are made collective over the ranks that
 read the same sample.  CRCs are not verified.
 
 :func:`write_tfrecord` writes records of this layout with the package's serializer.
