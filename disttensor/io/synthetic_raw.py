@@ -19,13 +19,16 @@ to the targets ``unitPar`` in ``[-1, 1]``, in the order of :data:`RAW_PARAM_NAME
   (:func:`~disttensor.io.synthetic.transfer_functions`: power-law spectrum of index ``slope``,
   smoothed at ``sigma * c / 2`` for channel ``c``; one white-noise realization for all
   channels, periodic ``size^3`` grid);
-* the density ``rho_c = density * exp(amplitude * g_c - amplitude^2 / 2)`` (log-normal, mean
-  ``density`` particles per voxel, log-density standard deviation ``amplitude``);
+* the density ``rho_c = DENSITY * exp(a_c * g_c - a_c^2 / 2)`` (log-normal, mean
+  :data:`RAW_DENSITY` = 32 particles per voxel), whose log-density standard deviation
+  ``a_c = amplitude * (1 + growth * c / (C - 1))`` grows from channel to channel as structure
+  grows between CosmoFlow's redshifts;
 * the counts ``x_c ~ Poisson(rho_c)`` per voxel, clipped to ``[0, 32767]`` (int16).
 
-So every target drives the field's statistics: ``density`` the mean count, ``amplitude`` the
-spread of ``log(1 + x)``, ``slope`` and ``sigma`` its two-point correlation across scales and
-channels (what the regression task's targets drive, seen through shot noise).  A linear fit on
+So every target drives the field's statistics: ``amplitude`` the spread of ``log(1 + x)``,
+``growth`` how that spread changes across the channels, ``slope`` and ``sigma`` its two-point
+correlation across scales and channels (what the regression task's targets drive, seen through
+shot noise).  A linear fit on
 summary statistics of ``log(1 + x)`` explains most of each target's variance on held-out
 samples (``tests/unit/test_io_synthetic_raw.py``).
 
@@ -36,13 +39,17 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["RAW_PARAM_NAMES", "RAW_PARAM_RANGES", "RAW_DTYPE", "synthetic_raw_sample"]
+__all__ = ["RAW_PARAM_NAMES", "RAW_PARAM_RANGES", "RAW_DENSITY", "RAW_DTYPE",
+           "synthetic_raw_sample"]
 
-RAW_PARAM_NAMES = ("sigma", "amplitude", "slope", "density")
+RAW_PARAM_NAMES = ("sigma", "amplitude", "slope", "growth")
 #: Ranges the parameters are drawn from: smoothing scale (voxels), standard deviation of the
-#: log-density, spectral index, mean particles per voxel.
-RAW_PARAM_RANGES = {"sigma": (1.0, 3.0), "amplitude": (0.4, 1.0), "slope": (-3.0, 0.0),
-                    "density": (4.0, 16.0)}
+#: log-density in channel 0, spectral index, relative growth of that deviation up to the last
+#: channel.
+RAW_PARAM_RANGES = {"sigma": (1.0, 3.0), "amplitude": (0.3, 0.8), "slope": (-3.0, 0.0),
+                    "growth": (0.0, 1.0)}
+#: Mean particles per voxel.
+RAW_DENSITY = 32.0
 #: dtype of the counts (as in the cosmoUniverse files).
 RAW_DTYPE = np.dtype(np.int16)
 _RAW_STREAM = 2  # third seed word
@@ -64,9 +71,9 @@ def synthetic_raw_sample(index: int, size: int = 64, channels: int = 4,
     f = np.fft.rfftn(rng.standard_normal((size,) * 3))
     tf = transfer_functions(size, channels, p["sigma"], p["slope"])
     x = np.empty((size,) * 3 + (channels,), dtype=RAW_DTYPE)
-    a = p["amplitude"]
     for c in range(channels):
+        a = p["amplitude"] * (1.0 + p["growth"] * c / max(channels - 1, 1))
         g = np.fft.irfftn(f * tf[c], s=(size,) * 3, axes=(0, 1, 2))
-        rho = p["density"] * np.exp(a * g - 0.5 * a * a)
+        rho = RAW_DENSITY * np.exp(a * g - 0.5 * a * a)
         x[..., c] = np.minimum(rng.poisson(rho), np.iinfo(RAW_DTYPE).max)
     return x, (2.0 * u - 1.0).astype(np.float32)
