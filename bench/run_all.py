@@ -85,7 +85,7 @@ JOBS = [
     Job("io", "io_bench.py", ["--size", "64", "--reps", "3", "--no-cold"], [], ranks=(2,)),
     Job("zarr", "zarr_bench.py", ["--size", "64", "--reps", "3"], [], ranks=(1, 2)),
     Job("dataset_transform", "dataset_transform_bench.py",
-        ["--size", "64", "--crop", "32", "--samples", "8", "--reps", "3"], [], ranks=(1, 2)),
+        ["--size", "64", "--crop", "32", "--samples", "16", "--reps", "5"], [], ranks=(1, 2)),
     # the NumPy front: local paths, per-call cost, indexing, stencils, statistics, linalg
     Job("numpy_local", "numpy_local_bench.py", ["--sizes", "1e6", "--reps", "3"], [],
         ranks=(1, 2)),
