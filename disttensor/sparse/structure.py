@@ -68,6 +68,27 @@ class CSBStructure:
                 self._plans[key] = p
         return p
 
+    def line_blocks(self, by_columns: bool):
+        """``(ptr, pos)`` (``int64``, NumPy, cached): the nonempty blocks of each block-row
+        (``by_columns`` False) or block-column, in order along it: those of line ``L`` are at
+        positions ``pos[ptr[L]:ptr[L + 1]]`` along ``L`` (block-column indices of a block-row,
+        block-row indices of a block-column), so the CPU kernels skip empty blocks without
+        reading their pointers."""
+        key = ("blocks", bool(by_columns))
+        with self._lock:
+            p = self._plans.get(key)
+            if p is None:
+                per_block = np.diff(np.asarray(self.host_blk_ptr, dtype=np.int64)).reshape(
+                    self.nbr, self.nbc)
+                if by_columns:
+                    per_block = per_block.T
+                line, pos = np.nonzero(per_block)
+                ptr = np.zeros(per_block.shape[0] + 1, dtype=np.int64)
+                np.cumsum(np.bincount(line, minlength=per_block.shape[0]), out=ptr[1:])
+                p = (ptr, pos.astype(np.int64))
+                self._plans[key] = p
+        return p
+
     def block_ids(self) -> np.ndarray:
         """The block number of each stored nonzero (``int64``, NumPy)."""
         counts = np.diff(self.host_blk_ptr)
