@@ -96,6 +96,16 @@ JOBS = [
     Job("stats_calculus", "stats_calculus_bench.py", ["--n", "1e6", "--reps", "3"], [],
         ranks=(1, 2)),
     Job("linalg_more", "linalg_more_bench.py", ["--reps", "3"], [], ranks=(1, 2)),
+    # nn layers, losses and optimizers: speed and parity with PyTorch (the parity scripts need
+    # PyTorch, which scripts/bench.sh installs as a peer)
+    Job("normalization", "normalization_bench.py", ["--quick"], [], ranks=(1, 2)),
+    Job("parity_normalization", "parity_normalization.py", [], [], ranks=(2,)),
+    Job("parity_losses", "parity_losses.py", [], [], ranks=(2,)),
+    Job("parity_activations", "parity_activations.py", [], [], ranks=(2,)),
+    Job("parity_resampling", "parity_resampling.py", [], [], ranks=(2,)),
+    Job("parity_module_api", "parity_module_api.py", [], [], ranks=(2,)),
+    Job("parity_optim", "parity_optim.py", [], [], ranks=(1,)),
+    Job("parity_prune", "parity_prune.py", [], [], ranks=(2,)),
     # sparse matrices and pruned networks
     Job("sparse", "sparse_bench.py", ["--quick"], [], mpi=False, threads_per_rank=0),
     Job("sparse_dist", "sparse_dist_bench.py", ["--n", "32", "--reps", "3"], [],
