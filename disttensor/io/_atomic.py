@@ -45,6 +45,22 @@ def replace_atomically(tmp, path) -> None:
         pass  # directories cannot be fsynced on every file system
 
 
+def replace_directory(tmp, path) -> None:
+    """Put the finished directory ``tmp`` (a Zarr store) in place of ``path`` (one rank): an
+    existing ``path`` is first renamed to a temporary name and removed only after ``tmp`` took
+    its place, so a crash leaves either store whole (between the two renames the old one is
+    under its temporary name, which the next write of ``path`` clears as stale)."""
+    backup = None
+    if os.path.exists(path):
+        backup = temp_path_for(path)
+        os.rename(path, backup)
+    os.rename(tmp, path)
+    _release(tmp)
+    if backup is not None:
+        shutil.rmtree(backup, ignore_errors=True)
+        _release(backup)
+
+
 def atomic_update(comm, path, driver: str, mode: str, atomic: bool, needed: int,
                   body: Callable[[WriteSession], None],
                   validate: Callable[[str], None] | None = None, *,

@@ -130,6 +130,7 @@ def generate_synthetic_format(out, samples: int, size: int = 32, channels: int =
 def _write_zarr_group(comm, out, samples, size, channels, seed, dtype, channels_last, seg,
                       classes, make, mine):
     from ..core.comm import collective
+    from ._atomic import replace_directory
     from ._h5file import root_call
     from ._temps import _release, temp_path_for
     from .zarrio import _codecs, _zarr, remove_stale_temp_dirs
@@ -164,17 +165,7 @@ def _write_zarr_group(comm, out, samples, size, channels, seed, dtype, channels_
                 xa[i] = x
                 ya[i] = y
 
-        def finish():
-            backup = None
-            if os.path.exists(out):
-                backup = temp_path_for(out)
-                os.rename(out, backup)
-            os.rename(tmp, out)
-            _release(tmp)
-            if backup is not None:
-                shutil.rmtree(backup, ignore_errors=True)
-                _release(backup)
-        root_call(comm, finish)
+        root_call(comm, lambda: replace_directory(tmp, out))
     except BaseException:
         if comm.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -61,6 +61,7 @@ from ..core.distribution import Distribution, balanced_sizes
 from ..core.grid import get_default_grid
 from ..core.layout import make_distribution
 from ._args import arg_attrs, arg_dtype, arg_path, usable_device
+from ._atomic import replace_directory
 from ._h5file import root_call
 from ._temps import (_inflight, _inflight_lock, _release, parse_temp_name, temp_is_stale,
                      temp_path_for)
@@ -344,19 +345,8 @@ def write_zarr(x: DistArray, store, name: str | None = None, *, chunks=None,
                 arr = zarr.open_array(target, mode="r+")
                 arr[dist.block_box(x.grid.coords).slices()] = to_host(x.local)
 
-        def finish():
-            if not atomic:
-                return
-            backup = None
-            if os.path.exists(path):
-                backup = temp_path_for(path)
-                os.rename(path, backup)
-            os.rename(target, path)
-            _release(target)
-            if backup is not None:
-                shutil.rmtree(backup, ignore_errors=True)
-                _release(backup)
-        root_call(comm, finish)
+        if atomic:
+            root_call(comm, lambda: replace_directory(target, path))
     except BaseException:
         if atomic and comm.rank == 0:
             shutil.rmtree(target, ignore_errors=True)
