@@ -34,8 +34,15 @@ from ..core.entry import agreed, canon, collective_entry, nested
 from ..core.halo import HaloExchange
 from ._spatial import (WindowPlan, check_extents, check_gradient_layout, check_layout,
                        halo_gradient, halo_input, lift, unlift)
-from .local.cpu import resample as _cpu
 from .resample_index import AxisMap, adaptive_map
+
+
+def _cpu():
+    """The CPU kernels (:mod:`.local.cpu.resample`, Numba), imported on first use so that
+    importing the ops does not load Numba."""
+    from .local.cpu import resample
+    return resample
+
 
 __all__ = ["adaptive_pool_forward", "adaptive_pool_backward", "adaptive_pool",
            "AdaptivePoolSaved", "normalize_output_size", "resample_dist"]
@@ -131,7 +138,7 @@ def _avg_csrs(d: Distribution, out_dist: Distribution, maps, coords, out_halo):
                 rows.append((np.arange(c0 - a, c1 - a), np.full(c1 - c0, 1.0 / (hi - lo))))
             else:
                 rows.append(((), ()))
-        res.append((_cpu.csr_from_rows(rows), o1 - o0 + hl + hh, b - a))
+        res.append((_cpu().csr_from_rows(rows), o1 - o0 + hl + hh, b - a))
     return tuple(res)
 
 
@@ -177,7 +184,7 @@ def adaptive_pool_forward(x: DistArray, mode: str, output_size):
             else:
                 buf = x.local
                 for i, (csr, rows, _) in enumerate(csrs):
-                    buf = _cpu.apply_axis(buf, 2 + i, csr, rows)
+                    buf = _cpu().apply_axis(buf, 2 + i, csr, rows)
     if mode == "max":
         plan = window_plan_of(d, maps, coords)
         xin = halo_input(x, plan)
@@ -213,7 +220,7 @@ def _max_kernels(a):
     """The adaptive max kernels of ``a``'s device (:mod:`.local.cpu.resample` or
     :mod:`.local.gpu.resample`)."""
     if type(a) is np.ndarray:
-        return _cpu
+        return _cpu()
     from .local.gpu import resample as gpu
     return gpu
 
@@ -249,7 +256,7 @@ def adaptive_pool_backward(saved: AdaptivePoolSaved, dy: DistArray) -> DistArray
             g = _single_bin_backward(g, single, saved.csrs, xp)
         else:
             for i, (csr, _, cells) in enumerate(saved.csrs):
-                g = _cpu.apply_axis(g, 2 + i, _cpu.transpose_csr(csr, cells), cells)
+                g = _cpu().apply_axis(g, 2 + i, _cpu().transpose_csr(csr, cells), cells)
     return DistArray(xp.ascontiguousarray(g), saved.x_dist, dy.grid)
 
 

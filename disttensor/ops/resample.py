@@ -33,8 +33,15 @@ from ..core.entry import agreed, canon, collective_entry
 from ._spatial import (WindowPlan, check_extents, check_gradient_layout, check_layout,
                        halo_gradient, halo_input)
 from .adaptive_pool import adaptive_pool_backward, adaptive_pool_forward, window_plan_of
-from .local.cpu import resample as _cpu
 from .resample_index import interp_map, linear_taps, nearest_index
+
+
+def _cpu():
+    """The CPU kernels (:mod:`.local.cpu.resample`, Numba), imported on first use so that
+    importing the ops does not load Numba."""
+    from .local.cpu import resample
+    return resample
+
 
 __all__ = ["interpolate_forward", "interpolate_backward", "interpolate", "InterpolateSaved",
            "interpolate_geometry"]
@@ -172,7 +179,7 @@ def _interp_local(xin: DistArray, plan, base, maps, scales, align, shortcuts):
         csrs.append((csr, o1 - o0, win.shape[t]))
     y = win
     for i in reversed(range(len(maps))):
-        y = _cpu.apply_axis(y, 2 + i, csrs[i][0], csrs[i][1])
+        y = _cpu().apply_axis(y, 2 + i, csrs[i][0], csrs[i][1])
     return y, tuple(csrs)
 
 
@@ -200,7 +207,7 @@ def interpolate_backward(saved: InterpolateSaved, dy: DistArray) -> DistArray:
         if plan.has_output:
             g = dy.local
             for i, (csr, _, cells) in enumerate(saved.csrs):
-                g = _cpu.apply_axis(g, 2 + i, _cpu.transpose_csr(csr, cells), cells)
+                g = _cpu().apply_axis(g, 2 + i, _cpu().transpose_csr(csr, cells), cells)
         else:
             g = dy.local[:0]
     return halo_gradient(g, saved.x_dist, dy.grid, plan)
