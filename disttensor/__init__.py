@@ -36,6 +36,7 @@ from .core.comm import CollectiveError
 from .core.distribution import Distribution
 from .core.grid import ProcessGrid, get_default_grid, set_default_grid
 from .core.halo import HaloExchange
+from .core.profiler import profile  # the step profiler: with dt.profile(grid) as prof: ...
 from .routines import npyio  # parallel .npy: dt.npyio.save / dt.npyio.load
 from .routines.creation import (arange, empty, empty_like, eye, from_global, full, full_like,
                                 linspace, meshgrid, ones, ones_like, tril, triu, zeros,

@@ -33,6 +33,7 @@ import threading
 
 import numpy as np
 
+from ..core import profiler as _profiler
 from ..core.array import DistArray
 from ..core.backend import array_module
 
@@ -359,6 +360,9 @@ def make_result(data, inputs, backward, name: str) -> Tensor:
     record ``backward(grad) -> tuple of grads, one per input`` when gradients are recorded and
     any tensor input requires them.  Gradients returned for inputs that are not tensors
     requiring grad are ignored."""
+    prof = _profiler._active
+    if prof is not None:  # the step profiler: the time since the last op is this op's
+        prof.forward_op(name)
     out = Tensor(data)
     if not is_grad_enabled():
         return out
@@ -444,13 +448,18 @@ def cancel_post_backward(key) -> None:
 def run_backward(root: Tensor, grad, retain_graph: bool = False) -> None:
     """Walk the graph from ``root`` in reverse creation order (see the module docstring),
     then run the callbacks of :func:`queue_post_backward`."""
+    prof = _profiler._active
+    if prof is not None:
+        prof.step_boundary()
     try:
         _walk(root, grad, retain_graph)
     finally:
         q = getattr(_state, "post_backward", None)
         _state.post_backward = None
-    for cb in (q or {}).values():
-        cb()
+    if q:
+        with (_profiler.NULL if prof is None else prof.op("grad sync", "backward")):
+            for cb in q.values():
+                cb()
 
 
 def _walk(root: Tensor, grad, retain_graph: bool) -> None:
@@ -477,40 +486,51 @@ def _walk(root: Tensor, grad, retain_graph: bool) -> None:
     while ready:
         _, key = heapq.heappop(ready)
         node = nodes[key]
-        g = grads.pop(key, None)
-        if g is None:  # no consumer gave a gradient: nothing flows into this subgraph
-            pgrads = (None,) * len(node.parents)
+        prof = _profiler._active
+        if prof is None:
+            _step(node, key, nodes, grads, pending, ready, retain_graph)
         else:
-            if node.backward is None:
-                raise RuntimeError(f"backward through {node.name} a second time: its saved "
-                                   "state was freed (pass retain_graph=True to the first "
-                                   "backward)")
-            pgrads = node.backward(g)
-            if not isinstance(pgrads, tuple):
-                pgrads = (pgrads,)
-            if len(pgrads) != len(node.parents):
-                raise RuntimeError(f"{node.name} backward returned {len(pgrads)} gradients "
-                                   f"for {len(node.parents)} inputs")
-        parents = node.parents
-        del nodes[key]
-        if not retain_graph:
-            # the node is done: dropping its backward (saved state) and its parents (the
-            # input tensors, hence their values) frees activations as backward passes them
-            node.backward = None
-            node.parents = ()
-        for p, pg in zip(parents, pgrads):
-            if p is None:
-                continue
-            pkey = id(p.node) if p.node is not None else id(p)
-            if pg is not None:
-                grads[pkey] = _accumulate(grads.get(pkey), pg)
-            pending[pkey] -= 1
-            if pending[pkey]:
-                continue
-            if p.node is None:
-                _finish_leaf(p, grads.pop(pkey, None))
-            else:
-                heapq.heappush(ready, (-p.node.seq, pkey))
+            with prof.op(node.name, "backward"):
+                _step(node, key, nodes, grads, pending, ready, retain_graph)
+
+
+def _step(node, key, nodes, grads, pending, ready, retain_graph) -> None:
+    """Run one node of the backward walk: its gradient function, then hand the gradients
+    to its parents (a parent whose consumers are all done becomes ready)."""
+    g = grads.pop(key, None)
+    if g is None:  # no consumer gave a gradient: nothing flows into this subgraph
+        pgrads = (None,) * len(node.parents)
+    else:
+        if node.backward is None:
+            raise RuntimeError(f"backward through {node.name} a second time: its saved "
+                               "state was freed (pass retain_graph=True to the first "
+                               "backward)")
+        pgrads = node.backward(g)
+        if not isinstance(pgrads, tuple):
+            pgrads = (pgrads,)
+        if len(pgrads) != len(node.parents):
+            raise RuntimeError(f"{node.name} backward returned {len(pgrads)} gradients "
+                               f"for {len(node.parents)} inputs")
+    parents = node.parents
+    del nodes[key]
+    if not retain_graph:
+        # the node is done: dropping its backward (saved state) and its parents (the
+        # input tensors, hence their values) frees activations as backward passes them
+        node.backward = None
+        node.parents = ()
+    for p, pg in zip(parents, pgrads):
+        if p is None:
+            continue
+        pkey = id(p.node) if p.node is not None else id(p)
+        if pg is not None:
+            grads[pkey] = _accumulate(grads.get(pkey), pg)
+        pending[pkey] -= 1
+        if pending[pkey]:
+            continue
+        if p.node is None:
+            _finish_leaf(p, grads.pop(pkey, None))
+        else:
+            heapq.heappush(ready, (-p.node.seq, pkey))
 
 
 def _finish_leaf(t: Tensor, g) -> None:

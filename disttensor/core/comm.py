@@ -17,6 +17,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .backend import array_module, to_host
+from . import profiler as _profiler
 from . import watchdog as _watchdog
 from .watchdog import waiting
 
@@ -56,7 +57,8 @@ def collective(comm: MPI.Comm, call: str | None = None, /, **args):
     from . import agreement
     dig = None
     if call is not None and comm is not None and comm.size > 1:
-        dig = agreement.enter(call, args)
+        with _profiler.region("agreement"):
+            dig = agreement.enter(call, args)
     err: BaseException | None = None
     try:
         yield
@@ -66,7 +68,8 @@ def collective(comm: MPI.Comm, call: str | None = None, /, **args):
         if err is not None:
             raise err
         return
-    failed, differ = agreement.status_allreduce(comm, err is not None, dig)
+    with _profiler.region("agreement"):
+        failed, differ = agreement.status_allreduce(comm, err is not None, dig)
     if differ:
         raise agreement.mismatch_error(comm, call, args) from err
     if not failed:
@@ -442,8 +445,9 @@ class PieceExchange:
         if self._active:
             raise RuntimeError("exchange already in progress")
         if self.persistent:
-            for s, v in self._pack:
-                copy_into(s, v)
+            with _profiler.region("pack"):
+                for s, v in self._pack:
+                    copy_into(s, v)
             if self._preqs is None:
                 self._preqs = self._persistent_requests()
             if self._preqs:
@@ -455,17 +459,18 @@ class PieceExchange:
         for (p, tag, v), s in zip(self.recvs, self._recv_scratch):
             reqs.append(comm.Irecv(_bytes(v if s is None else s), p, tag))
         data = []
-        for (_, _, v), s in zip(self.sends, self._send_scratch):
-            if s is None:
-                data.append(v)
-            elif self.staged:  # device -> the pinned scratch (no allocation per exchange)
-                self.xp.ascontiguousarray(v).get(out=s)
-                data.append(s)
-            else:
-                copy_into(s, v)
-                data.append(s)
-        if self.gpu and self.sends:
-            self.xp.cuda.get_current_stream().synchronize()
+        with _profiler.region("pack"):
+            for (_, _, v), s in zip(self.sends, self._send_scratch):
+                if s is None:
+                    data.append(v)
+                elif self.staged:  # device -> the pinned scratch (no allocation per exchange)
+                    self.xp.ascontiguousarray(v).get(out=s)
+                    data.append(s)
+                else:
+                    copy_into(s, v)
+                    data.append(s)
+            if self.gpu and self.sends:
+                self.xp.cuda.get_current_stream().synchronize()
         for (p, tag, _), d in zip(self.sends, data):
             reqs.append(comm.Isend(_bytes(d), p, tag))
         self._keep = data  # alive until the sends complete
@@ -488,6 +493,10 @@ class PieceExchange:
             raise
         finally:
             self._reqs, self._keep, self._active = [], [], False
+        with _profiler.region("pack", "unpack"):
+            self._unpack_received()
+
+    def _unpack_received(self) -> None:
         if self.staged:
             for v, s in self._unpack:
                 s = self.xp.asarray(s)
@@ -511,15 +520,17 @@ class PieceExchange:
             return
         if self._active:
             raise RuntimeError("exchange already in progress")
-        for s, v in self._pack:
-            copy_into(s, v)
+        with _profiler.region("pack"):
+            for s, v in self._pack:
+                copy_into(s, v)
         reqs = self._preqs
         if reqs is None:
             reqs = self._preqs = self._persistent_requests()
         if reqs:
             MPI.Prequest.Startall(reqs)
             try:
-                if _watchdog._timeout is None:   # (what waiting() checks first, inlined)
+                if _watchdog._timeout is None and _profiler._active is None:  # (inlined
+                    # what waiting() checks first)
                     MPI.Request.Waitall(reqs)
                 else:
                     with waiting(self.comm, "MPI_Waitall (point-to-point exchange)"):
@@ -528,9 +539,10 @@ class PieceExchange:
                 self._preqs = None
                 self._drop(reqs[:len(self.recvs)], reqs[len(self.recvs):])
                 raise
-        if self.accumulate:
-            for v, s in self._unpack:
-                v += s
-        else:
-            for v, s in self._unpack:
-                copy_into(v, s)
+        with _profiler.region("pack", "unpack"):
+            if self.accumulate:
+                for v, s in self._unpack:
+                    v += s
+            else:
+                for v, s in self._unpack:
+                    copy_into(v, s)

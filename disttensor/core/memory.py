@@ -25,6 +25,8 @@ import os
 
 import numpy as np
 
+from . import profiler as _profiler
+
 __all__ = ["allocate", "format_bytes", "gather_limit", "check_gather_size",
            "DEFAULT_GATHER_LIMIT"]
 
@@ -50,6 +52,13 @@ def allocate(shape, dtype, *, xp=np, fill=None, rank: int | None = None, call: s
     failures across the ranks (see the module docstring) so that every rank raises."""
     shape = tuple(int(n) for n in shape)
     dtype = np.dtype(dtype)
+    if _profiler._active is not None:
+        with _profiler.region("alloc"):
+            return _allocate(shape, dtype, xp, fill, rank, call)
+    return _allocate(shape, dtype, xp, fill, rank, call)
+
+
+def _allocate(shape, dtype, xp, fill, rank, call):
     try:
         if fill is None:
             return xp.empty(shape, dtype=dtype)

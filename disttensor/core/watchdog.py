@@ -32,6 +32,8 @@ import time
 
 from mpi4py import MPI
 
+from . import profiler as _profiler
+
 __all__ = ["waiting", "timeout", "enable", "wait_report", "ABORT_CODE"]
 
 ABORT_CODE = 124
@@ -85,9 +87,11 @@ class _Wait:
 
 def waiting(comm, what: str):
     """Context manager marking a blocking wait of this thread on ``comm`` (a no-op unless the
-    watchdog is on)."""
-    if _timeout is None or comm is None or comm.size == 1:
+    watchdog is on or a step profile is active)."""
+    if _timeout is None and _profiler._active is None or comm is None or comm.size == 1:
         return _null
+    if _profiler._active is not None:  # the step profiler times the wait (core/profiler.py)
+        return _profiler.wait_region(what, None if _timeout is None else _Wait(what, comm.size))
     return _Wait(what, comm.size)
 
 

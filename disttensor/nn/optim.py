@@ -38,6 +38,7 @@ from collections.abc import Mapping, MutableMapping
 
 import numpy as np
 
+from ..core import profiler as _profiler
 from ..core.backend import array_module, to_host
 
 __all__ = ["Optimizer", "SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "NAdam", "RAdam",
@@ -200,10 +201,13 @@ class Optimizer:
         """One update of every parameter that has a gradient; returns ``closure()`` (called
         first, to recompute the loss and gradients) or ``None``."""
         loss = closure() if closure is not None else None
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    self._masked_update(p, p.grad, self.state[p], group)
+        prof = _profiler._active
+        with (_profiler.NULL if prof is None else prof.op(f"{type(self).__name__}.step",
+                                                          "update")):
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        self._masked_update(p, p.grad, self.state[p], group)
         return loss
 
     def step_parameter(self, p, grad) -> None:

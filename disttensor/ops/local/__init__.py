@@ -24,6 +24,7 @@ import os
 # imported, as scripts/main.sh and bench/README.md do) fixes the BLAS side.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+from ...core import profiler as _profiler
 from ...core.backend import array_module
 
 __all__ = ["kernels_for"]
@@ -57,10 +58,31 @@ class _Kernels:
 _BACKENDS: dict = {}
 
 
+class _TimedKernels:
+    """A kernel namespace whose functions run inside a ``kernel`` region of the step
+    profiler (:mod:`disttensor.core.profiler`), labelled with the kernel's name."""
+
+    def __init__(self, kernels: _Kernels):
+        self._kernels = kernels
+
+    def __getattr__(self, name):
+        f = getattr(self._kernels, name)
+        if not callable(f):
+            return f
+
+        def timed(*args, **kwargs):
+            with _profiler.region("kernel", name):
+                return f(*args, **kwargs)
+        return timed
+
+
 def kernels_for(arr) -> _Kernels:
-    """The kernel namespace for ``arr``'s device (NumPy -> CPU, CuPy -> GPU)."""
+    """The kernel namespace for ``arr``'s device (NumPy -> CPU, CuPy -> GPU); while a step
+    profile is active, its functions are timed."""
     key = "cpu" if array_module(arr).__name__ == "numpy" else "gpu"
     if key not in _BACKENDS:
         _BACKENDS[key] = (_Kernels(_CPU_MODULES, _CPU_OVERRIDES) if key == "cpu"
                           else _Kernels(("gpu",)))
+    if _profiler._active is not None:
+        return _TimedKernels(_BACKENDS[key])
     return _BACKENDS[key]
