@@ -57,7 +57,7 @@ def collective(comm: MPI.Comm, call: str | None = None, /, **args):
     from . import agreement
     dig = None
     if call is not None and comm is not None and comm.size > 1:
-        with _profiler.region("agreement"):
+        with _profiler.region("agreement", f"agree {call}"):
             dig = agreement.enter(call, args)
     err: BaseException | None = None
     try:
@@ -68,7 +68,8 @@ def collective(comm: MPI.Comm, call: str | None = None, /, **args):
         if err is not None:
             raise err
         return
-    with _profiler.region("agreement"):
+    with _profiler.region("agreement", "agreement all-reduce" if call is None else
+                          f"agreement all-reduce {call}"):
         failed, differ = agreement.status_allreduce(comm, err is not None, dig)
     if differ:
         raise agreement.mismatch_error(comm, call, args) from err
@@ -445,7 +446,7 @@ class PieceExchange:
         if self._active:
             raise RuntimeError("exchange already in progress")
         if self.persistent:
-            with _profiler.region("pack"):
+            with _profiler.region("pack") if self._pack else _profiler.NULL:
                 for s, v in self._pack:
                     copy_into(s, v)
             if self._preqs is None:
@@ -459,7 +460,7 @@ class PieceExchange:
         for (p, tag, v), s in zip(self.recvs, self._recv_scratch):
             reqs.append(comm.Irecv(_bytes(v if s is None else s), p, tag))
         data = []
-        with _profiler.region("pack"):
+        with _profiler.region("pack") if self._pack else _profiler.NULL:
             for (_, _, v), s in zip(self.sends, self._send_scratch):
                 if s is None:
                     data.append(v)
@@ -493,7 +494,7 @@ class PieceExchange:
             raise
         finally:
             self._reqs, self._keep, self._active = [], [], False
-        with _profiler.region("pack", "unpack"):
+        with _profiler.region("pack", "unpack") if self._unpack else _profiler.NULL:
             self._unpack_received()
 
     def _unpack_received(self) -> None:
@@ -520,7 +521,7 @@ class PieceExchange:
             return
         if self._active:
             raise RuntimeError("exchange already in progress")
-        with _profiler.region("pack"):
+        with _profiler.region("pack") if self._pack else _profiler.NULL:
             for s, v in self._pack:
                 copy_into(s, v)
         reqs = self._preqs
@@ -539,7 +540,7 @@ class PieceExchange:
                 self._preqs = None
                 self._drop(reqs[:len(self.recvs)], reqs[len(self.recvs):])
                 raise
-        with _profiler.region("pack", "unpack"):
+        with _profiler.region("pack", "unpack") if self._unpack else _profiler.NULL:
             if self.accumulate:
                 for v, s in self._unpack:
                     v += s
