@@ -143,6 +143,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--x-shift", type=float, default=None, help="subtract this from every "
                    "sample value after --log1p/--divide-by-mean (e.g. centre log counts)")
     p.add_argument("--x-scale", type=float, default=None, help="then divide by this")
+    p.add_argument("--profile", action="store_true", help="profile --profile-steps steady "
+                   "steps after --profile-warmup steps: OUT/profile/summary.txt (time per op, "
+                   "pass and category) and Chrome traces OUT/profile/trace-rank*.json")
+    p.add_argument("--profile-steps", type=int, default=5, help="steps to profile (5)")
+    p.add_argument("--profile-warmup", type=int, default=2, help="steps before profiling (2)")
     apply_preset_defaults(p, sys.argv[1:] if argv is None else argv)
     return p.parse_args(argv)
 
@@ -216,6 +221,9 @@ def check_args(args, comm):
                              f"gradients exist, so it cannot run with "
                              f"{'--clip-grad' if args.clip_grad else '--amp'} (which needs "
                              "every gradient first)")
+        if args.profile_steps < 1 or args.profile_warmup < 0:
+            raise ValueError(f"--profile-steps must be >= 1 and --profile-warmup >= 0, got "
+                             f"{args.profile_steps} and {args.profile_warmup}")
         if args.prune_to is not None and not 0 <= args.prune_to <= 1:
             raise ValueError(f"--prune-to is a sparsity in [0, 1], got {args.prune_to}")
         check_watch_args(args)

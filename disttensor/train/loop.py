@@ -31,6 +31,7 @@ from .builders import build_loss, build_optimizer, build_schedule
 from .checkpoints import CHECKPOINT, restore, save_state
 from .data import batches, target_mean
 from .metrics import METRICS, append_csv, epoch_line, final_line, validate
+from .profiling import StepProfiler
 from .pruning import head_inference_times, make_pruner, pruning_line
 from .watch import Watch
 
@@ -155,6 +156,7 @@ def train_epochs(args, comm, grid, train_ds, val_ds, model, progress, segmentati
     if pruner is not None:
         pruner.last_step = result.steps - 1
     watch = Watch(args, comm, segmentation, progress)
+    profiler = StepProfiler(args, comm, progress)
     if not segmentation:
         tmean = target_mean(train_ds.files, train_ds.stacked, yname, comm)
     progress.say(f"disttensor.train {args.model}: {comm.size} ranks, grid "
@@ -178,6 +180,7 @@ def train_epochs(args, comm, grid, train_ds, val_ds, model, progress, segmentati
             for k, (x, y) in enumerate(it, start=skip):
                 x = x if x.dtype == dtype else x.astype(dtype)
                 y = y if segmentation or y.dtype == dtype else y.astype(dtype)
+                profiler.before_step()
                 opt.zero_grad()
                 if pipe is not None:
                     lossv = pipe.train_step(x, y, loss_fn)
@@ -209,7 +212,9 @@ def train_epochs(args, comm, grid, train_ds, val_ds, model, progress, segmentati
                 signalled = bool(comm.allreduce(stop.raised, op=MPI.LOR))
                 halt = signalled or (args.max_steps is not None and
                                      result.steps >= args.max_steps)
+                profiler.after_step()
                 if halt and k + 1 < nbatches:  # stopping inside an epoch
+                    profiler.finish()
                     if not args.no_checkpoint:
                         save_state(ckpt, ckpt_grid, model, opt, sched, result, epoch, k + 1,
                                    config, scaler, pipe)
@@ -221,6 +226,7 @@ def train_epochs(args, comm, grid, train_ds, val_ds, model, progress, segmentati
                 if halt:
                     break
             skip = 0
+            profiler.finish()  # not profiled across a validation
             # rank 0's clock, so every rank records the same metrics (and checkpoint)
             elapsed = comm.bcast(time.perf_counter() - t0, root=0)
             watch.eval_start(epoch)
@@ -250,6 +256,7 @@ def train_epochs(args, comm, grid, train_ds, val_ds, model, progress, segmentati
                 break
         finished = True
     finally:
+        profiler.abandon()
         stop.restore()
         progress.close()
         watch.close(result, out, finished)

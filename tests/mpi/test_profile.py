@@ -12,6 +12,7 @@ and put every region inside an op; bad arguments raise on every rank.
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -167,3 +168,40 @@ def test_profile_bad_arguments_raise_everywhere(shared_tmp_path):
         assert_raises_all(COMM, dt.ArgumentMismatchError, "directory",
                           lambda: prof.write_chrome_trace(
                               str(shared_tmp_path / f"r{COMM.rank}")))
+
+
+def _cli_args(root, out, *extra):
+    return ["cosmoflow", "--widths", "2", "--dense", "4", "--quiet", "--no-prefetch",
+            "--data", os.path.join(root, "train"), "--val", os.path.join(root, "val"),
+            "--out", out, "--grid", f"1x{SIZE}x1x1", "--batch-size", "2", "--epochs", "1",
+            "--no-checkpoint", "--no-plots", "--no-tensorboard", *extra]
+
+
+def test_training_command_profile(shared_tmp_path):
+    """``--profile``: OUT/profile/summary.txt (wall and CPU tables of the profiled steps) and
+    a valid trace per rank plus the merged one; a bad --profile-steps raises everywhere."""
+    from disttensor import train
+    from disttensor.io.synthetic import generate_synthetic
+    root = str(shared_tmp_path)
+    generate_synthetic(os.path.join(root, "train"), 8, size=8, channels=4, seed=0, comm=COMM)
+    generate_synthetic(os.path.join(root, "val"), 2, size=8, channels=4, seed=1, comm=COMM)
+    out = os.path.join(root, "out")
+    res = train.run(_cli_args(root, out, "--profile", "--profile-steps", "2",
+                              "--profile-warmup", "1"))
+    assert_all_ranks(COMM, res.steps == 4, f"{res.steps} steps")
+    err = ""
+    if COMM.rank == 0:
+        try:
+            text = open(os.path.join(out, "profile", "summary.txt")).read()
+            for want in ("2 steps", "CPU ms per step", "conv", "Adam.step", "(outside ops)"):
+                if want not in text:
+                    raise AssertionError(f"{want!r} not in the summary:\n{text}")
+            for name in [f"trace-rank{r}.json" for r in range(SIZE)] + ["trace.json"]:
+                R.check_trace(json.load(open(os.path.join(out, "profile", name))))
+        except (AssertionError, ValueError, OSError) as e:
+            err = str(e)
+    err = COMM.bcast(err)
+    assert_all_ranks(COMM, not err, err)
+    assert_raises_all(COMM, ValueError, "--profile-steps must be",
+                      lambda: train.run(_cli_args(root, out, "--profile",
+                                                  "--profile-steps", "0")))
