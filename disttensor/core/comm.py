@@ -57,8 +57,11 @@ def collective(comm: MPI.Comm, call: str | None = None, /, **args):
     from . import agreement
     dig = None
     if call is not None and comm is not None and comm.size > 1:
-        with _profiler.region("agreement", f"agree {call}"):
+        if _profiler._active is None:
             dig = agreement.enter(call, args)
+        else:
+            with _profiler.region("agreement", f"agree {call}"):
+                dig = agreement.enter(call, args)
     err: BaseException | None = None
     try:
         yield
@@ -68,9 +71,12 @@ def collective(comm: MPI.Comm, call: str | None = None, /, **args):
         if err is not None:
             raise err
         return
-    with _profiler.region("agreement", "agreement all-reduce" if call is None else
-                          f"agreement all-reduce {call}"):
+    if _profiler._active is None:
         failed, differ = agreement.status_allreduce(comm, err is not None, dig)
+    else:
+        with _profiler.region("agreement", "agreement all-reduce" if call is None else
+                              f"agreement all-reduce {call}"):
+            failed, differ = agreement.status_allreduce(comm, err is not None, dig)
     if differ:
         raise agreement.mismatch_error(comm, call, args) from err
     if not failed:
@@ -446,9 +452,11 @@ class PieceExchange:
         if self._active:
             raise RuntimeError("exchange already in progress")
         if self.persistent:
-            with _profiler.region("pack") if self._pack else _profiler.NULL:
-                for s, v in self._pack:
-                    copy_into(s, v)
+            if _profiler._active is None:
+                self._pack_pieces()
+            else:
+                with _profiler.region("pack") if self._pack else _profiler.NULL:
+                    self._pack_pieces()
             if self._preqs is None:
                 self._preqs = self._persistent_requests()
             if self._preqs:
@@ -494,8 +502,15 @@ class PieceExchange:
             raise
         finally:
             self._reqs, self._keep, self._active = [], [], False
-        with _profiler.region("pack", "unpack") if self._unpack else _profiler.NULL:
+        if _profiler._active is None:
             self._unpack_received()
+        else:
+            with _profiler.region("pack", "unpack") if self._unpack else _profiler.NULL:
+                self._unpack_received()
+
+    def _pack_pieces(self) -> None:
+        for s, v in self._pack:
+            copy_into(s, v)
 
     def _unpack_received(self) -> None:
         if self.staged:
@@ -521,9 +536,11 @@ class PieceExchange:
             return
         if self._active:
             raise RuntimeError("exchange already in progress")
-        with _profiler.region("pack") if self._pack else _profiler.NULL:
-            for s, v in self._pack:
-                copy_into(s, v)
+        if _profiler._active is None:
+            self._pack_pieces()
+        else:
+            with _profiler.region("pack") if self._pack else _profiler.NULL:
+                self._pack_pieces()
         reqs = self._preqs
         if reqs is None:
             reqs = self._preqs = self._persistent_requests()
@@ -540,10 +557,8 @@ class PieceExchange:
                 self._preqs = None
                 self._drop(reqs[:len(self.recvs)], reqs[len(self.recvs):])
                 raise
-        with _profiler.region("pack", "unpack") if self._unpack else _profiler.NULL:
-            if self.accumulate:
-                for v, s in self._unpack:
-                    v += s
-            else:
-                for v, s in self._unpack:
-                    copy_into(v, s)
+        if _profiler._active is None:
+            self._unpack_received()
+        else:
+            with _profiler.region("pack", "unpack") if self._unpack else _profiler.NULL:
+                self._unpack_received()
