@@ -24,6 +24,13 @@ figures are medians over the repetitions:
 * ``points lost`` per category: (sum over the n ranks of the category - the 1-rank
   category) / (sum over the ranks of the step), in points of efficiency; they add up to
   ``1 - efficiency`` (wall) and ``1 - cpu_efficiency`` (CPU) of the profiled steps;
+* ``work_efficiency``: the same for the CPU time outside MPI waits (the point-to-point,
+  collective and agreement all-reduce waits, whose CPU is the MPI library polling while a
+  rank waits for another): the work the distribution adds, with none of the waiting;
+* per op and pass, the kernel and the whole op's CPU time summed over the ranks against one
+  rank's (``kernel_cpu_ratio_*``: what thinner blocks cost the kernels);
+* the agreement split into hashing the arguments (``digest``), the status all-reduce's MPI
+  wait (``mpi``) and the Python around it;
 * ``profiled_over_plain``: a profiled step's wall time over an unprofiled one (the cost of
   profiling with CPU times: four clock reads per region).
 
@@ -84,12 +91,13 @@ def run_case(case, steps):
     steps' per-category sums over the ranks, wall and CPU (ms per step).  Collective over
     COMM_WORLD (non-members wait)."""
     COMM.Barrier()
-    c0, t0 = time.process_time(), time.perf_counter()
+    c0, t0 = time.thread_time(), time.perf_counter()
     if case is not None:
         for _ in range(steps):
             case[1]()
     wall = COMM.allreduce(time.perf_counter() - t0, op=MPI.MAX) / steps
-    cpu = COMM.allreduce(time.process_time() - c0, op=MPI.SUM) / steps
+    cpu = COMM.allreduce(time.thread_time() - c0 if case is not None else 0.0,
+                         op=MPI.SUM) / steps
     COMM.Barrier()
     tables = None
     t0 = time.perf_counter()
@@ -98,7 +106,7 @@ def run_case(case, steps):
             for _ in range(steps):
                 case[1]()
                 prof.step()
-        tables = (prof.local_table("wall"), prof.local_table("cpu"))
+        tables = (prof.local_table("wall"), prof.local_table("cpu"), _by_label(prof))
     pwall = COMM.allreduce(time.perf_counter() - t0 if case is not None else 0.0,
                            op=MPI.MAX) / steps
     every = [t for t in COMM.allgather(tables) if t is not None]
@@ -111,7 +119,32 @@ def run_case(case, steps):
         sums[(clock, "step")] = sum(t[k]["span"] / t[k]["steps"] / 1e6 for t in every)
         sums[(clock, "outside")] = sum(t[k]["rows"][OUTSIDE]["total"] / t[k]["steps"] / 1e6
                                        for t in every)
+        for key in every[0][k]["rows"]:  # per op and pass: total and kernel
+            if key == OUTSIDE:
+                continue
+            for f in ("total", "kernel"):
+                sums[(clock, key, f)] = sum(t[k]["rows"][key][f] / t[k]["steps"] / 1e6
+                                            for t in every if key in t[k]["rows"])
+    for part in ("digest", "mpi", "rest"):
+        for ci, clock in ((0, "wall"), (1, "cpu")):
+            sums[(clock, "agreement " + part)] = sum(t[2][part][ci] / t[0]["steps"] / 1e6
+                                                     for t in every)
     return wall, cpu, pwall, sums, (prof if case is not None else None)
+
+
+def _by_label(prof) -> dict:
+    """The agreement's exclusive time split: ``digest`` (hashing the arguments), ``mpi``
+    (the status all-reduce's MPI wait) and ``rest`` (the Python around it): (wall, CPU) ns."""
+    out = {"digest": [0, 0], "mpi": [0, 0], "rest": [0, 0]}
+    end = prof.step_marks[-1][0]
+    for cat, label, t0, t1, excl, _d, cpu in prof.regions:
+        if cat != "agreement" or t1 > end:
+            continue
+        part = ("digest" if label.startswith("agree ") else
+                "mpi" if label.startswith("MPI_") else "rest")
+        out[part][0] += excl
+        out[part][1] += cpu
+    return out
 
 
 def main() -> None:
@@ -201,6 +234,32 @@ def main() -> None:
             print(f"  {clock}: {lost:.1f} points lost = " + ", ".join(parts))
         print(f"  CPU work of the {n} ranks over the 1-rank step: "
               f"{m[('cpu', 'step')] / base:.2f}x")
+
+        def work(r):  # CPU outside MPI waits (the idle-sleep MPI still polls while waiting)
+            return (r[("cpu", "step")] - r[("cpu", "p2p wait")] - r[("cpu", "collective")]
+                    - r[("cpu", "agreement mpi")])
+        weff = work(one) / work(m)
+        print(f"  CPU outside MPI waits: 1 rank {work(one):.2f} ms, {n} ranks {work(m):.2f} ms: "
+              f"work_efficiency {weff:.2f}")
+        record("profile", case, "work_efficiency", weff, "fraction", ranks=n)
+        print("  agreement, CPU ms per step summed over the ranks: " + ", ".join(
+            f"{part} {m[('cpu', 'agreement ' + part)]:.2f}" for part in ("digest", "mpi",
+                                                                          "rest"))
+              + "; wall: " + ", ".join(f"{part} {m[('wall', 'agreement ' + part)]:.2f}"
+                                       for part in ("digest", "mpi", "rest")))
+        print(f"  per op, CPU summed over the ranks / 1 rank (kernel; total):")
+        for key in [k for k in m if len(k) == 3 and k[0] == "cpu" and k[2] == "total"]:
+            op = key[1]
+            k1, t1 = one.get(("cpu", op, "kernel"), 0), one.get(("cpu", op, "total"), 0)
+            kn, tn = m[("cpu", op, "kernel")], m[("cpu", op, "total")]
+            if t1 < 0.02 * base:
+                continue  # small ops
+            kr = f"{kn / k1:.2f}x" if k1 > 1e-6 else "-"
+            print(f"    {op[0]:>12} {op[1]:<9} kernel {k1:7.2f} -> {kn:7.2f} ms ({kr}); "
+                  f"total {t1:7.2f} -> {tn:7.2f} ms ({tn / t1:.2f}x)")
+            if k1 > 1e-6:
+                record("profile", case, f"kernel_cpu_ratio_{op[0]}_{op[1]}", kn / k1, "x",
+                       better="lower", ranks=n)
 
 
 if __name__ == "__main__":

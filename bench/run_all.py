@@ -70,6 +70,8 @@ JOBS = [
     # scaling, overlap, the performance model
     Job("scaling", "scaling_bench.py", ["--quick"], [], ranks=(2, 3, 4)),
     Job("perfmodel", "perfmodel_bench.py", ["--quick"], [], ranks=(1, 2, 4), timeout=600),
+    Job("profile", "profile_bench.py", ["--size", "16", "--widths", "8,16", "--reps", "2"],
+        ["--size", "32", "--reps", "5"], ranks=(2,)),
     Job("train", "train_bench.py", ["--size", "16", "--widths", "8,16", "--reps", "3"], [],
         ranks=(2,)),
     # training features
