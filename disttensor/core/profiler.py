@@ -51,7 +51,6 @@ from . import profile_report as _report
 __all__ = ["profile", "Profile", "region", "CATEGORIES"]
 
 CATEGORIES = _report.CATEGORIES
-_REGION_CATEGORIES = frozenset(CATEGORIES) - {"python"}
 
 #: the active profile (None: profiling off; every hook tests this global first)
 _active: "Profile | None" = None
@@ -110,14 +109,17 @@ def wait_region(what: str, inner=None):
     """The region of a blocking MPI wait described by ``what`` (the watchdog's description):
     ``p2p wait`` for point-to-point waits, ``agreement`` for the agreement all-reduce,
     ``collective`` otherwise.  ``inner``: a context entered inside it (the watchdog's mark).
-    Only called while a profile is active."""
+    Called by :func:`disttensor.core.watchdog.waiting` while a profile is active."""
+    p = _active
+    if p is None:  # ended meanwhile (another thread)
+        return _NULL if inner is None else inner
     if "agreement" in what:
         cat = "agreement"
     elif "point-to-point" in what or "redistribution" in what or "pipeline" in what:
         cat = "p2p wait"
     else:
         cat = "collective"
-    return _Region(_active, cat, what, inner)
+    return _Region(p, cat, what, inner)
 
 
 class _Op:
