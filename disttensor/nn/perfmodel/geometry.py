@@ -267,7 +267,7 @@ def analyze_layers(layers: Sequence, input_shape: Sequence[int], batch: int,
             # rounded up to that (the distributed ops themselves take any split)
             q = 2 ** int(getattr(layer, "levels", 0) or 0)
             shape = (b, chans, *(-(-n // q) * q for n in blocks)) if flat is None else (b, flat)
-            leaves = max(sum(1 for m in layer.modules() if not m._modules), 1)
+            leaves = max(sum(1 for m in layer.modules() if not getattr(m, "_modules", None)), 1)
             out.append(LayerGeometry(name, "opaque", shape, vol, vol, param_bytes=pbytes,
                                      saved_bytes=vol * leaves))
     return out

@@ -75,7 +75,10 @@ class Machine:
     device).  ``conv_efficiency``: fraction of ``peak_flops`` a 3D convolution reaches
     (forward, backward); ``bandwidth``: bytes/s memory-bound kernels reach; ``launch_s``:
     fixed seconds per kernel; ``host_op_s``: this library's host-side seconds per op and pass
-    (Python dispatch, bookkeeping: they do not shrink with a faster device); ``intra``/``inter``: per-message alpha and per-byte beta of a
+    (Python dispatch, bookkeeping: they do not shrink with a faster device);
+    ``conv_roofline``: a convolution is never faster than its bytes at ``bandwidth`` (off for
+    a measured machine, whose ``bandwidth`` is that of its pooling and pointwise kernels);
+    ``intra``/``inter``: per-message alpha and per-byte beta of a
     neighbour transfer inside / between nodes; ``allreduce``: ``auto``, ``ring`` or ``tree``
     across nodes; ``agreement``: every distributed op agrees its arguments in one tiny
     all-reduce per pass over the grid (this library's collective contract);
@@ -92,6 +95,7 @@ class Machine:
     dense_efficiency: float = 0.6
     launch_s: float = 5e-6
     host_op_s: float = 0.0
+    conv_roofline: bool = True
     reserved_bytes: float = 0.0
     allreduce_algorithm: str = "auto"
     agreement: bool = True
@@ -160,9 +164,12 @@ class Machine:
         for (flops, nbytes, kernels), eff in zip(passes, self.conv_efficiency):
             if kind == "dense":
                 eff = self.dense_efficiency
-            t = nbytes / self.bandwidth
             if flops:
-                t = max(t, flops / (self.peak_flops * eff))
+                t = flops / (self.peak_flops * eff)
+                if self.conv_roofline:
+                    t = max(t, nbytes / self.bandwidth)
+            else:
+                t = nbytes / self.bandwidth
             out.append(t + kernels * self.launch_s + self.host_op_s)
         return out[0], out[1]
 
@@ -260,12 +267,13 @@ def measure_machine(comm, layers=None, input_shape=None, batch: int = 2, *, memo
     same value on every rank): the links (:func:`~.links.measure_links`: point to point as
     both ``intra`` and ``inter``, one node of ``comm.size`` devices, the measured all-reduce
     and per-op cost), and the compute rates fitted to :class:`~.timing.LayerTimer` timings
-    of ``layers`` (the model's own, :func:`~disttensor.nn.module.sequential_layers`) on the
-    one-device problem of ``batch`` samples of ``input_shape`` timed on every rank at
-    once (ranks sharing cores measure the speed they get): ``t = alpha + beta * work`` fitted
-    (:meth:`~.links.AlphaBeta.fit`) to the convolutions' flops (forward and backward apart:
-    their rates), the memory-bound layers' bytes (the bandwidth, and ``alpha`` as the
-    per-op host cost ``host_op_s``) and the linear layers' flops.
+    of ``layers`` (the model's own, :func:`~disttensor.nn.module.sequential_layers`) on its
+    share of ``batch`` samples of ``input_shape`` (``batch / gcd(ranks, batch)`` whole
+    samples: the blocks of the sample split) timed on every rank at once (ranks sharing
+    cores measure the speed they get): the per-op host cost ``host_op_s`` is the ``alpha`` of ``t = alpha + beta * bytes`` fitted to the memory-bound
+    layers (:meth:`~.links.AlphaBeta.fit`); each rate (convolution flops forward and
+    backward, memory-bound bytes, linear-layer flops) is the kind's total work over its total
+    time less ``host_op_s`` per layer (large layers weigh by their time, as in a step).
     ``memory_bytes``: per device (default: physical memory / ranks).  Without ``layers``,
     a small CosmoFlow (widths 8, 16, 32 on 32^3 x 4, dense 32) calibrates the rates."""
     import os
@@ -281,7 +289,8 @@ def measure_machine(comm, layers=None, input_shape=None, batch: int = 2, *, memo
                                              rng=np.random.default_rng(0)))
         input_shape = (4, 32, 32, 32)
     links = measure_links(comm, quick=quick)
-    geoms = analyze_layers(layers, input_shape, batch, (1, 1, 1, 1))
+    share = math.gcd(comm.size, batch)     # each rank times its share of the batch
+    geoms = analyze_layers(layers, input_shape, batch, (share, 1, 1, 1))
     timer = LayerTimer(comm, np.float32, "cpu", repeats=repeats, warmup=1)
     times = timer.time_all([(timing_layer(l, g), g.time_shape, i > 0)
                             for i, (l, g) in enumerate(zip(layers, geoms))])
@@ -299,19 +308,17 @@ def measure_machine(comm, layers=None, input_shape=None, batch: int = 2, *, memo
             pairs[key][0].append(flops or nbytes)
             pairs[key][1].append(t)
 
-    def fit(key):
-        """(seconds per unit, fixed seconds) of a kind: alpha-beta fit, or the ratio."""
+    def per_unit(key, host):
+        """Seconds per unit of a kind: its total time less ``host`` per layer, over its
+        total work (large layers weigh by their time, as in a step)."""
         n, t = pairs.get(key, ([], []))
-        if not n or sum(t) <= 0:
-            return None, 0.0
-        if len(set(n)) >= 2:
-            ab = AlphaBeta.fit(n, t)
-            if ab.beta > 0:
-                return ab.beta, ab.alpha
-        return sum(t) / sum(n), 0.0
-    mem_beta, host = fit(("memory", 0))
-    conv = [fit(("conv", j))[0] for j in (0, 1)]
-    dense_beta = fit(("dense", 0))[0]
+        rest = sum(t) - host * len(t)
+        return rest / sum(n) if n and sum(n) > 0 and rest > 0 else None
+    n_mem, t_mem = pairs.get(("memory", 0), ([], []))
+    host = AlphaBeta.fit(n_mem, t_mem).alpha if len(set(n_mem)) >= 2 else 0.0
+    mem_beta = per_unit(("memory", 0), host)
+    conv = [per_unit(("conv", j), host) for j in (0, 1)]
+    dense_beta = per_unit(("dense", 0), host)
     bw = 1.0 / mem_beta if mem_beta else 1e10
     rates = [1.0 / b if b else 1e10 for b in conv]
     peak = max(rates)
@@ -319,6 +326,7 @@ def measure_machine(comm, layers=None, input_shape=None, batch: int = 2, *, memo
     return Machine(name, float(memory_bytes), comm.size, peak, bw, links.p2p, links.p2p,
                    conv_efficiency=(rates[0] / peak, rates[1] / peak),
                    dense_efficiency=min(dense, 1.0), launch_s=0.0, host_op_s=host,
+                   conv_roofline=False,
                    measured_allreduce=links.allreduce if comm.size > 1 else None,
                    measured_op_s=(links.op_forward_s, links.op_backward_s),
                    description=f"this machine, {comm.size} ranks, measured",
