@@ -270,8 +270,9 @@ def measure_machine(comm, layers=None, input_shape=None, batch: int = 2, *, memo
     of ``layers`` (the model's own, :func:`~disttensor.nn.module.sequential_layers`) on its
     share of ``batch`` samples of ``input_shape`` (``batch / gcd(ranks, batch)`` whole
     samples: the blocks of the sample split) timed on every rank at once (ranks sharing
-    cores measure the speed they get): the per-op host cost ``host_op_s`` is the ``alpha`` of ``t = alpha + beta * bytes`` fitted to the memory-bound
-    layers (:meth:`~.links.AlphaBeta.fit`); each rate (convolution flops forward and
+    cores measure the speed they get): the per-op host cost ``host_op_s`` is the ``alpha``
+    of ``t = alpha + beta * bytes`` fitted to the memory-bound layers
+    (:meth:`~.links.AlphaBeta.fit`); each rate (convolution flops forward and
     backward, memory-bound bytes, linear-layer flops) is the kind's total work over its total
     time less ``host_op_s`` per layer (large layers weigh by their time, as in a step).
     ``memory_bytes``: per device (default: physical memory / ranks).  Without ``layers``,
