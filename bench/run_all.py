@@ -70,6 +70,7 @@ JOBS = [
     # scaling, overlap, the performance model
     Job("scaling", "scaling_bench.py", ["--quick"], [], ranks=(2, 3, 4)),
     Job("perfmodel", "perfmodel_bench.py", ["--quick"], [], ranks=(1, 2, 4), timeout=600),
+    Job("simulator", "simulator_bench.py", ["--quick"], [], mpi=False, threads_per_rank=0),
     Job("train", "train_bench.py", ["--size", "16", "--widths", "8,16", "--reps", "3"], [],
         ranks=(2,)),
     # training features
