@@ -251,3 +251,19 @@ def test_cli_plans_the_stage_grid_of_a_pipeline(cli_data):
     # a micro-batch of 2 samples: the sample axis of a stage divides it
     assert_all_ranks(COMM, math.prod(g) == SIZE // 2 and 2 % g[0] == 0 and res.steps == 2
                      and all(np.isfinite(res.losses)), f"{res}")
+
+
+def test_measured_machine_is_identical_and_simulates_every_grid():
+    """measure_machine (collective) gives the same Machine on every rank, with positive rates
+    and the measured links; the simulator ranks every grid of the job with it."""
+    from disttensor.nn.perfmodel.machine import measure_machine
+    from disttensor.nn.perfmodel.simulate import simulate
+    layers = nn.sequential_layers(model())
+    m = measure_machine(COMM, layers, SHAPE, BATCH, repeats=1)
+    assert same_everywhere(repr(m))
+    assert m.devices_per_node == SIZE and m.peak_flops > 0 and m.bandwidth > 0
+    assert 0 < m.conv_efficiency[0] <= 1 and 0 < m.conv_efficiency[1] <= 1
+    assert m.host_op_s >= 0 and (SIZE > 1) == (m.measured_allreduce is not None)
+    plan = simulate(layers, SHAPE, BATCH, SIZE, m)
+    assert plan.ranked and same_everywhere(summary(plan))
+    assert all(math.prod(p.grid) == SIZE and p.step_s > 0 for p in plan.ranked)
