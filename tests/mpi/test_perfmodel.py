@@ -267,3 +267,12 @@ def test_measured_machine_is_identical_and_simulates_every_grid():
     plan = simulate(layers, SHAPE, BATCH, SIZE, m)
     assert plan.ranked and same_everywhere(summary(plan))
     assert all(math.prod(p.grid) == SIZE and p.step_s > 0 for p in plan.ranked)
+
+
+def test_plan_grid_on_a_machine_description_is_the_simulator():
+    from disttensor.nn.perfmodel.machine import V100_EDR
+    from disttensor.nn.perfmodel.simulate import simulate
+    plan = plan_grid(model(), SHAPE, BATCH, comm=COMM, machine=V100_EDR, nranks=8)
+    ref = simulate(nn.sequential_layers(model()), SHAPE, BATCH, 8, V100_EDR)
+    assert summary(plan) == summary(ref) and same_everywhere(summary(plan))
+    assert plan.machine is V100_EDR and all(math.prod(p.grid) == 8 for p in plan.ranked)
