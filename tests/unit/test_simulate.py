@@ -141,7 +141,7 @@ def test_conv_time_from_flops_and_roofline():
 # -- the seed's published speedups -------------------------------------------------------------
 def test_seed_speedups_v100():
     """Oyama: 1.77x from 512 to 2,048 V100s (CosmoFlow 512^3, batch 64), 1.42x from 256 to
-    512 (3D U-Net 256^3, batch 16).  The shipped description predicts more (3.1x and 1.9x:
+    512 (3D U-Net 256^3, batch 16).  The shipped description predicts more (3.1x and 2.0x:
     bench/simulator_bench.py and docs/performance.md say why); held here: both strong-scale
     sub-linearly, and each effect the seed's runs could carry (halos not hidden, the
     all-reduce after backward) lowers the speedup."""

@@ -13,7 +13,7 @@ The prediction for one grid (:func:`predict_grid`, pure given the measurements):
   ``(P_sp - 1) * alpha_p2p + (P_sp - 1) / P_sp * bytes * beta_p2p``; backward slices locally.
 * every distributed op agrees its arguments in one small all-reduce per pass, which also
   synchronises the ranks: a measured per-op overhead forward and backward (an activation of
-  a small block on ``comm`` minus the same on one rank), and ``alpha_allreduce`` twice more
+  a small block on ``comm`` minus the same on one rank), and a tiny all-reduce twice more
   for global batch norm.
 * gradient all-reduce: the parameters packed into buckets of ``bucket_bytes`` in reverse
   registration order (as :class:`~disttensor.nn.parallel.GradientReducer`); a bucket is ready
@@ -153,7 +153,7 @@ def predict_grid(grid, geoms: Sequence[LayerGeometry], times: Sequence[tuple[flo
     p2p, red = links.p2p, links.allreduce
     many = links.nranks > 1
     of, ob = (links.op_forward_s, links.op_backward_s) if many else (0.0, 0.0)
-    extra = red.alpha if many else 0.0
+    extra = red(8) if many else 0.0   # a tiny all-reduce (latency; NCCL: tree)
     preds, fwd_total, ends, t_bwd = [], 0.0, {}, 0.0
     comm_f, comm_b = [], []
     for g in geoms:
