@@ -11,9 +11,10 @@ and with several device counts the strong-scaling speedup of the best grids::
     python -m disttensor.plan --model unet --size 256 --batch 16 --gpus 256,512 --machine h100-ndr
     mpiexec -n 2 python -m disttensor.plan --machine here --size 32 --batch 4 --gpus 2
 
-``--machine here`` measures this machine first (collective over ``COMM_WORLD``: the links
-and the layer throughputs of a small CosmoFlow, :func:`~disttensor.nn.perfmodel.machine.
-measure_machine`); the shipped descriptions need no MPI job.  Only rank 0 prints.
+``--machine here`` measures this machine first (collective over ``COMM_WORLD``: the links,
+and the layer throughputs of the model itself built at ``--calibrate-size``, one sample per
+rank, :func:`~disttensor.nn.perfmodel.machine.measure_machine`); the shipped descriptions need
+no MPI job.  Only rank 0 prints.
 :func:`main` returns the exit status (2 for bad arguments, with the reason on stderr).
 """
 from __future__ import annotations
@@ -65,6 +66,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--channels", type=int, default=None,
                    help="input channels (default CosmoFlow 4, U-Net 1)")
     p.add_argument("--optimizer", choices=("adam", "adamw", "sgd", "none"), default="adam")
+    p.add_argument("--calibrate-size", type=int, default=None,
+                   help="--machine here: the sample size the model's layers are timed at "
+                        "(default: the smallest its pooling allows, at least 32)")
     p.add_argument("--no-halo-overlap", action="store_true",
                    help="halo exchange not hidden behind compute (the CPU default)")
     args = p.parse_args(argv)
@@ -94,12 +98,21 @@ def model_layers(args) -> tuple[list, tuple]:
     return unet_layers(c, 3, encoder, (enc[-1], 2 * enc[-1])), (c,) + (args.size,) * 3
 
 
-def _machine(name: str):
-    if name != "here":
-        return MACHINES[name]
+def _machine(args, layers):
+    """The machine description; ``here``: measured on the model itself at a small size
+    (``--calibrate-size``: default the smallest its pooling allows, at least 32), one sample
+    per rank."""
+    if args.machine != "here":
+        return MACHINES[args.machine]
+    import argparse as _a
     from mpi4py import MPI
+    from ..nn.perfmodel.layerspec import levels_of
     from ..nn.perfmodel.machine import measure_machine
-    return measure_machine(MPI.COMM_WORLD)
+    comm = MPI.COMM_WORLD
+    size = args.calibrate_size or min(args.size, max(32, 2 ** levels_of(layers)))
+    small = _a.Namespace(**{**vars(args), "size": size})
+    cal, shape = model_layers(small)
+    return measure_machine(comm, cal, shape, comm.size)
 
 
 def main(argv=None, out=None) -> int:
@@ -111,7 +124,7 @@ def main(argv=None, out=None) -> int:
         return int(e.code or 0)
     try:
         layers, shape = model_layers(args)
-        machine = _machine(args.machine)
+        machine = _machine(args, layers)
         plans = [simulate(layers, shape, args.batch, n, machine, optimizer=args.optimizer,
                           halo_overlap=not args.no_halo_overlap) for n in args.gpus]
     except ValueError as e:
@@ -125,6 +138,11 @@ def main(argv=None, out=None) -> int:
     print(f"{args.model} {'x'.join(map(str, shape))} (C x D x H x W), batch {args.batch}, "
           f"{len(layers)} layers, {pbytes / 4e6:.1f} M parameters, optimizer "
           f"{args.optimizer}, halo overlap {'off' if args.no_halo_overlap else 'on'}", file=out)
+    if args.machine == "here":
+        cf, cb = (machine.peak_flops * e / 1e9 for e in machine.conv_efficiency)
+        print(f"measured: convolution {cf:.1f} / {cb:.1f} GFLOP/s forward / backward, "
+              f"memory-bound layers {machine.bandwidth / 1e9:.2f} GB/s + "
+              f"{machine.host_op_s * 1e6:.0f} us per op and pass", file=out)
     for plan in plans:
         print(plan.report(top=args.top), file=out)
         if not plan.ranked:

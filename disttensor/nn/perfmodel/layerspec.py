@@ -17,9 +17,13 @@ Nothing here communicates or allocates arrays.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-__all__ = ["LayerSpec", "cosmoflow_layers", "unet_layers", "spec_param_bytes", "levels_of"]
+import numpy as np
+
+__all__ = ["LayerSpec", "cosmoflow_layers", "unet_layers", "spec_param_bytes", "levels_of",
+           "materialize"]
 
 
 @dataclass(frozen=True)
@@ -126,3 +130,28 @@ def levels_of(layers) -> int:
     """Pooling stages of a layer list (the divisibility a U-Net needs: ``2**levels``)."""
     return sum(1 for l in layers if getattr(l, "layer_type", "").startswith("MaxPool"))
 
+
+
+def materialize(spec: LayerSpec, rng=None):
+    """The :mod:`disttensor.nn` layer a description stands for (its parameters allocated and
+    drawn from ``rng``), to time it on a small block; ``None`` for ``Concat`` (a copy, not a
+    layer).  Only for small models: this allocates what the description avoids."""
+    from .. import layers as L
+    t = spec.layer_type
+    kw = dict(rng=rng if rng is not None else np.random.default_rng(0))
+    if t == "Conv3d":
+        bias = spec.params != spec.in_channels * spec.out_channels * math.prod(spec.kernel_size)
+        return L.Conv3d(spec.in_channels, spec.out_channels, spec.kernel_size, spec.stride,
+                        spec.padding, spec.dilation, spec.groups, bias, spec.padding_mode, **kw)
+    if t == "ConvTranspose3d":
+        return L.ConvTranspose3d(spec.in_channels, spec.out_channels, spec.kernel_size,
+                                 spec.stride, **kw)
+    if t == "Linear":
+        return L.Linear(spec.in_features, spec.out_features, **kw)
+    if t == "BatchNorm3d":
+        return L.BatchNorm3d(spec.out_channels, stats=spec.stats)
+    if t in ("MaxPool3d", "AvgPool3d"):
+        return getattr(L, t)(spec.kernel_size, spec.stride, spec.padding)
+    if t == "Concat":
+        return None
+    return getattr(L, t)()

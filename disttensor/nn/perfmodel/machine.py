@@ -267,7 +267,8 @@ def measure_machine(comm, layers=None, input_shape=None, batch: int = 2, *, memo
     same value on every rank): the links (:func:`~.links.measure_links`: point to point as
     both ``intra`` and ``inter``, one node of ``comm.size`` devices, the measured all-reduce
     and per-op cost), and the compute rates fitted to :class:`~.timing.LayerTimer` timings
-    of ``layers`` (the model's own, :func:`~disttensor.nn.module.sequential_layers`) on its
+    of ``layers`` (the model's own, :func:`~disttensor.nn.module.sequential_layers`, or
+    :class:`~.layerspec.LayerSpec` descriptions, built small to be timed) on its
     share of ``batch`` samples of ``input_shape`` (``batch / gcd(ranks, batch)`` whole
     samples: the blocks of the sample split) timed on every rank at once (ranks sharing
     cores measure the speed they get): the per-op host cost ``host_op_s`` is the ``alpha``
@@ -293,14 +294,18 @@ def measure_machine(comm, layers=None, input_shape=None, batch: int = 2, *, memo
     share = math.gcd(comm.size, batch)     # each rank times its share of the batch
     geoms = analyze_layers(layers, input_shape, batch, (share, 1, 1, 1))
     timer = LayerTimer(comm, np.float32, "cpu", repeats=repeats, warmup=1)
-    times = timer.time_all([(timing_layer(l, g), g.time_shape, i > 0)
-                            for i, (l, g) in enumerate(zip(layers, geoms))])
+    from .layerspec import LayerSpec, materialize
+    real = [materialize(l) if isinstance(l, LayerSpec) else l for l in layers]
+    jobs = [(timing_layer(r, g), g.time_shape, i > 0)
+            for i, (r, g) in enumerate(zip(real, geoms)) if r is not None]
+    measured = iter(timer.time_all(jobs))
+    times = [next(measured) if r is not None else (0.0, 0.0) for r in real]
     if memory_bytes is None:
         memory_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / comm.size
     pairs = {}   # (kind, pass) -> ([work units], [seconds]); units: flops, else bytes
-    for i, (l, g, ts) in enumerate(zip(layers, geoms, times)):
+    for i, (l, g, ts, r) in enumerate(zip(layers, geoms, times, real)):
         w = Machine.layer_work(l, g, i > 0)
-        if w is None:
+        if w is None or r is None:
             continue
         kind, *passes = w
         for j, ((flops, nbytes, _), t) in enumerate(zip(passes, ts)):
