@@ -13,8 +13,8 @@ import pytest
 from disttensor import nn
 from disttensor.nn.perfmodel import analyze_layers, enumerate_grids
 from disttensor.nn.perfmodel.geometry import layer_param_bytes
-from disttensor.nn.perfmodel.layerspec import (LayerSpec, cosmoflow_layers, spec_param_bytes,
-                                               unet_layers)
+from disttensor.nn.perfmodel.layerspec import (LayerSpec, cosmoflow_layers, materialize,
+                                               spec_param_bytes, unet_layers)
 from disttensor.nn.perfmodel.links import AlphaBeta
 from disttensor.nn.perfmodel.machine import H100_NDR, V100_EDR, Machine
 from disttensor.nn.perfmodel.simulate import simulate, simulate_grid, speedup
@@ -53,6 +53,18 @@ def test_unet_spec_parameters_and_shapes():
     assert cat.out_bytes == cat.in_bytes * (16 + 8) // 16
     # the output: 2 classes on the rank's half of 16^3
     assert g[-1].out_bytes == 2 * 2 * 8 * 16 * 16 * 4
+
+
+def test_materialize_builds_the_described_layers():
+    for layers in (cosmoflow_layers(16, 4, (4, 8), (8,), 4),
+                   unet_layers(1, 2, ((2, 4), (4, 8)), (8, 16))):
+        for spec in layers:
+            real = materialize(spec)
+            if spec.layer_type == "Concat":
+                assert real is None
+                continue
+            assert type(real).__name__ == spec.layer_type
+            assert layer_param_bytes(real) == spec.param_bytes
 
 
 def test_transposed_conv_with_overlap_stays_opaque():
