@@ -16,6 +16,7 @@ and ranks the rest (a :class:`SimulatedPlan`).  Nothing here communicates.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -120,7 +121,7 @@ def simulate(layers: Sequence, input_shape: Sequence[int], batch: int, devices: 
     if len(input_shape) != 4 or min(input_shape) < 1:
         raise ValueError(f"simulate: input_shape must be (C, D, H, W), got {input_shape}")
     for nm, v in (("batch", batch), ("devices", devices)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < 1:
             raise ValueError(f"simulate: {nm} must be a positive integer, got {v!r}")
     if not layers:
         raise ValueError("simulate: the model has no layers")
@@ -160,6 +161,6 @@ def speedup(layers, input_shape, batch: int, devices_from: int, devices_to: int,
     a = simulate(layers, input_shape, batch, devices_from, machine, **kw)
     b = simulate(layers, input_shape, batch, devices_to, machine, **kw)
     if not a.ranked or not b.ranked:
-        raise ValueError(f"speedup: no grid fits on {devices_from if not a.ranked else devices_to}"
-                         " devices")
+        raise ValueError(f"speedup: no grid fits on "
+                         f"{devices_from if not a.ranked else devices_to} devices")
     return a.best.step_s / b.best.step_s, a, b
