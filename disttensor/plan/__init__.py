@@ -22,7 +22,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..nn.perfmodel.layerspec import cosmoflow_layers, unet_layers
+from ..nn.perfmodel.layerspec import (cosmoflow_layers, cosmoflow_sample_bytes, unet_layers,
+                                     unet_sample_bytes)
 from ..nn.perfmodel.machine import MACHINES
 from ..nn.perfmodel.simulate import simulate
 
@@ -125,8 +126,11 @@ def main(argv=None, out=None) -> int:
     try:
         layers, shape = model_layers(args)
         machine = _machine(args, layers)
+        nbytes = (cosmoflow_sample_bytes if args.model == "cosmoflow" else
+                  unet_sample_bytes)(shape)
         plans = [simulate(layers, shape, args.batch, n, machine, optimizer=args.optimizer,
-                          halo_overlap=not args.no_halo_overlap) for n in args.gpus]
+                          halo_overlap=not args.no_halo_overlap, sample_bytes=nbytes)
+                 for n in args.gpus]
     except ValueError as e:
         print(f"python -m disttensor.plan: error: {e}", file=sys.stderr)
         return 2

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["LayerSpec", "cosmoflow_layers", "unet_layers", "spec_param_bytes", "levels_of",
-           "materialize"]
+           "materialize", "cosmoflow_sample_bytes", "unet_sample_bytes"]
 
 
 @dataclass(frozen=True)
@@ -124,6 +124,18 @@ def unet_layers(in_channels: int = 1, classes: int = 3,
         c = skip
     out.append(_conv(c, classes, k=1, pad=0))
     return out
+
+
+def cosmoflow_sample_bytes(shape) -> int:
+    """Bytes of one CosmoFlow sample ``(C, D, H, W)`` on storage: int16 counts per channel
+    (the published data set: 512^3 x 4 channels is 1 GiB)."""
+    return 2 * math.prod(int(v) for v in shape)
+
+
+def unet_sample_bytes(shape) -> int:
+    """Bytes of one U-Net sample ``(C, D, H, W)`` on storage: a float32 input and a one-byte
+    class label per voxel (assumption: labels stored as uint8)."""
+    return 4 * math.prod(int(v) for v in shape) + math.prod(int(v) for v in shape[1:])
 
 
 def levels_of(layers) -> int:

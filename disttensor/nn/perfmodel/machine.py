@@ -12,7 +12,14 @@ things, all pure:
   layers (activations, batch norm), flatten and concatenation their bytes moved at
   ``bandwidth`` (forward: read the input, write the output, batch norm reads twice; backward:
   read the output gradient and the saved input, write the input gradient); every kernel pays
-  ``launch_s`` and every op and pass ``host_op_s`` (the library's Python side);
+  ``launch_s`` and every op and pass ``host_op_s`` (the framework's host side); a
+  convolution kernel on ``n`` output elements runs at ``rate * n / (n + conv_half_elems)``
+  (Hockney's half-performance size: a GPU needs a full wave of output tiles to reach its
+  rate, so thin blocks of small deep layers run far below it; the halo a block reads is in
+  its input bytes);
+* **sample I/O** (:meth:`Machine.io_time`): each step's samples read from storage per node,
+  optionally under a shared file-system limit, plus a latency per sample read and the copy
+  to the device; the simulator prefetches it behind the previous step;
 * **links** (:meth:`Machine.halo_link`, :meth:`Machine.allreduce`): alpha-beta models inside a
   node (``intra``: NVLink) and between nodes (``inter``: InfiniBand, the bandwidth each
   device gets when every device of its node sends at once); a sample's spatial group sits in
@@ -83,7 +90,11 @@ class Machine:
     across nodes; ``agreement``: every distributed op agrees its arguments in one tiny
     all-reduce per pass over the grid (this library's collective contract);
     ``measured_allreduce`` / ``measured_op_s``: measured models that replace the hierarchical
-    all-reduce and the per-op cost (:func:`measure_machine`)."""
+    all-reduce and the per-op cost (:func:`measure_machine`); ``conv_half_elems``: output
+    elements per convolution kernel at which it reaches half its rate (``0``: no size
+    effect); ``io_node_bandwidth`` (``0``: no sample I/O), ``io_aggregate_bandwidth`` (``0``:
+    no shared limit), ``io_latency_s`` per sample read, ``h2d_bandwidth`` (``0``: no copy):
+    the sample reader (:meth:`io_time`)."""
     name: str
     memory_bytes: float
     devices_per_node: int
@@ -101,6 +112,11 @@ class Machine:
     agreement: bool = True
     measured_allreduce: AlphaBeta | None = None
     measured_op_s: tuple | None = None
+    conv_half_elems: float = 0.0
+    io_node_bandwidth: float = 0.0
+    io_aggregate_bandwidth: float = 0.0
+    io_latency_s: float = 0.0
+    h2d_bandwidth: float = 0.0
     description: str = ""
     sources: tuple = field(default=(), compare=False)
 
@@ -166,12 +182,37 @@ class Machine:
                 eff = self.dense_efficiency
             if flops:
                 t = flops / (self.peak_flops * eff)
+                if kind == "conv" and self.conv_half_elems:
+                    n = geom.out_bytes / itemsize     # output elements of the kernel
+                    t *= (n + self.conv_half_elems) / n
                 if self.conv_roofline:
                     t = max(t, nbytes / self.bandwidth)
             else:
                 t = nbytes / self.bandwidth
             out.append(t + kernels * self.launch_s + self.host_op_s)
         return out[0], out[1]
+
+    def io_time(self, grid, batch: int, sample_bytes: float, spatial: bool = True) -> float:
+        """Seconds to read one step's samples (``batch`` x ``sample_bytes`` on storage) on
+        ``grid`` (pure): each node reads its devices' share at ``io_node_bandwidth``, all nodes
+        together at most ``io_aggregate_bandwidth``, each device pays ``io_latency_s`` per
+        sample it reads a part of and copies its bytes to the device at ``h2d_bandwidth``.
+        ``spatial``: each device reads only its block of the sample (the spatially
+        partitioned reader); else every device of a sample's group reads the whole sample.
+        ``0`` when the machine has no I/O figures (``io_node_bandwidth == 0``) or nothing is
+        read."""
+        if not self.io_node_bandwidth or sample_bytes <= 0:
+            return 0.0
+        s = int(grid[0])
+        n = math.prod(grid)
+        per_sample_group = batch / s                     # samples each device reads part of
+        dev = per_sample_group * sample_bytes / (math.prod(grid[1:]) if spatial else 1)
+        node = dev * min(self.devices_per_node, n)
+        t = max(node / self.io_node_bandwidth,
+                dev * n / self.io_aggregate_bandwidth if self.io_aggregate_bandwidth else 0.0)
+        if self.h2d_bandwidth:
+            t += dev / self.h2d_bandwidth
+        return t + math.ceil(per_sample_group) * self.io_latency_s
 
     def optimizer_time(self, param_bytes: float, state: float) -> float:
         """One optimizer step: read parameters and gradients, read and write the state and
@@ -231,7 +272,9 @@ V100_EDR = Machine(
     peak_flops=15.7e12, bandwidth=0.8 * 900 * GB,
     intra=AlphaBeta(3e-6, 1 / (50 * GB)), inter=AlphaBeta(2e-6, 1 / (2 * 12.5 * GB / 4)),
     conv_efficiency=(0.45, 0.35), dense_efficiency=0.6, launch_s=5e-6, host_op_s=50e-6,
-    reserved_bytes=1 * 2 ** 30,
+    reserved_bytes=1 * 2 ** 30, conv_half_elems=80 * 2 * 128 * 128,
+    io_node_bandwidth=10 * GB, io_aggregate_bandwidth=0.0, io_latency_s=1e-3,
+    h2d_bandwidth=12 * GB,
     description="NVIDIA V100 SXM2 16 GB, 4 per node, NVLink 2, 2 x EDR InfiniBand per node",
     sources=("V100 FP32 peak 15.7 TFLOP/s, HBM2 900 GB/s, 16 GB (NVIDIA V100 datasheet)",
              "HBM2 reached by memory-bound kernels: 80% (STREAM-like figures ~720-790 GB/s)",
@@ -240,7 +283,14 @@ V100_EDR = Machine(
              "EDR InfiniBand 100 Gb/s = 12.5 GB/s per HCA, 2 per node shared by 4 GPUs",
              "latency: 2 us across InfiniBand, 3 us inside the node, 5 us per kernel launch",
              "host side of an op and pass: 50 us (this library's one-rank overhead floor)",
-             "1 GB per GPU reserved for the CUDA context and library workspaces (assumption)"))
+             "1 GB per GPU reserved for the CUDA context and library workspaces (assumption)",
+             "convolution half-performance size 2,621,440 output elements per kernel: "
+             "CALIBRATED on the seed's CosmoFlow 1.77x (bisection: 2.62e6); it equals one "
+             "wave of 128 x 128 output tiles on 80 SMs at 2 resident blocks each",
+             "sample read: 10 GB/s per node from the parallel file system (assumption; the "
+             "node's 2 x EDR carry 25 GB/s), no shared limit below that (assumption), 1 ms "
+             "per sample read (file open, hyperslab; assumption), host to GPU 12 GB/s "
+             "(PCIe gen3 x16)"))
 
 #: 80 GB H100 SXM, 8 per node, NVLink 4 (NVSwitch), one NDR InfiniBand HCA per GPU
 H100_NDR = Machine(
@@ -248,7 +298,9 @@ H100_NDR = Machine(
     peak_flops=67e12, bandwidth=0.8 * 3350 * GB,
     intra=AlphaBeta(2.5e-6, 1 / (370 * GB)), inter=AlphaBeta(2e-6, 1 / (50 * GB)),
     conv_efficiency=(0.45, 0.35), dense_efficiency=0.6, launch_s=4e-6, host_op_s=50e-6,
-    reserved_bytes=2 * 2 ** 30,
+    reserved_bytes=2 * 2 ** 30, conv_half_elems=132 * 2 * 128 * 128,
+    io_node_bandwidth=25 * GB, io_aggregate_bandwidth=0.0, io_latency_s=1e-3,
+    h2d_bandwidth=50 * GB,
     description="NVIDIA H100 SXM 80 GB, 8 per node, NVLink 4 via NVSwitch, 1 x NDR "
                 "InfiniBand per GPU (a prediction: nothing here was measured on it)",
     sources=("H100 SXM FP32 (CUDA cores, no TF32) 67 TFLOP/s, HBM3 3.35 TB/s, 80 GB "
@@ -256,7 +308,11 @@ H100_NDR = Machine(
              "same efficiencies as the V100 description (assumption)",
              "NVLink 4: 900 GB/s per GPU both directions; 370 GB/s one direction reached",
              "NDR InfiniBand 400 Gb/s = 50 GB/s per HCA, one per GPU (DGX H100-like)",
-             "2 GB per GPU reserved (assumption)"))
+             "2 GB per GPU reserved (assumption)",
+             "convolution half-performance size: one wave of 128 x 128 output tiles on 132 "
+             "SMs at 2 resident blocks each (the V100 figure's rule; assumption)",
+             "sample read: 25 GB/s per node (assumption), 1 ms per sample read, host to GPU "
+             "50 GB/s (PCIe gen5 x16)"))
 
 MACHINES = {m.name: m for m in (V100_EDR, H100_NDR)}
 

@@ -125,12 +125,14 @@ class GridPrediction:
     optimizer_s: float
     memory: dict
     layers: tuple = ()
+    io_s: float = 0.0
 
     def report(self) -> str:
         lines = [f"grid {self.grid}: step {self.step_s * 1e3:.2f} ms (forward "
                  f"{self.forward_s * 1e3:.2f}, backward {self.backward_s * 1e3:.2f}, "
                  f"exposed all-reduce {self.allreduce_s * 1e3:.2f}, optimizer "
-                 f"{self.optimizer_s * 1e3:.2f}), memory {self.memory['total'] / 2 ** 20:.1f} "
+                 f"{self.optimizer_s * 1e3:.2f}, exposed sample I/O {self.io_s * 1e3:.2f}), "
+                 "memory {self.memory['total'] / 2 ** 20:.1f} "
                  "MiB/rank"]
         for lp in self.layers:
             lines.append(f"  {lp.name:18s} fwd {lp.forward_s * 1e3:8.3f} ms (comm "

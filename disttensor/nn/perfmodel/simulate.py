@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from ..parallel import DEFAULT_BUCKET_BYTES
@@ -45,12 +45,16 @@ def grid_links(machine: Machine, grid) -> LinkModel:
 def simulate_grid(layers: Sequence, input_shape: Sequence[int], batch: int, grid,
                   machine: Machine, *, optimizer: str = "adam", halo_overlap: bool = True,
                   bucket_bytes: int = DEFAULT_BUCKET_BYTES, overlap: bool = True,
-                  itemsize: int = 4, geoms=None) -> GridPrediction:
+                  itemsize: int = 4, geoms=None, sample_bytes: float = 0.0,
+                  spatial_io: bool = True) -> GridPrediction:
     """The predicted step of ``layers`` (a model's :func:`~disttensor.nn.module.
     sequential_layers` or :class:`~.layerspec.LayerSpec` list) on ``grid`` of ``machine``
     for a global batch ``batch`` of samples ``input_shape`` ``(C, D, H, W)`` (pure).
     ``halo_overlap``: windowed ops overlap their halo exchange with compute (as on GPU);
-    ``optimizer``: its state and step (memory bound).  Raises
+    ``optimizer``: its state and step (memory bound); ``sample_bytes``: one sample's bytes on
+    storage (``0``: no sample I/O), read for the next step while this one computes
+    (prefetch), so only the part of :meth:`~.machine.Machine.io_time` over the step is added
+    (``io_s``); ``spatial_io``: each device reads only its block.  Raises
     :class:`~.geometry.InvalidGrid` for a grid the model cannot run on."""
     if optimizer not in OPTIMIZER_STATE:
         raise ValueError(f"simulate: optimizer must be one of {tuple(OPTIMIZER_STATE)}, got "
@@ -65,8 +69,11 @@ def simulate_grid(layers: Sequence, input_shape: Sequence[int], batch: int, grid
     state = OPTIMIZER_STATE[optimizer]
     opt_s = machine.optimizer_time(sum(n for _, n in params), state) if state or \
         optimizer != "none" else 0.0
-    return predict_grid(grid, geoms, times, grid_links(machine, grid), params, opt_s,
+    pred = predict_grid(grid, geoms, times, grid_links(machine, grid), params, opt_s,
                         bucket_bytes, overlap, halo_overlap, state)
+    io = machine.io_time(grid, batch, sample_bytes, spatial_io)
+    exposed = max(0.0, io - pred.step_s)      # prefetched: hidden behind the previous step
+    return replace(pred, step_s=pred.step_s + exposed, io_s=exposed) if exposed else pred
 
 
 @dataclass
@@ -83,11 +90,11 @@ class SimulatedPlan(GridPlan):
                  f"grid (sample, d, h, w), {m.usable_bytes / 2 ** 30:.1f} GiB usable per "
                  "device"]
         lines.append(f"  {'rank':>4s}  {'grid':14s} {'step ms':>9s} {'fwd+bwd':>9s} "
-                     f"{'allreduce':>9s} {'optim':>7s} {'GiB/dev':>8s}")
+                     f"{'allreduce':>9s} {'optim':>7s} {'I/O':>6s} {'GiB/dev':>8s}")
         for k, p in enumerate(rows):
             lines.append(f"  {k + 1:4d}  {'x'.join(map(str, p.grid)):14s} "
                          f"{p.step_s * 1e3:9.2f} {(p.forward_s + p.backward_s) * 1e3:9.2f} "
-                         f"{p.allreduce_s * 1e3:9.2f} {p.optimizer_s * 1e3:7.2f} "
+                         f"{p.allreduce_s * 1e3:9.2f} {p.optimizer_s * 1e3:7.2f} {p.io_s * 1e3:6.2f} "
                          f"{p.memory['total'] / 2 ** 30:8.2f}")
         if top is not None and len(self.ranked) > top:
             lines.append(f"  ... {len(self.ranked) - top} more")
@@ -106,7 +113,8 @@ class SimulatedPlan(GridPlan):
 def simulate(layers: Sequence, input_shape: Sequence[int], batch: int, devices: int,
              machine: Machine, *, candidates=None, optimizer: str = "adam",
              halo_overlap: bool = True, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-             overlap: bool = True, itemsize: int = 4, symmetric: bool = True) -> SimulatedPlan:
+             overlap: bool = True, itemsize: int = 4, symmetric: bool = True,
+             sample_bytes: float = 0.0, spatial_io: bool = True) -> SimulatedPlan:
     """Rank every grid of ``devices`` devices of ``machine`` for training ``layers`` on a
     global batch ``batch`` of samples ``input_shape`` (pure; see :func:`simulate_grid`).
     Grids the model cannot run on, or whose predicted memory per device is over
@@ -148,7 +156,8 @@ def simulate(layers: Sequence, input_shape: Sequence[int], batch: int, devices: 
         ranked.append(simulate_grid(layers, input_shape, batch, g, machine,
                                     optimizer=optimizer, halo_overlap=halo_overlap,
                                     bucket_bytes=bucket_bytes, overlap=overlap,
-                                    itemsize=itemsize, geoms=geoms))
+                                    itemsize=itemsize, geoms=geoms,
+                                    sample_bytes=sample_bytes, spatial_io=spatial_io))
     ranked.sort(key=lambda p: (p.step_s, p.grid))
     return SimulatedPlan(ranked, excluded, grid_links(machine, (devices, 1, 1, 1)),
                          machine.usable_bytes, machine=machine, devices=devices)
