@@ -94,7 +94,8 @@ class SimulatedPlan(GridPlan):
         for k, p in enumerate(rows):
             lines.append(f"  {k + 1:4d}  {'x'.join(map(str, p.grid)):14s} "
                          f"{p.step_s * 1e3:9.2f} {(p.forward_s + p.backward_s) * 1e3:9.2f} "
-                         f"{p.allreduce_s * 1e3:9.2f} {p.optimizer_s * 1e3:7.2f} {p.io_s * 1e3:6.2f} "
+                         f"{p.allreduce_s * 1e3:9.2f} {p.optimizer_s * 1e3:7.2f} "
+                         f"{p.io_s * 1e3:6.2f} "
                          f"{p.memory['total'] / 2 ** 30:8.2f}")
         if top is not None and len(self.ranked) > top:
             lines.append(f"  ... {len(self.ranked) - top} more")
