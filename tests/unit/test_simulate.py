@@ -13,8 +13,9 @@ import pytest
 from disttensor import nn
 from disttensor.nn.perfmodel import analyze_layers, enumerate_grids
 from disttensor.nn.perfmodel.geometry import layer_param_bytes
-from disttensor.nn.perfmodel.layerspec import (LayerSpec, cosmoflow_layers, materialize,
-                                               spec_param_bytes, unet_layers)
+from disttensor.nn.perfmodel.layerspec import (LayerSpec, cosmoflow_layers,
+                                               cosmoflow_sample_bytes, materialize,
+                                               spec_param_bytes, unet_layers, unet_sample_bytes)
 from disttensor.nn.perfmodel.links import AlphaBeta
 from disttensor.nn.perfmodel.machine import H100_NDR, V100_EDR, Machine
 from disttensor.nn.perfmodel.simulate import simulate, simulate_grid, speedup
@@ -150,24 +151,86 @@ def test_conv_time_from_flops_and_roofline():
         Machine("bad", 0, 1, 1, 1, AlphaBeta(), AlphaBeta())
 
 
+# -- kernel efficiency and sample I/O ----------------------------------------------------------
+def test_conv_half_performance_size():
+    """Hockney: a kernel on n output elements runs at rate * n / (n + n_half)."""
+    m = Machine("t", 1e9, 1, 1e12, 1e15, AlphaBeta(), AlphaBeta(), conv_efficiency=(0.5, 0.25),
+                launch_s=0.0)
+    layers = [LayerSpec("Conv3d", 4, 8, (3,) * 3, (1,) * 3, (1,) * 3, params=4 * 8 * 27 + 8)]
+    g = analyze_layers(layers, (4, 8, 8, 8), 1, (1, 1, 1, 1))[0]
+    n = 8 * 512                                  # output elements
+    f0, b0 = m.layer_times(layers[0], g)
+    f1, b1 = m.with_(conv_half_elems=n).layer_times(layers[0], g)
+    assert f1 == pytest.approx(2 * f0) and b1 == pytest.approx(2 * b0)
+    f3, _ = m.with_(conv_half_elems=3 * n).layer_times(layers[0], g)
+    assert f3 == pytest.approx(4 * f0)
+    # thinner blocks: the same global layer costs more in total over the devices
+    g2 = analyze_layers(layers, (4, 8, 8, 8), 1, (1, 2, 1, 1))[0]
+    f2, _ = m.with_(conv_half_elems=n).layer_times(layers[0], g2)
+    assert f2 == pytest.approx(f0 / 2 * (n / 2 + n) / (n / 2))
+
+
+def test_sample_io_time_hand_count():
+    m = Machine("t", 1e9, 4, 1e12, 1e11, AlphaBeta(), AlphaBeta(), io_node_bandwidth=1e9,
+                io_latency_s=1e-3, h2d_bandwidth=2e9)
+    # 8 samples of 1 GB on 16 devices, 4 sample groups of 4: each device reads a quarter of 2
+    dev = 2 * 1e9 / 4
+    assert m.io_time((4, 2, 2, 1), 8, 1e9) == pytest.approx(4 * dev / 1e9 + dev / 2e9 + 2e-3)
+    # without the spatially partitioned reader each device reads its 2 samples whole
+    assert m.io_time((4, 2, 2, 1), 8, 1e9, spatial=False) == pytest.approx(
+        4 * 2e9 / 1e9 + 2e9 / 2e9 + 2e-3)
+    # a shared file-system limit binds when it is below the nodes' sum
+    shared = m.with_(io_aggregate_bandwidth=2e9)
+    assert shared.io_time((4, 2, 2, 1), 8, 1e9) == pytest.approx(8e9 / 2e9 + dev / 2e9 + 2e-3)
+    assert m.with_(io_node_bandwidth=0.0).io_time((4, 2, 2, 1), 8, 1e9) == 0.0
+    # prefetched: only the part over the step is exposed
+    layers, shape = cosmoflow_layers(16, 4, (4,), (8,), 4), (4, 16, 16, 16)
+    base = simulate_grid(layers, shape, 2, (2, 1, 1, 1), V100_EDR)
+    small = simulate_grid(layers, shape, 2, (2, 1, 1, 1), V100_EDR, sample_bytes=1e3)
+    assert small.step_s == base.step_s and small.io_s == 0
+    big = simulate_grid(layers, shape, 2, (2, 1, 1, 1), V100_EDR, sample_bytes=1e10)
+    io = V100_EDR.io_time((2, 1, 1, 1), 2, 1e10)
+    assert big.step_s == pytest.approx(io) and big.io_s == pytest.approx(io - base.step_s)
+
+
 # -- the seed's published speedups -------------------------------------------------------------
-def test_seed_speedups_v100():
-    """Oyama: 1.77x from 512 to 2,048 V100s (CosmoFlow 512^3, batch 64), 1.42x from 256 to
-    512 (3D U-Net 256^3, batch 16).  The shipped description predicts more (3.1x and 2.0x:
-    bench/simulator_bench.py and docs/performance.md say why); held here: both strong-scale
-    sub-linearly, and each effect the seed's runs could carry (halos not hidden, the
-    all-reduce after backward) lowers the speedup."""
-    for layers, shape, batch, a, b in (
-            (CF512, (4, 512, 512, 512), 64, 512, 2048),
-            (unet_layers(1, 3), (1, 256, 256, 256), 16, 256, 512)):
-        r, pa, pb = speedup(layers, shape, batch, a, b, V100_EDR)
-        assert 1 < r < b / a
-        assert pa.best.grid[0] * pa.best.grid[1] * pa.best.grid[2] * pa.best.grid[3] == a
-        kw = dict(halo_overlap=False, overlap=False)
-        slow = [simulate_grid(layers, shape, batch, p.best.grid, V100_EDR, **kw).step_s
-                for p in (pa, pb)]
-        assert slow[0] > pa.best.step_s and slow[1] > pb.best.step_s
-        assert slow[0] / slow[1] < r
+SEEDS = {"cosmoflow": (CF512, (4, 512, 512, 512), 64, 512, 2048, 1.77),
+         "unet": (unet_layers(1, 3), (1, 256, 256, 256), 16, 256, 512, 1.42)}
+
+
+def _seed(name, machine=V100_EDR, **kw):
+    layers, shape, batch, a, b, _ = SEEDS[name]
+    nbytes = (cosmoflow_sample_bytes if name == "cosmoflow" else unet_sample_bytes)(shape)
+    return speedup(layers, shape, batch, a, b, machine, sample_bytes=nbytes, **kw)
+
+
+def test_seed_speedup_cosmoflow_calibrated():
+    """Oyama: 1.77x from 512 to 2,048 V100s (CosmoFlow 512^3, batch 64).  The V100
+    description's ``conv_half_elems`` was calibrated on this figure: held here, with the
+    kernel-size effect as what brings it down from about 3x."""
+    r, pa, pb = _seed("cosmoflow")
+    assert abs(r / 1.77 - 1) < 0.03
+    assert math.prod(pa.best.grid) == 512 and math.prod(pb.best.grid) == 2048
+    # on the same grids: without the kernel-size effect about 3x; without the spatially
+    # partitioned reader the step is bound by reading whole samples
+    layers, shape, batch, *_ = SEEDS["cosmoflow"]
+    nbytes = cosmoflow_sample_bytes(shape)
+
+    def step(grid, machine=V100_EDR, **kw):
+        return simulate_grid(layers, shape, batch, grid, machine, sample_bytes=nbytes, **kw)
+    ga, gb = pa.best.grid, pb.best.grid
+    flat = V100_EDR.with_(conv_half_elems=0.0)
+    assert step(ga, flat).step_s / step(gb, flat).step_s > 2.5
+    sa, sb = step(ga, spatial_io=False), step(gb, spatial_io=False)
+    assert sa.step_s / sb.step_s < 1.1 and sa.io_s > 0 and sb.io_s > 0
+
+
+def test_seed_speedup_unet_predicted():
+    """Oyama: 1.42x from 256 to 512 V100s (3D U-Net 256^3, batch 16).  Nothing was fitted
+    to this figure: the prediction must be within 25%, and sub-linear."""
+    r, pa, pb = _seed("unet")
+    assert abs(r / 1.42 - 1) < 0.25
+    assert 1 < r < 2
 
 
 # -- the command line --------------------------------------------------------------------------
