@@ -28,8 +28,8 @@ import sys
 sys.path.insert(0, os.path.dirname(__file__))
 from _results import record  # noqa: E402
 
-from disttensor.nn.perfmodel.layerspec import (cosmoflow_layers, cosmoflow_sample_bytes,  # noqa: E402,E501
-                                               unet_layers, unet_sample_bytes)
+from disttensor.nn.perfmodel.layerspec import (  # noqa: E402
+    cosmoflow_layers, cosmoflow_sample_bytes, unet_layers, unet_sample_bytes)
 from disttensor.nn.perfmodel.machine import H100_NDR, V100_EDR  # noqa: E402
 from disttensor.nn.perfmodel.simulate import simulate, speedup  # noqa: E402
 
