@@ -10,6 +10,14 @@ interleaved steps, the slowest rank's time.  Printed per grid: predicted, measur
 ratio; then the predicted and the measured rank orders; and the predicted saved activations
 + workspace per rank against the peak NumPy allocates during a step (tracemalloc).
 
+The scaling simulator (``nn.perfmodel.simulate``) predicts the same grids from a machine
+description measured here (:func:`~disttensor.nn.perfmodel.machine.measure_machine`: the
+measured links, and layer throughputs fitted to the model's layers timed on each rank's
+share of the batch at ``--calibrate-size``, by default ``--size``: the grids' blocks, halos,
+links and the split of the work are the simulator's, only the rates are measured); printed
+and recorded beside plan_grid's prediction as ``sim_predicted_over_measured`` and
+``sim_ranking_correct``.
+
 ``ranking_correct`` is 1 when no pair of grids is ordered the other way round by the
 measurement than by the prediction, beyond ``--tie`` (relative: measured times closer than
 that are ties, the noise of this machine).  Also recorded: ``chosen_over_best``, the
@@ -39,10 +47,12 @@ from disttensor import nn  # noqa: E402
 from disttensor.autograd import Tensor  # noqa: E402
 from disttensor.nn import functional as F  # noqa: E402
 from disttensor.nn.perfmodel import enumerate_grids, plan_grid  # noqa: E402
+from disttensor.nn.perfmodel.machine import measure_machine  # noqa: E402
+from disttensor.nn.perfmodel.simulate import simulate_grid  # noqa: E402
 
 
-def build(args):
-    return nn.models.cosmoflow(input_size=args.size, in_channels=4, widths=args.widths,
+def build(args, size=None):
+    return nn.models.cosmoflow(input_size=size or args.size, in_channels=4, widths=args.widths,
                                dense=args.dense, outputs=4, rng=np.random.default_rng(0))
 
 
@@ -106,6 +116,9 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=9)
     p.add_argument("--tie", type=float, default=0.05,
                    help="measured times closer than this (relative) count as ties")
+    p.add_argument("--calibrate-size", type=int, default=None,
+                   help="sample size the simulator's machine rates are measured on "
+                        "(default: --size)")
     p.add_argument("--quick", action="store_true", help="quick planning, at most 4 grids "
                    "measured, 5 repetitions (<= 90 s per rank count)")
     args = p.parse_args(argv)
@@ -131,6 +144,16 @@ def main(argv=None):
                      repeats=None if args.quick else 7)
     t_plan = time.perf_counter() - t0
     say(f"planning took {t_plan:.1f} s")
+    cs = args.calibrate_size or args.size
+    machine = measure_machine(comm, nn.sequential_layers(build(args, cs)), (4,) + (cs,) * 3,
+                              args.batch)
+    cf, cb = (machine.peak_flops * e / 1e9 for e in machine.conv_efficiency)
+    say(f"machine measured on {cs}^3: conv {cf:.1f} / {cb:.1f} GFLOP/s forward / "
+        f"backward, memory-bound {machine.bandwidth / 1e9:.2f} GB/s + "
+        f"{machine.host_op_s * 1e6:.0f} us per op and pass")
+    layers = nn.sequential_layers(build(args))
+    sim = {g: simulate_grid(layers, (4,) + (args.size,) * 3, args.batch, g, machine,
+                            halo_overlap=False).step_s for g in cands}
     say(plan.report())
     ranked = plan.ranked
     if args.quick and len(ranked) > 4:  # best, worst and two between
@@ -142,14 +165,20 @@ def main(argv=None):
     mem = {g: peak_step_bytes(step, comm) for g, step in steps.items()}
     for net in nets:
         net.reducer.release()
-    say(f"{'grid':12s} {'predicted ms':>13s} {'measured ms':>12s} {'pred/meas':>10s}   "
+    say(f"{'grid':12s} {'predicted ms':>13s} {'measured ms':>12s} {'pred/meas':>10s} "
+        f"{'simulated ms':>13s} {'sim/meas':>9s}   "
         f"activations+workspace MiB predicted / measured peak")
     for pr in ranked:
         m = meas[pr.grid]
         case = "x".join(map(str, pr.grid))
         pmem = pr.memory["activations"] + pr.memory["workspace"]
-        say(f"{case:12s} {pr.step_s * 1e3:13.2f} {m * 1e3:12.2f} {pr.step_s / m:10.3f}   "
+        say(f"{case:12s} {pr.step_s * 1e3:13.2f} {m * 1e3:12.2f} {pr.step_s / m:10.3f} "
+            f"{sim[pr.grid] * 1e3:13.2f} {sim[pr.grid] / m:9.3f}   "
             f"{pmem / 2 ** 20:8.2f} / {mem[pr.grid] / 2 ** 20:8.2f}")
+        record("perfmodel", case, "sim_predicted_over_measured", sim[pr.grid] / m, "x",
+               ranks=n, rank=comm.rank)
+        record("perfmodel", case, "sim_abs_error_fraction", abs(sim[pr.grid] / m - 1),
+               "fraction", target=0.25, better="lower", ranks=n, rank=comm.rank)
         record("perfmodel", case, "memory_predicted_over_measured", pmem / mem[pr.grid], "x",
                ranks=n, rank=comm.rank)
         record("perfmodel", case, "predicted_s", pr.step_s, "s", better="lower", ranks=n,
@@ -168,6 +197,13 @@ def main(argv=None):
     say(f"predicted order: {fmt(pred_order)}")
     say(f"measured order:  {fmt(meas_order)}")
     worst = max(abs(pr.step_s / meas[pr.grid] - 1) for pr in ranked)
+    sim_ok = ranking_correct([sim[pr.grid] for pr in ranked], [meas[pr.grid] for pr in ranked],
+                             args.tie)
+    sim_order = sorted(pred_order, key=lambda g: sim[g])
+    say(f"simulated order: {fmt(sim_order)}; simulator ranking correct: {int(sim_ok)}; "
+        f"largest |sim/meas - 1| {max(abs(sim[g] / meas[g] - 1) for g in pred_order):.3f}")
+    record("perfmodel", f"cosmoflow {args.size}^3 batch {args.batch}", "sim_ranking_correct",
+           float(sim_ok), "bool", target=1.0, better="higher", ranks=n, rank=comm.rank)
     regret = meas[pred_order[0]] / meas[meas_order[0]]
     tau = kendall_tau([pr.step_s for pr in ranked], [meas[pr.grid] for pr in ranked])
     say(f"ranking correct (ties within {args.tie:.0%}): {int(ok)}; Kendall tau {tau:.2f}; "

@@ -72,6 +72,7 @@ JOBS = [
     Job("perfmodel", "perfmodel_bench.py", ["--quick"], [], ranks=(1, 2, 4), timeout=600),
     Job("profile", "profile_bench.py", ["--size", "16", "--widths", "8,16", "--reps", "2"],
         ["--size", "32", "--reps", "5"], ranks=(2,)),
+    Job("simulator", "simulator_bench.py", ["--quick"], [], mpi=False, threads_per_rank=0),
     Job("train", "train_bench.py", ["--size", "16", "--widths", "8,16", "--reps", "3"], [],
         ranks=(2,)),
     # training features

@@ -251,3 +251,29 @@ def test_cli_plans_the_stage_grid_of_a_pipeline(cli_data):
     # a micro-batch of 2 samples: the sample axis of a stage divides it
     assert_all_ranks(COMM, math.prod(g) == SIZE // 2 and 2 % g[0] == 0 and res.steps == 2
                      and all(np.isfinite(res.losses)), f"{res}")
+
+
+def test_measured_machine_is_identical_and_simulates_every_grid():
+    """measure_machine (collective) gives the same Machine on every rank, with positive rates
+    and the measured links; the simulator ranks every grid of the job with it."""
+    from disttensor.nn.perfmodel.machine import measure_machine
+    from disttensor.nn.perfmodel.simulate import simulate
+    from disttensor.nn.perfmodel.layerspec import cosmoflow_layers
+    layers = cosmoflow_layers(8, 2, (3, 4), (5,), 2)   # model(), described: built to time
+    m = measure_machine(COMM, layers, SHAPE, BATCH, repeats=1)
+    assert same_everywhere(repr(m))
+    assert m.devices_per_node == SIZE and m.peak_flops > 0 and m.bandwidth > 0
+    assert 0 < m.conv_efficiency[0] <= 1 and 0 < m.conv_efficiency[1] <= 1
+    assert m.host_op_s >= 0 and (SIZE > 1) == (m.measured_allreduce is not None)
+    plan = simulate(layers, SHAPE, BATCH, SIZE, m)
+    assert plan.ranked and same_everywhere(summary(plan))
+    assert all(math.prod(p.grid) == SIZE and p.step_s > 0 for p in plan.ranked)
+
+
+def test_plan_grid_on_a_machine_description_is_the_simulator():
+    from disttensor.nn.perfmodel.machine import V100_EDR
+    from disttensor.nn.perfmodel.simulate import simulate
+    plan = plan_grid(model(), SHAPE, BATCH, comm=COMM, machine=V100_EDR, nranks=8)
+    ref = simulate(nn.sequential_layers(model()), SHAPE, BATCH, 8, V100_EDR)
+    assert summary(plan) == summary(ref) and same_everywhere(summary(plan))
+    assert plan.machine is V100_EDR and all(math.prod(p.grid) == 8 for p in plan.ranked)

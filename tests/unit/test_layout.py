@@ -30,6 +30,7 @@ LAYERS = {
     "sparse": {"core", "routines", "io"},
     "nn": {"core", "routines", "random", "ops", "autograd", "io", "sparse"},
     "train": {"core", "routines", "random", "ops", "autograd", "io", "nn", "sparse"},
+    "plan": {"core", "routines", "random", "ops", "autograd", "io", "nn", "sparse"},
     "predict": {"core", "routines", "random", "ops", "autograd", "io", "nn", "sparse", "train"},
     "info": {"core", "ops"},
     "testing": {"core", "routines"},

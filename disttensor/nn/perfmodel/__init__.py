@@ -15,6 +15,17 @@ smallest predicted step that fits in memory is chosen:
 * :mod:`.plan` -- the candidate grids and their ranking (:func:`enumerate_grids`,
   :func:`plan_grid`, collective; the result is the same on every rank).
 
+Past one machine (nothing timed, no array of the model allocated):
+
+* :mod:`.layerspec` -- pure layer descriptions (:func:`cosmoflow_layers`, the unrolled
+  :func:`unet_layers`);
+* :mod:`.machine` -- :class:`Machine` descriptions (compute rates, links inside and between
+  nodes, memory): :data:`V100_EDR`, :data:`H100_NDR`, and :func:`measure_machine` (collective)
+  for the machine it runs on;
+* :mod:`.simulate` -- :func:`simulate` / :func:`simulate_grid` / :func:`speedup`: the same
+  prediction (:func:`predict_grid`) from a description, for any device count (pure);
+  ``python -m disttensor.plan`` prints the ranking.
+
 Assumptions and limits: a model is modelled layer by layer through
 :func:`~disttensor.nn.module.sequential_layers`; a layer that is not a convolution, pooling,
 pointwise (activation, batch norm, dropout, identity), flatten or linear layer (e.g. the whole
@@ -33,8 +44,13 @@ from .plan import GridPlan, enumerate_grids, plan_grid
 from .prediction import (OPTIMIZER_STATE, GridPrediction, LayerPrediction, allreduce_exposed,
                          buckets_of, estimate_memory, predict_grid)
 from .timing import LayerTimer
+from .layerspec import LayerSpec, cosmoflow_layers, unet_layers
+from .machine import H100_NDR, MACHINES, V100_EDR, Machine, measure_machine
+from .simulate import SimulatedPlan, simulate, simulate_grid, speedup
 
 __all__ = ["AlphaBeta", "LinkModel", "LayerGeometry", "LayerPrediction", "GridPrediction",
            "InvalidGrid", "timing_layer", "GridPlan", "enumerate_grids", "analyze_layers",
            "allreduce_exposed", "buckets_of", "estimate_memory", "measure_links",
-           "LayerTimer", "predict_grid", "plan_grid", "OPTIMIZER_STATE"]
+           "LayerTimer", "predict_grid", "plan_grid", "OPTIMIZER_STATE", "LayerSpec",
+           "cosmoflow_layers", "unet_layers", "Machine", "MACHINES", "V100_EDR", "H100_NDR",
+           "measure_machine", "SimulatedPlan", "simulate", "simulate_grid", "speedup"]

@@ -18,7 +18,8 @@ from typing import Sequence
 
 from ...ops.window import AxisWindow, normalize_padding, normalize_tuple
 
-__all__ = ["LayerGeometry", "InvalidGrid", "analyze_layers", "timing_layer"]
+__all__ = ["LayerGeometry", "InvalidGrid", "analyze_layers", "timing_layer", "layer_type",
+           "layer_param_bytes"]
 
 
 _POINTWISE = ("ReLU", "LeakyReLU", "ELU", "Sigmoid", "Tanh", "ScaledTanh", "Softmax",
@@ -33,9 +34,39 @@ def _balanced(n: int, p: int) -> list[int]:
     return off
 
 
+def layer_type(layer) -> str:
+    """The layer's type name: ``layer.layer_type`` for a pure description
+    (:class:`~.layerspec.LayerSpec`), else its class name."""
+    return getattr(layer, "layer_type", None) or type(layer).__name__
+
+
+def layer_param_bytes(layer) -> int:
+    """Bytes of the layer's parameters (``layer.param_bytes`` for a pure description)."""
+    pb = getattr(layer, "param_bytes", None)
+    if pb is not None:
+        return int(pb)
+    return int(sum(p.data.nbytes for p in layer.parameters()))
+
+
+def _upsampling(layer) -> int | None:
+    """The factor of a transposed convolution whose kernel equals its stride (no overlap, no
+    padding: each input cell writes its own ``k^3`` output cells, so a split needs no halo),
+    or ``None``."""
+    if not layer_type(layer).startswith("ConvTranspose"):
+        return None
+    k = normalize_tuple(layer.kernel_size, 3, "kernel_size")
+    st = normalize_tuple(layer.stride, 3, "stride")
+    pad = normalize_tuple(getattr(layer, "padding", 0) or 0, 3, "padding")
+    opad = normalize_tuple(getattr(layer, "output_padding", 0) or 0, 3, "output_padding")
+    dil = normalize_tuple(getattr(layer, "dilation", 1) or 1, 3, "dilation")
+    if k == st and len(set(k)) == 1 and not any(pad) and not any(opad) and set(dil) == {1}:
+        return k[0]
+    return None
+
+
 def _windows(layer, nd: int):
     """The per-axis windows of a convolution or pooling layer, or ``None``."""
-    name = type(layer).__name__
+    name = layer_type(layer)
     if name.startswith("Conv") and "Transpose" not in name:
         k, st, dl = layer.kernel_size, layer.stride, layer.dilation
         pads = normalize_padding(layer.padding, nd, k, dl)
@@ -56,7 +87,9 @@ class LayerGeometry:
     """What one layer does to the slowest rank's block on one grid (pure result of
     :func:`analyze_layers`).
 
-    ``kind``: ``window``, ``pointwise``, ``flatten``, ``dense`` or ``opaque``;
+    ``kind``: ``window``, ``pointwise``, ``upsample`` (a transposed convolution with kernel =
+    stride), ``concat`` (a skip connection's channels appended), ``flatten``, ``dense`` or
+    ``opaque``;
     ``time_shape``: the input shape to time the layer on (one rank, ``COMM_SELF``), ``()``
     when the rank owns no output; ``time_pads``: for windowed layers, the ``(lo, hi)``
     padding per spatial axis of that local problem (:func:`timing_layer`);
@@ -134,9 +167,9 @@ def analyze_layers(layers: Sequence, input_shape: Sequence[int], batch: int,
     out = []
     layers = list(layers)
     for i, layer in enumerate(layers):
-        name = f"{i}:{type(layer).__name__}"
-        tname = type(layer).__name__
-        pbytes = int(sum(p.data.nbytes for p in layer.parameters()))
+        tname = layer_type(layer)
+        name = f"{i}:{tname}"
+        pbytes = layer_param_bytes(layer)
         blocks = [max(o[j + 1] - o[j] for j in range(len(o) - 1)) for o in offs]
         vol = b * chans * math.prod(blocks) * itemsize if flat is None else b * flat * itemsize
         win = _windows(layer, 3) if flat is None else None
@@ -172,7 +205,7 @@ def analyze_layers(layers: Sequence, input_shape: Sequence[int], batch: int,
                 # neighbour pieces along this axis of the block with the largest halo'd box
                 pieces *= 1 + (lo > 0 and j > 0) + (hi > 0 and j < len(sizes) - 1)
                 new.append(list(oo))
-            cout = layer.out_channels if hasattr(layer, "out_channels") else chans
+            cout = getattr(layer, "out_channels", None) or chans
             in_vol = b * chans * math.prod(hbox) * itemsize
             halo_b = in_vol - vol
             outb = b * cout * math.prod(max(o[j + 1] - o[j] for j in range(len(o) - 1))
@@ -183,6 +216,21 @@ def analyze_layers(layers: Sequence, input_shape: Sequence[int], batch: int,
                                      param_bytes=pbytes, saved_bytes=in_vol,
                                      time_pads=tuple(tpads)))
             offs, chans = new, cout
+        elif flat is None and _upsampling(layer) is not None:
+            f = _upsampling(layer)
+            offs = [[v * f for v in o] for o in offs]
+            cout = layer.out_channels
+            outb = vol // chans * cout * f ** 3
+            out.append(LayerGeometry(name, "upsample", (b, chans, *blocks), vol, outb,
+                                     param_bytes=pbytes, saved_bytes=vol))
+            chans = cout
+        elif tname == "Concat" and flat is None:
+            # a skip connection (pure descriptions only): the block grows by the skip's
+            # channels, kept alive since the encoder (counted where the encoder saved it)
+            cout = chans + int(layer.skip_channels)
+            out.append(LayerGeometry(name, "concat", (b, chans, *blocks), vol,
+                                     vol // chans * cout))
+            chans = cout
         elif tname in _POINTWISE:
             shape = (b, chans, *blocks) if flat is None else (b, flat)
             bn = tname.startswith("BatchNorm") and getattr(layer, "stats", "global") == "global"
@@ -212,13 +260,14 @@ def analyze_layers(layers: Sequence, input_shape: Sequence[int], batch: int,
         else:
             if i != len(layers) - 1:
                 raise ValueError(f"analyze_layers: cannot model layer {name} before the last "
-                                 "position (only convolution, pooling, pointwise, flatten and "
-                                 "linear layers are modelled; an unknown layer must be last)")
+                                 "position (only convolution, pooling, pointwise, transposed "
+                                 "convolution with kernel = stride, flatten and linear layers "
+                                 "are modelled; an unknown layer must be last)")
             # a model that needs extents divisible by 2**levels (U-Net) is timed on the block
             # rounded up to that (the distributed ops themselves take any split)
             q = 2 ** int(getattr(layer, "levels", 0) or 0)
             shape = (b, chans, *(-(-n // q) * q for n in blocks)) if flat is None else (b, flat)
-            leaves = max(sum(1 for m in layer.modules() if not m._modules), 1)
+            leaves = max(sum(1 for m in layer.modules() if not getattr(m, "_modules", None)), 1)
             out.append(LayerGeometry(name, "opaque", shape, vol, vol, param_bytes=pbytes,
                                      saved_bytes=vol * leaves))
     return out

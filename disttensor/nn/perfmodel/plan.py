@@ -108,7 +108,7 @@ def plan_grid(model: Module, input_shape: Sequence[int], batch: int, nranks: int
               candidates: Sequence[Sequence[int]] | None = None, quick: bool = False,
               repeats: int | None = None, links: LinkModel | None = None,
               timer: LayerTimer | None = None, dtype=None,
-              tune_kernels: bool | None = None) -> GridPlan:
+              tune_kernels: bool | None = None, machine=None) -> GridPlan:
     """Rank the grids ``(sample, d, h, w)`` of ``nranks`` ranks for training ``model`` on a
     global batch of ``batch`` samples of shape ``input_shape`` ``(C, D, H, W)`` by predicted
     step time (collective over ``comm``, an ``MPI.Comm`` or a ``ProcessGrid``, default
@@ -128,7 +128,11 @@ def plan_grid(model: Module, input_shape: Sequence[int], batch: int, nranks: int
     block as the run will (default: not in ``quick`` mode, where the algorithms come from
     their cost models, ``DISTTENSOR_CONV_TUNE=heuristic``, unless that variable is set:
     tuning every candidate's blocks costs seconds per layer on the first planning on a
-    machine; the tuned choices are cached on disk).
+    machine; the tuned choices are cached on disk); ``machine``: a
+    :class:`~.machine.Machine` description to predict on instead of measuring this one
+    (:func:`~.simulate.simulate` of the model's layers on ``nranks`` of its devices: nothing
+    timed, no communication but the argument agreement; the result is a
+    :class:`~.simulate.SimulatedPlan`).
 
     Every candidate is analysed (:func:`analyze_layers`), its distinct local blocks timed
     (:class:`LayerTimer`), and predicted (:func:`predict_grid`); see the package docstring
@@ -148,7 +152,8 @@ def plan_grid(model: Module, input_shape: Sequence[int], batch: int, nranks: int
                     repeats=repeats, tune_kernels=tune_kernels,
                     layers=[layer_key(l) for l in layers],
                     candidates=None if candidates is None else [tuple(c) for c in candidates],
-                    dtype=None if dtype is None else str(dtype)):
+                    dtype=None if dtype is None else str(dtype),
+                    machine=None if machine is None else repr(machine)):
         try:
             dtype = np.dtype(dtype if dtype is not None else
                              params[0].data.dtype if params else "float32")
@@ -200,6 +205,17 @@ def plan_grid(model: Module, input_shape: Sequence[int], batch: int, nranks: int
                                     f"limit {memory_limit / 2 ** 20:.1f} MiB"))
                 continue
             geoms[g] = gl
+    if machine is not None:
+        from .simulate import simulate
+        if memory_limit is not None:
+            machine = machine.with_(memory_bytes=min(machine.memory_bytes,
+                                                     memory_limit + machine.reserved_bytes))
+        with collective(comm):
+            return simulate(layers, input_shape, batch, nranks, machine,
+                            candidates=grids, optimizer=optimizer,
+                            halo_overlap=True if halo_overlap is None else halo_overlap,
+                            bucket_bytes=bucket_bytes, overlap=overlap,
+                            itemsize=dtype.itemsize)
     # everything above is pure given agreed arguments: every rank has the same geometries
     # (grids over the memory limit are excluded before any timing)
     links = measure_links(comm, quick=quick) if links is None else links

@@ -13,7 +13,7 @@ The prediction for one grid (:func:`predict_grid`, pure given the measurements):
   ``(P_sp - 1) * alpha_p2p + (P_sp - 1) / P_sp * bytes * beta_p2p``; backward slices locally.
 * every distributed op agrees its arguments in one small all-reduce per pass, which also
   synchronises the ranks: a measured per-op overhead forward and backward (an activation of
-  a small block on ``comm`` minus the same on one rank), and ``alpha_allreduce`` twice more
+  a small block on ``comm`` minus the same on one rank), and a tiny all-reduce twice more
   for global batch norm.
 * gradient all-reduce: the parameters packed into buckets of ``bucket_bytes`` in reverse
   registration order (as :class:`~disttensor.nn.parallel.GradientReducer`); a bucket is ready
@@ -125,12 +125,14 @@ class GridPrediction:
     optimizer_s: float
     memory: dict
     layers: tuple = ()
+    io_s: float = 0.0
 
     def report(self) -> str:
         lines = [f"grid {self.grid}: step {self.step_s * 1e3:.2f} ms (forward "
                  f"{self.forward_s * 1e3:.2f}, backward {self.backward_s * 1e3:.2f}, "
                  f"exposed all-reduce {self.allreduce_s * 1e3:.2f}, optimizer "
-                 f"{self.optimizer_s * 1e3:.2f}), memory {self.memory['total'] / 2 ** 20:.1f} "
+                 f"{self.optimizer_s * 1e3:.2f}, exposed sample I/O {self.io_s * 1e3:.2f}), "
+                 "memory {self.memory['total'] / 2 ** 20:.1f} "
                  "MiB/rank"]
         for lp in self.layers:
             lines.append(f"  {lp.name:18s} fwd {lp.forward_s * 1e3:8.3f} ms (comm "
@@ -153,7 +155,7 @@ def predict_grid(grid, geoms: Sequence[LayerGeometry], times: Sequence[tuple[flo
     p2p, red = links.p2p, links.allreduce
     many = links.nranks > 1
     of, ob = (links.op_forward_s, links.op_backward_s) if many else (0.0, 0.0)
-    extra = red.alpha if many else 0.0
+    extra = red(8) if many else 0.0   # a tiny all-reduce (latency; NCCL: tree)
     preds, fwd_total, ends, t_bwd = [], 0.0, {}, 0.0
     comm_f, comm_b = [], []
     for g in geoms:
