@@ -36,6 +36,7 @@ from ..core.entry import agreed, canon, collective_entry, nested
 from ..core.comm import allreduce, collective
 from ..core.distribution import Distribution
 from ..core.halo import HaloExchange
+from ..core.progress import Progress, overlap_mode
 from .local import kernels_for
 from .window import normalize_padding, normalize_tuple
 from ._spatial import (WindowPlan, array_key, begin_halo_input, check_extents,
@@ -65,7 +66,7 @@ class ConvSaved:
     y: DistArray | None = None  # transposed conv: its input (the convolution's output side)
     y_layout: tuple | None = None  # transposed conv: (distribution, grid) the caller's y had
     windows: tuple = ()
-    overlap: bool = False
+    overlap: str = "off"    # halo overlap mode (disttensor.core.progress.overlap_mode)
 
 
 def _window_keys(x: DistArray, w, stride, padding, dilation, groups) -> dict:
@@ -81,6 +82,23 @@ def _window_keys(x: DistArray, w, stride, padding, dilation, groups) -> dict:
                 padding=meaning(normalize_padding, padding, nd, kernel, dil),
                 dilation=meaning(normalize_tuple, dilation, nd, "dilation"),
                 groups=canon(groups))
+
+
+def _mode_key(device: str, overlap):
+    """The overlap mode as the ranks agree on it (its spelling where it does not resolve: the
+    agreed block then raises on every rank)."""
+    try:
+        return overlap_mode(device, overlap)
+    except ValueError:
+        return canon(overlap)
+
+
+def sample_chunks(n: int, mode: str, parts: int = 4) -> list:
+    """``[(n0, n1), ...]``: the sample ranges the interior of an overlapped window op is
+    computed in: up to ``parts`` near-equal ones in ``'poll'`` mode (a progress test between
+    them), one otherwise (a kernel call per chunk costs kernel efficiency).  Pure."""
+    k = max(1, min(parts, n)) if mode == "poll" else 1
+    return [(i * n // k, (i + 1) * n // k) for i in range(k)]
 
 
 def _check_bias(b, cout: int, what: str) -> None:
@@ -117,12 +135,13 @@ def _reduce(arr, comm, reduce: bool):
 
 
 def _windowed_forward(x: DistArray, plan: WindowPlan, windows, w, nd: int, stride3, dilation3,
-                      groups: int, out_shape, overlap: bool):
+                      groups: int, out_shape, overlap: str):
     """Halo exchange of ``x`` and the local forward convolution of this rank's outputs
-    (collective).  With ``overlap``, the interior outputs (reading only owned cells, see
-    :func:`overlap_regions`) are computed between ``begin()`` and ``end()`` of the exchange,
-    the shells after it.  Returns ``(x with halo, local output)``; a failure on any rank
-    raises on all."""
+    (collective).  With an ``overlap`` mode other than ``'off'``, the interior outputs
+    (reading only owned cells, see :func:`overlap_regions`) are computed between ``begin()``
+    and ``end()`` of the exchange (with the MPI progress of the mode: sample chunks with a
+    test between them, or a progress thread), the shells after it.  Returns ``(x with halo,
+    local output)``; a failure on any rank raises on all."""
     from ..core.backend import array_module
     xp = array_module(x.local)
     dtype = np.result_type(x.dtype, w.dtype)
@@ -131,7 +150,7 @@ def _windowed_forward(x: DistArray, plan: WindowPlan, windows, w, nd: int, strid
     def run(buf, read, plo, phi):
         return unlift(k.conv_forward(lift(buf[read], nd), lift(w, nd), stride3, dilation3,
                                      lift3(plo, nd, 0), lift3(phi, nd, 0), groups), nd)
-    if not (overlap and plan.needs_exchange):
+    if overlap == "off" or not plan.needs_exchange:
         xin = halo_input(x, plan)
         with collective(x.grid.cart):  # a kernel failure on one rank raises on all
             y = run(xin.buffer, plan.read, plan.pad_lo, plan.pad_hi) if plan.has_output \
@@ -143,7 +162,12 @@ def _windowed_forward(x: DistArray, plan: WindowPlan, windows, w, nd: int, strid
     err = None
     try:
         if interior is not None:
-            y[interior.out] = run(xin.buffer, interior.read, interior.pad_lo, interior.pad_hi)
+            with Progress(ex.test, overlap) as prog:
+                for n0, n1 in sample_chunks(out_shape[0], overlap):
+                    out = (slice(n0, n1),) + interior.out[1:]
+                    y[out] = run(xin.buffer, (slice(n0, n1),) + interior.read[1:],
+                                 interior.pad_lo, interior.pad_hi)
+                    prog.poll()
     except Exception as e:  # noqa: BLE001 - agreed on below, after the exchange completes
         err = e
     ex.end()
@@ -186,7 +210,7 @@ def _windowed_backward_data(saved: "ConvSaved", dy_local, grid, local=None) -> D
 
     def run(dy_part, read, plo, phi):
         return _backward_data_run(saved, dy_part, read, plo, phi)
-    if not (saved.overlap and plan.needs_exchange):
+    if saved.overlap == "off" or not plan.needs_exchange:
         if local is None:
             with collective(grid.cart):
                 local = _backward_data_local(saved, dy_local)
@@ -206,8 +230,13 @@ def _windowed_backward_data(saved: "ConvSaved", dy_local, grid, local=None) -> D
         ex = HaloExchange(g, halo_boundary(plan), persistent=False).reverse_begin()
     try:
         if err is None and interior is not None:
-            buf[interior.read] += run(dy_local[interior.out], interior.read, interior.pad_lo,
-                                      interior.pad_hi)
+            with Progress(ex.test, saved.overlap) as prog:
+                for n0, n1 in sample_chunks(dy_local.shape[0], saved.overlap):
+                    n = (slice(n0, n1),)
+                    buf[n + interior.read[1:]] += run(dy_local[n + interior.out[1:]],
+                                                      n + interior.read[1:], interior.pad_lo,
+                                                      interior.pad_hi)
+                    prog.poll()
     except Exception as e:  # noqa: BLE001
         err = e
     ex.reverse_end()
@@ -227,15 +256,16 @@ def conv_forward(x: DistArray, w, b=None, stride=1, padding=0, dilation=1, group
     ``padding_mode``: ``'zeros'`` or ``'circular'`` (periodic domains: the padding cells are
     the wrapped-around input, read through a periodic halo; each pad at most the extent).
     ``overlap``: compute the interior outputs while the halo exchange is in flight (and, in
-    the backward, the interior's data gradient while the reverse exchange is).  Default
-    (``None``): on for GPU blocks, whose kernels run asynchronously while the host waits on
-    MPI; off for CPU blocks, where the kernel and MPI progress share a thread and the split
-    into regions measured ~7% slower (``bench/conv_bench.py --distributed``).
+    the backward, the interior's data gradient while the reverse exchange is): ``False``,
+    ``True``, or a mode of :func:`disttensor.core.progress.overlap_mode` (``'off'``,
+    ``'on'``, ``'poll'``, ``'thread'``: how MPI progresses while a CPU kernel runs).
+    Default (``None``): ``$DISTTENSOR_HALO_OVERLAP``, else on for GPU blocks, whose kernels
+    run asynchronously while the host waits on MPI, and off for CPU blocks, where it did not
+    pay in a training step (``bench/step_scaling_bench.py``, ``docs/performance.md``).
     Collective.  Returns ``(y, saved)``."""
     with agreed(x.grid.cart, "conv_forward", x=x, w=array_key(w), b=array_key(b),
                 **_window_keys(x, w, stride, padding, dilation, groups),
-                padding_mode=padding_mode,
-                overlap=(x.device == "cuda") if overlap is None else canon(overlap)):
+                padding_mode=padding_mode, overlap=_mode_key(x.device, overlap)):
         nd, kernel, stride, dilation, padding, groups = _geometry(x, w, stride, padding,
                                                                   dilation, groups, "conv")
         if w.shape[1] * groups != x.shape[1] or w.shape[0] % groups:
@@ -248,8 +278,7 @@ def conv_forward(x: DistArray, w, b=None, stride=1, padding=0, dilation=1, group
         if circular and any(max(p) > n for p, n in zip(padding, x.shape[2:])):
             raise ValueError(f"circular padding {padding} must not exceed the spatial extents "
                              f"{x.shape[2:]}")
-        if overlap is None:
-            overlap = x.device == "cuda"
+        overlap = overlap_mode(x.device, overlap)
         windows = spatial_windows(nd, kernel, stride, dilation, padding, circular)
         plan = window_plan(x.distribution, windows, x.grid.coords)
         out_dist = with_channels(plan.out_dist, w.shape[0])
@@ -302,7 +331,7 @@ def conv_backward(saved: ConvSaved, dy: DistArray, need_dx: bool = True, need_dw
     overlaps the reverse exchange, and the filter gradient) run inside the block that agrees
     on the arguments, so one all-reduce agrees on the arguments and on kernel failures."""
     plan = saved.plan
-    local_dx = need_dx and not (saved.overlap and plan.needs_exchange)
+    local_dx = need_dx and (saved.overlap == "off" or not plan.needs_exchange)
     g = dw = db = None
     with agreed(dy.grid.cart, "conv_backward", rank_local=True, dy=dy,
                 transposed=saved.transposed, need_dx=bool(need_dx), need_dw=bool(need_dw),
@@ -368,6 +397,7 @@ def conv_transpose_forward(y: DistArray, w, b=None, stride=1, padding=0, output_
                              f"does not fit {y.shape[1]} input channels")
         _check_bias(b, w.shape[1] * groups, "conv_transpose")
         output_padding = normalize_tuple(output_padding, nd, "output_padding")
+        mode = overlap_mode(y.device)
         windows = spatial_windows(nd, kernel, stride, dilation, padding)
         extents = []
         for win, m, op in zip(windows, y.shape[2:], output_padding):
@@ -386,7 +416,7 @@ def conv_transpose_forward(y: DistArray, w, b=None, stride=1, padding=0, output_
     out_dist = with_channels(x_dist, cout)
     saved = ConvSaved(None, out_dist, plan, w, nd, kernel, lift3(stride, nd, 1),
                       lift3(dilation, nd, 1), groups, b is not None, transposed=True, y=y,
-                      windows=windows, overlap=y.device == "cuda", y_layout=y_layout)
+                      windows=windows, overlap=mode, y_layout=y_layout)
     x = _windowed_backward_data(saved, y.local, y.grid)
     _add_bias(x.local, b, nd)
     return x, saved
