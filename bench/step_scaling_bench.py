@@ -254,6 +254,9 @@ def main() -> None:
     ap.add_argument("--unet-size", type=int, default=32)
     ap.add_argument("--spatial-modes", default="", help="comma list of DISTTENSOR_HALO_OVERLAP "
                     "modes to add as spatial cases (off,on,poll,thread)")
+    ap.add_argument("--tune", default=None, help="DISTTENSOR_CONV_TUNE for the run (default: "
+                    "as configured; 'off': one fixed conv kernel on every block shape, so the "
+                    "figures measure the distribution, not the tuner's choices per shape)")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=2)
@@ -262,10 +265,13 @@ def main() -> None:
         raise SystemExit("step_scaling_bench runs on exactly 2 ranks")
     args.widths = tuple(int(v) for v in args.widths.split(","))
     args.spatial_modes = [m for m in args.spatial_modes.split(",") if m]
+    if args.tune:
+        os.environ["DISTTENSOR_CONV_TUNE"] = args.tune
     torch = None if args.no_torch else load_torch()
     if COMM.rank == 0:
         print(f"# step_scaling_bench: 2 ranks, median of {args.reps} interleaved reps after "
               f"{args.warmup} warm-up; PyTorch {torch.__version__ if torch else 'absent'}; "
+              f"DISTTENSOR_CONV_TUNE={os.environ.get('DISTTENSOR_CONV_TUNE')}; "
               f"load {os.getloadavg()[0]:.2f}", flush=True)
     if not args.unet_only:
         for size in (int(s) for s in args.sizes.split(",")):
