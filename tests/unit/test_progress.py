@@ -37,7 +37,8 @@ def test_sample_chunks_tile_the_samples(n, mode):
     chunks = sample_chunks(n, mode)
     assert chunks[0][0] == 0 and chunks[-1][1] == n
     assert all(a[1] == b[0] for a, b in zip(chunks, chunks[1:]))
-    assert len(chunks) == (max(1, min(4, n)) if mode == "poll" else 1)
+    assert len(chunks) == (max(1, min(2, n)) if mode == "poll" else 1)
+    assert len(sample_chunks(n, mode, parts=4)) == (max(1, min(4, n)) if mode == "poll" else 1)
     assert all(b > a for a, b in chunks) or n == 0
 
 
