@@ -27,7 +27,9 @@ kernels (data and filter gradient) inside that block, so agreeing costs it no ex
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -101,6 +103,45 @@ def sample_chunks(n: int, mode: str, parts: int = 2) -> list:
     return [(i * n // k, (i + 1) * n // k) for i in range(k)]
 
 
+MIN_INTERIOR = 0.7
+"""Least fraction of a CPU rank's outputs in the interior for a window op to overlap its halo
+exchange: below it (blocks a few planes thick) the extra kernel calls on the shells cost more
+than the wait they could hide."""
+
+
+def overlap_split(mode: str, plan: WindowPlan, dist: Distribution, windows, coords,
+                  device: str):
+    """``(interior, shells)`` (:func:`overlap_regions`) where the ranks overlap their halo
+    exchange in mode ``mode``, else ``None`` (exchange first, then one kernel call): not for
+    ``'off'`` or without a halo, and on CPU only where every rank with outputs has at least
+    :data:`MIN_INTERIOR` of them in its interior.  Pure and the same decision on every rank
+    (the overlapped backward ends in a collective that the other path does not have)."""
+    if mode == "off" or not plan.needs_exchange:
+        return None
+    if device != "cuda" and not _interiors_large(dist, windows, MIN_INTERIOR):
+        return None
+    return overlap_regions(dist, windows, coords)
+
+
+@lru_cache(maxsize=256)
+def _interiors_large(dist: Distribution, windows, least: float) -> bool:
+    """Whether every rank's interior holds at least ``least`` of its outputs (ranks without
+    outputs aside).  Pure."""
+    def size(r):
+        n = 1
+        for sl in r.out[2:]:
+            n *= sl.stop - sl.start
+        return n
+    for coords in itertools.product(*(range(n) for n in dist.grid_dims)):
+        if not window_plan(dist, windows, coords).has_output:
+            continue
+        interior, shells = overlap_regions(dist, windows, coords)
+        inner = 0 if interior is None else size(interior)
+        if inner == 0 or inner < least * (inner + sum(size(r) for r in shells)):
+            return False
+    return True
+
+
 def _check_bias(b, cout: int, what: str) -> None:
     if b is not None and tuple(b.shape) != (cout,):
         raise ValueError(f"{what}: bias must have shape ({cout},), got {tuple(b.shape)}")
@@ -150,14 +191,15 @@ def _windowed_forward(x: DistArray, plan: WindowPlan, windows, w, nd: int, strid
     def run(buf, read, plo, phi):
         return unlift(k.conv_forward(lift(buf[read], nd), lift(w, nd), stride3, dilation3,
                                      lift3(plo, nd, 0), lift3(phi, nd, 0), groups), nd)
-    if overlap == "off" or not plan.needs_exchange:
+    regions = overlap_split(overlap, plan, x.distribution, windows, x.grid.coords, x.device)
+    if regions is None:
         xin = halo_input(x, plan)
         with collective(x.grid.cart):  # a kernel failure on one rank raises on all
             y = run(xin.buffer, plan.read, plan.pad_lo, plan.pad_hi) if plan.has_output \
                 else xp.zeros(out_shape, dtype=dtype)
         return xin, y
     xin, ex = begin_halo_input(x, plan)
-    interior, shells = overlap_regions(x.distribution, windows, x.grid.coords)
+    interior, shells = regions
     # the interior and the shells tile the output (tests/unit/test_overlap_regions.py)
     y = xp.empty(out_shape, dtype=dtype) if plan.has_output else xp.zeros(out_shape, dtype)
     err = None
@@ -211,7 +253,9 @@ def _windowed_backward_data(saved: "ConvSaved", dy_local, grid, local=None) -> D
 
     def run(dy_part, read, plo, phi):
         return _backward_data_run(saved, dy_part, read, plo, phi)
-    if saved.overlap == "off" or not plan.needs_exchange:
+    regions = overlap_split(saved.overlap, plan, saved.x_dist, saved.windows, grid.coords,
+                            "cuda" if xp is not np else "cpu")
+    if regions is None:
         if local is None:
             with collective(grid.cart):
                 local = _backward_data_local(saved, dy_local)
@@ -219,7 +263,7 @@ def _windowed_backward_data(saved: "ConvSaved", dy_local, grid, local=None) -> D
     block = saved.x_dist.block_shape(grid.coords)
     dtype = np.result_type(dy_local.dtype, saved.w.dtype)
     buf = xp.zeros(tuple(lo + n + hi for (lo, hi), n in zip(plan.halo, block)), dtype=dtype)
-    interior, shells = overlap_regions(saved.x_dist, saved.windows, grid.coords)
+    interior, shells = regions
     err = None
     try:
         for r in shells:
@@ -290,7 +334,8 @@ def conv_forward(x: DistArray, w, b=None, stride=1, padding=0, dilation=1, group
     y = DistArray(y_local, out_dist, x.grid)
     saved = ConvSaved(xin, x.distribution, plan, w, nd, kernel, lift3(stride, nd, 1),
                       lift3(dilation, nd, 1), groups, b is not None, windows=windows,
-                      overlap=overlap)
+                      overlap=overlap if overlap_split(overlap, plan, x.distribution, windows,
+                                                       x.grid.coords, x.device) else "off")
     return y, saved
 
 

@@ -86,3 +86,23 @@ def test_failing_test_stops_progress():
     with Progress(boom, "thread") as t:
         pass
     assert not t.done
+
+
+def test_overlap_split_gate():
+    """A CPU block overlaps only when its interior holds MIN_INTERIOR of its outputs; a GPU
+    block whenever it has an interior; never without a halo or in mode 'off'."""
+    from disttensor.core.distribution import Distribution
+    from disttensor.ops import convolution as C
+    from disttensor.ops._spatial import spatial_windows, window_plan
+    windows = spatial_windows(1, (3,), (1,), (1,), ((1, 1),))
+    for n, want_cpu in ((8, True), (40, True), (4, True), (3, False), (2, False)):
+        dist = Distribution((1, 1, 2 * n), (2,), (None, None, 0))
+        plan = window_plan(dist, windows, (0,))
+        got = C.overlap_split("on", plan, dist, windows, (0,), "cpu")
+        inner = n - 1   # one shell plane next to the neighbour
+        assert (got is not None) == want_cpu == (inner >= C.MIN_INTERIOR * n)
+        assert C.overlap_split("on", plan, dist, windows, (0,), "cuda") is not None or n < 2
+        assert C.overlap_split("off", plan, dist, windows, (0,), "cpu") is None
+    dist = Distribution((1, 1, 16), (1,), (None, None, 0))   # one block: no halo
+    plan = window_plan(dist, windows, (0,))
+    assert C.overlap_split("poll", plan, dist, windows, (0,), "cpu") is None
