@@ -69,6 +69,8 @@ JOBS = [
     Job("agreement", "agreement_bench.py", ["--size", "16", "--reps", "8"], [], ranks=(2,)),
     # scaling, overlap, the performance model
     Job("scaling", "scaling_bench.py", ["--quick"], [], ranks=(2, 3, 4)),
+    Job("step_scaling", "step_scaling_bench.py", ["--sizes", "32", "--unet", "--reps", "5"],
+        [], ranks=(2,), timeout=900),
     Job("perfmodel", "perfmodel_bench.py", ["--quick"], [], ranks=(1, 2, 4), timeout=600),
     Job("profile", "profile_bench.py", ["--size", "16", "--widths", "8,16", "--reps", "2"],
         ["--size", "32", "--reps", "5"], ranks=(2,)),

@@ -527,6 +527,15 @@ class PieceExchange:
             for v, s in self._unpack:
                 copy_into(v, s)
 
+    def test(self) -> bool:
+        """Whether every message of the exchange in flight has completed (``MPI_Testall``:
+        non-blocking, drives MPI progress; :meth:`finish` is still due, and unpacks).  ``True``
+        when nothing is in flight."""
+        reqs = self._preqs if self.persistent else self._reqs
+        if not self._active or not reqs:
+            return True
+        return MPI.Request.Testall(reqs)
+
     def run(self) -> None:
         """:meth:`start` then :meth:`finish` (for persistent requests in one go, without the
         bookkeeping of a split phase: the per-exchange cost of a small message)."""

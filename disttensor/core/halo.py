@@ -193,6 +193,18 @@ class HaloExchange:
         self._mode = None
         self._forward.finish()
 
+    def test(self) -> bool:
+        """Whether the messages of the exchange in flight (:meth:`begin` or
+        :meth:`reverse_begin`) have all arrived (non-blocking ``MPI_Testall``: it drives MPI
+        progress, which a rendezvous message between processes needs on both sides while the
+        caller computes; see :mod:`disttensor.core.progress`).  :meth:`end` or
+        :meth:`reverse_end` is still due.  ``True`` when nothing is in flight."""
+        if self._mode == "forward":
+            return self._forward.test()
+        if self._mode == "reverse":
+            return self._reverse.test()
+        return True
+
     def exchange(self) -> None:
         """:meth:`begin` + :meth:`end` in one go: the zero fills and local copies first (they
         touch cells no message does), then the messages, without split-phase bookkeeping."""

@@ -27,7 +27,9 @@ kernels (data and filter gradient) inside that block, so agreeing costs it no ex
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -36,6 +38,7 @@ from ..core.entry import agreed, canon, collective_entry, nested
 from ..core.comm import allreduce, collective
 from ..core.distribution import Distribution
 from ..core.halo import HaloExchange
+from ..core.progress import Progress, overlap_mode
 from .local import kernels_for
 from .window import normalize_padding, normalize_tuple
 from ._spatial import (WindowPlan, array_key, begin_halo_input, check_extents,
@@ -65,7 +68,7 @@ class ConvSaved:
     y: DistArray | None = None  # transposed conv: its input (the convolution's output side)
     y_layout: tuple | None = None  # transposed conv: (distribution, grid) the caller's y had
     windows: tuple = ()
-    overlap: bool = False
+    overlap: str = "off"    # halo overlap mode (disttensor.core.progress.overlap_mode)
 
 
 def _window_keys(x: DistArray, w, stride, padding, dilation, groups) -> dict:
@@ -81,6 +84,62 @@ def _window_keys(x: DistArray, w, stride, padding, dilation, groups) -> dict:
                 padding=meaning(normalize_padding, padding, nd, kernel, dil),
                 dilation=meaning(normalize_tuple, dilation, nd, "dilation"),
                 groups=canon(groups))
+
+
+def _mode_key(device: str, overlap):
+    """The overlap mode as the ranks agree on it (its spelling where it does not resolve: the
+    agreed block then raises on every rank)."""
+    try:
+        return overlap_mode(device, overlap)
+    except ValueError:
+        return canon(overlap)
+
+
+def sample_chunks(n: int, mode: str, parts: int = 2) -> list:
+    """``[(n0, n1), ...]``: the sample ranges the interior of an overlapped window op is
+    computed in: up to ``parts`` near-equal ones in ``'poll'`` mode (a progress test between
+    them), one otherwise (a kernel call per chunk costs kernel efficiency).  Pure."""
+    k = max(1, min(parts, n)) if mode == "poll" else 1
+    return [(i * n // k, (i + 1) * n // k) for i in range(k)]
+
+
+MIN_INTERIOR = 0.7
+"""Least fraction of a CPU rank's outputs in the interior for a window op to overlap its halo
+exchange: below it (blocks a few planes thick) the extra kernel calls on the shells cost more
+than the wait they could hide."""
+
+
+def overlap_split(mode: str, plan: WindowPlan, dist: Distribution, windows, coords,
+                  device: str):
+    """``(interior, shells)`` (:func:`overlap_regions`) where the ranks overlap their halo
+    exchange in mode ``mode``, else ``None`` (exchange first, then one kernel call): not for
+    ``'off'`` or without a halo, and on CPU only where every rank with outputs has at least
+    :data:`MIN_INTERIOR` of them in its interior.  Pure and the same decision on every rank
+    (the overlapped backward ends in a collective that the other path does not have)."""
+    if mode == "off" or not plan.needs_exchange:
+        return None
+    if device != "cuda" and not _interiors_large(dist, windows, MIN_INTERIOR):
+        return None
+    return overlap_regions(dist, windows, coords)
+
+
+@lru_cache(maxsize=256)
+def _interiors_large(dist: Distribution, windows, least: float) -> bool:
+    """Whether every rank's interior holds at least ``least`` of its outputs (ranks without
+    outputs aside).  Pure."""
+    def size(r):
+        n = 1
+        for sl in r.out[2:]:
+            n *= sl.stop - sl.start
+        return n
+    for coords in itertools.product(*(range(n) for n in dist.grid_dims)):
+        if not window_plan(dist, windows, coords).has_output:
+            continue
+        interior, shells = overlap_regions(dist, windows, coords)
+        inner = 0 if interior is None else size(interior)
+        if inner == 0 or inner < least * (inner + sum(size(r) for r in shells)):
+            return False
+    return True
 
 
 def _check_bias(b, cout: int, what: str) -> None:
@@ -117,12 +176,13 @@ def _reduce(arr, comm, reduce: bool):
 
 
 def _windowed_forward(x: DistArray, plan: WindowPlan, windows, w, nd: int, stride3, dilation3,
-                      groups: int, out_shape, overlap: bool):
+                      groups: int, out_shape, overlap: str):
     """Halo exchange of ``x`` and the local forward convolution of this rank's outputs
-    (collective).  With ``overlap``, the interior outputs (reading only owned cells, see
-    :func:`overlap_regions`) are computed between ``begin()`` and ``end()`` of the exchange,
-    the shells after it.  Returns ``(x with halo, local output)``; a failure on any rank
-    raises on all."""
+    (collective).  With an ``overlap`` mode other than ``'off'``, the interior outputs
+    (reading only owned cells, see :func:`overlap_regions`) are computed between ``begin()``
+    and ``end()`` of the exchange (with the MPI progress of the mode: sample chunks with a
+    test between them, or a progress thread), the shells after it.  Returns ``(x with halo,
+    local output)``; a failure on any rank raises on all."""
     from ..core.backend import array_module
     xp = array_module(x.local)
     dtype = np.result_type(x.dtype, w.dtype)
@@ -131,19 +191,26 @@ def _windowed_forward(x: DistArray, plan: WindowPlan, windows, w, nd: int, strid
     def run(buf, read, plo, phi):
         return unlift(k.conv_forward(lift(buf[read], nd), lift(w, nd), stride3, dilation3,
                                      lift3(plo, nd, 0), lift3(phi, nd, 0), groups), nd)
-    if not (overlap and plan.needs_exchange):
+    regions = overlap_split(overlap, plan, x.distribution, windows, x.grid.coords, x.device)
+    if regions is None:
         xin = halo_input(x, plan)
         with collective(x.grid.cart):  # a kernel failure on one rank raises on all
             y = run(xin.buffer, plan.read, plan.pad_lo, plan.pad_hi) if plan.has_output \
                 else xp.zeros(out_shape, dtype=dtype)
         return xin, y
     xin, ex = begin_halo_input(x, plan)
-    interior, shells = overlap_regions(x.distribution, windows, x.grid.coords)
-    y = xp.zeros(out_shape, dtype=dtype)
+    interior, shells = regions
+    # the interior and the shells tile the output (tests/unit/test_overlap_regions.py)
+    y = xp.empty(out_shape, dtype=dtype) if plan.has_output else xp.zeros(out_shape, dtype)
     err = None
     try:
         if interior is not None:
-            y[interior.out] = run(xin.buffer, interior.read, interior.pad_lo, interior.pad_hi)
+            with Progress(ex.test, overlap) as prog:
+                for n0, n1 in sample_chunks(out_shape[0], overlap):
+                    out = (slice(n0, n1),) + interior.out[1:]
+                    y[out] = run(xin.buffer, (slice(n0, n1),) + interior.read[1:],
+                                 interior.pad_lo, interior.pad_hi)
+                    prog.poll()
     except Exception as e:  # noqa: BLE001 - agreed on below, after the exchange completes
         err = e
     ex.end()
@@ -186,7 +253,9 @@ def _windowed_backward_data(saved: "ConvSaved", dy_local, grid, local=None) -> D
 
     def run(dy_part, read, plo, phi):
         return _backward_data_run(saved, dy_part, read, plo, phi)
-    if not (saved.overlap and plan.needs_exchange):
+    regions = overlap_split(saved.overlap, plan, saved.x_dist, saved.windows, grid.coords,
+                            "cuda" if xp is not np else "cpu")
+    if regions is None:
         if local is None:
             with collective(grid.cart):
                 local = _backward_data_local(saved, dy_local)
@@ -194,7 +263,7 @@ def _windowed_backward_data(saved: "ConvSaved", dy_local, grid, local=None) -> D
     block = saved.x_dist.block_shape(grid.coords)
     dtype = np.result_type(dy_local.dtype, saved.w.dtype)
     buf = xp.zeros(tuple(lo + n + hi for (lo, hi), n in zip(plan.halo, block)), dtype=dtype)
-    interior, shells = overlap_regions(saved.x_dist, saved.windows, grid.coords)
+    interior, shells = regions
     err = None
     try:
         for r in shells:
@@ -206,8 +275,13 @@ def _windowed_backward_data(saved: "ConvSaved", dy_local, grid, local=None) -> D
         ex = HaloExchange(g, halo_boundary(plan), persistent=False).reverse_begin()
     try:
         if err is None and interior is not None:
-            buf[interior.read] += run(dy_local[interior.out], interior.read, interior.pad_lo,
-                                      interior.pad_hi)
+            with Progress(ex.test, saved.overlap) as prog:
+                for n0, n1 in sample_chunks(dy_local.shape[0], saved.overlap):
+                    n = (slice(n0, n1),)
+                    buf[n + interior.read[1:]] += run(dy_local[n + interior.out[1:]],
+                                                      n + interior.read[1:], interior.pad_lo,
+                                                      interior.pad_hi)
+                    prog.poll()
     except Exception as e:  # noqa: BLE001
         err = e
     ex.reverse_end()
@@ -227,15 +301,16 @@ def conv_forward(x: DistArray, w, b=None, stride=1, padding=0, dilation=1, group
     ``padding_mode``: ``'zeros'`` or ``'circular'`` (periodic domains: the padding cells are
     the wrapped-around input, read through a periodic halo; each pad at most the extent).
     ``overlap``: compute the interior outputs while the halo exchange is in flight (and, in
-    the backward, the interior's data gradient while the reverse exchange is).  Default
-    (``None``): on for GPU blocks, whose kernels run asynchronously while the host waits on
-    MPI; off for CPU blocks, where the kernel and MPI progress share a thread and the split
-    into regions measured ~7% slower (``bench/conv_bench.py --distributed``).
+    the backward, the interior's data gradient while the reverse exchange is): ``False``,
+    ``True``, or a mode of :func:`disttensor.core.progress.overlap_mode` (``'off'``,
+    ``'on'``, ``'poll'``, ``'thread'``: how MPI progresses while a CPU kernel runs).
+    Default (``None``): ``$DISTTENSOR_HALO_OVERLAP``, else on for GPU blocks, whose kernels
+    run asynchronously while the host waits on MPI, and off for CPU blocks, where it did not
+    pay in a training step (``bench/step_scaling_bench.py``, ``docs/performance.md``).
     Collective.  Returns ``(y, saved)``."""
     with agreed(x.grid.cart, "conv_forward", x=x, w=array_key(w), b=array_key(b),
                 **_window_keys(x, w, stride, padding, dilation, groups),
-                padding_mode=padding_mode,
-                overlap=(x.device == "cuda") if overlap is None else canon(overlap)):
+                padding_mode=padding_mode, overlap=_mode_key(x.device, overlap)):
         nd, kernel, stride, dilation, padding, groups = _geometry(x, w, stride, padding,
                                                                   dilation, groups, "conv")
         if w.shape[1] * groups != x.shape[1] or w.shape[0] % groups:
@@ -248,8 +323,7 @@ def conv_forward(x: DistArray, w, b=None, stride=1, padding=0, dilation=1, group
         if circular and any(max(p) > n for p, n in zip(padding, x.shape[2:])):
             raise ValueError(f"circular padding {padding} must not exceed the spatial extents "
                              f"{x.shape[2:]}")
-        if overlap is None:
-            overlap = x.device == "cuda"
+        overlap = overlap_mode(x.device, overlap)
         windows = spatial_windows(nd, kernel, stride, dilation, padding, circular)
         plan = window_plan(x.distribution, windows, x.grid.coords)
         out_dist = with_channels(plan.out_dist, w.shape[0])
@@ -260,7 +334,8 @@ def conv_forward(x: DistArray, w, b=None, stride=1, padding=0, dilation=1, group
     y = DistArray(y_local, out_dist, x.grid)
     saved = ConvSaved(xin, x.distribution, plan, w, nd, kernel, lift3(stride, nd, 1),
                       lift3(dilation, nd, 1), groups, b is not None, windows=windows,
-                      overlap=overlap)
+                      overlap=overlap if overlap_split(overlap, plan, x.distribution, windows,
+                                                       x.grid.coords, x.device) else "off")
     return y, saved
 
 
@@ -302,7 +377,7 @@ def conv_backward(saved: ConvSaved, dy: DistArray, need_dx: bool = True, need_dw
     overlaps the reverse exchange, and the filter gradient) run inside the block that agrees
     on the arguments, so one all-reduce agrees on the arguments and on kernel failures."""
     plan = saved.plan
-    local_dx = need_dx and not (saved.overlap and plan.needs_exchange)
+    local_dx = need_dx and (saved.overlap == "off" or not plan.needs_exchange)
     g = dw = db = None
     with agreed(dy.grid.cart, "conv_backward", rank_local=True, dy=dy,
                 transposed=saved.transposed, need_dx=bool(need_dx), need_dw=bool(need_dw),
@@ -368,6 +443,7 @@ def conv_transpose_forward(y: DistArray, w, b=None, stride=1, padding=0, output_
                              f"does not fit {y.shape[1]} input channels")
         _check_bias(b, w.shape[1] * groups, "conv_transpose")
         output_padding = normalize_tuple(output_padding, nd, "output_padding")
+        mode = overlap_mode(y.device)
         windows = spatial_windows(nd, kernel, stride, dilation, padding)
         extents = []
         for win, m, op in zip(windows, y.shape[2:], output_padding):
@@ -386,7 +462,7 @@ def conv_transpose_forward(y: DistArray, w, b=None, stride=1, padding=0, output_
     out_dist = with_channels(x_dist, cout)
     saved = ConvSaved(None, out_dist, plan, w, nd, kernel, lift3(stride, nd, 1),
                       lift3(dilation, nd, 1), groups, b is not None, transposed=True, y=y,
-                      windows=windows, overlap=y.device == "cuda", y_layout=y_layout)
+                      windows=windows, overlap=mode, y_layout=y_layout)
     x = _windowed_backward_data(saved, y.local, y.grid)
     _add_bias(x.local, b, nd)
     return x, saved
