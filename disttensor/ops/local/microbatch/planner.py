@@ -8,7 +8,9 @@
   gradients summed), on NumPy or CuPy arrays; :func:`run_pass` runs one algorithm on a slice
   of the samples (also what the entry points' timing runners do);
 * the plan store: :func:`get_plan` returns a plan from memory, from the disk cache
-  (:mod:`.plan_cache`, benchmark mode) or planned now; :func:`set_limit_override` /
+  (:mod:`.plan_cache`, benchmark mode), the plan of a similar tuned problem (:mod:`.sharing`:
+  the reuse rule, and one timing per problem family among processes sharing the cache) or
+  planned now; :func:`set_limit_override` /
   :func:`limit_for` hold per-problem workspace limits, which :func:`plan_network` installs
   for a whole network (WD or WR); :func:`last_plan` is this thread's latest plan.
 
@@ -24,7 +26,8 @@ from .division import (candidate_sizes, choose_division, divide_workspace, optim
                        pareto_front)
 from .plan_cache import PlanCache
 from .problem import Config, ConvProblem, Plan
-from .settings import policy, tune_mode, undivided_margin, workspace_limit
+from .settings import policy, similar_factor, tune_mode, undivided_margin, workspace_limit
+from .sharing import family_lock, nearest_similar
 from .timing import candidates, measure_times, model_times, warn_once
 
 __all__ = ["plan_problem", "pareto_set", "run_pass", "run_plan", "get_plan", "plan_network",
@@ -195,25 +198,58 @@ def get_plan(problem: ConvProblem, algos: dict, device_fp: dict, runner=None, sy
     plan = _plans.get(mkey)
     if plan is not None:
         return plan
-    fields = None
     if mode == "benchmark":
         fields = dict(fingerprint=device_fp, problem=problem.fields(), limit=limit, policy=pol,
                       mode=mode, algorithms=list(names), margin=undivided_margin())
-        stored = _disk.get(fields)
-        if stored is not None:
-            try:
-                plan = Plan.from_json(stored)
-                if (sum(b for _, b in plan.micro_batches) != problem.batch
-                        or any(a not in algos for a, _ in plan.micro_batches)):
-                    plan = None
-            except (KeyError, TypeError, ValueError):
-                plan = None
-    if plan is None:
+        plan = _stored_plan(problem, fields, algos, limit)
+        if plan is None:
+            # one timing per problem family among the processes sharing the cache
+            with family_lock(_disk.path.parent, fields) as waited:
+                if waited:  # a peer timed this family meanwhile: its plan may serve
+                    plan = _stored_plan(problem, fields, algos, limit, reread=True)
+                if plan is None:
+                    plan = plan_problem(problem, algos, limit, pol, mode, runner, sync)
+                    _disk.put(fields, plan.to_json())
+    else:
         plan = plan_problem(problem, algos, limit, pol, mode, runner, sync)
-        if fields is not None:
-            _disk.put(fields, plan.to_json())
     with _plans_lock:
         _plans[mkey] = plan
+    return plan
+
+
+def _valid(stored, problem: ConvProblem, algos: dict, limit: int | None = None) -> Plan | None:
+    """``stored`` (a plan's JSON) as a :class:`Plan` for ``problem`` if its micro-batches sum
+    to the batch and name known algorithms; with ``limit``: only if every micro-batch is a
+    candidate of ``problem`` whose workspace fits (the workspace is then recomputed)."""
+    try:
+        plan = Plan.from_json(stored)
+    except (KeyError, TypeError, ValueError):
+        return None
+    if (sum(b for _, b in plan.micro_batches) != problem.batch
+            or any(a not in algos for a, _ in plan.micro_batches)):
+        return None
+    if limit is None:
+        return plan
+    sizes = sorted({b for _, b in plan.micro_batches})
+    cands = candidates(problem, algos, sizes)
+    if any(cands.get(p, limit + 1) > limit for p in plan.micro_batches):
+        return None
+    return Plan(plan.micro_batches, plan.seconds, max(cands[p] for p in plan.micro_batches),
+                "reused from a similar tuned shape")
+
+
+def _stored_plan(problem: ConvProblem, fields: dict, algos: dict, limit: int,
+                 reread: bool = False) -> Plan | None:
+    """The disk cache's plan for ``fields``, else the valid plan of the nearest similar tuned
+    problem (:func:`.sharing.nearest_similar`), else None."""
+    if reread:
+        _disk.clear_memory()
+    stored = _disk.get(fields)
+    plan = None if stored is None else _valid(stored, problem, algos)
+    if plan is None:
+        near = nearest_similar(fields, _disk.entries(), similar_factor())
+        if near is not None:
+            plan = _valid(near, problem, algos, limit)
     return plan
 
 
