@@ -9,9 +9,10 @@ cache the first training step of every process pays the compilation (about 35 s 
 step on one core).
 
 This command runs the common signatures once: a small CosmoFlow and a small 3D U-Net, forward
-and backward with their losses and Adam, in float32 and float64, on the ranks it is started on
-(under ``mpiexec -n 2`` the grid is split along depth, so the halo'd, non-contiguous block
-views that only multi-rank runs pass to the kernels are compiled too).  Every convolution
+and backward with their losses and Adam, and a few pointwise, normalization and resampling
+ops, in float32 and float64, first on rank 0 alone, then (under ``mpiexec -n 2``) on all ranks
+with the grid split along depth, so the halo'd, non-contiguous block views that only
+multi-rank runs pass to the kernels are compiled too.  Every convolution
 algorithm the tuner may pick runs at least once (tuning runs in benchmark mode with a zero
 budget into a throw-away plan cache, so the user's plan cache is left alone).
 
@@ -97,7 +98,7 @@ def is_warm() -> bool:
 
 
 def _steps(grid, dtype: str):
-    """The warm-up steps on ``grid`` in ``dtype``: ``[(name, fn), ...]``."""
+    """The warm-up steps on ``grid`` in ``dtype``: ``{name: fn}`` (names: :data:`_STEPS`)."""
     import numpy as np
 
     import disttensor as dt
@@ -141,7 +142,19 @@ def _steps(grid, dtype: str):
         y = F.interpolate(y, scale_factor=2, mode="trilinear")
         (y * y).sum().backward()
 
-    return [("cosmoflow", cosmoflow), ("unet3d", unet), ("pointwise", pointwise)]
+    return {"cosmoflow": cosmoflow, "unet3d": unet, "pointwise": pointwise}
+
+
+_STEPS = ("cosmoflow", "unet3d", "pointwise")
+
+
+def _polling_allgather(comm, obj):
+    """``comm.allgather(obj)`` after a polling barrier (ranks waiting for rank 0's single-rank
+    warm-up sleep instead of spinning on a core it needs)."""
+    req = comm.Ibarrier()
+    while not req.Test():
+        time.sleep(0.01)
+    return comm.allgather(obj)
 
 
 def warm(dtypes=("float32", "float64"), verbose: bool = True) -> list[str]:
@@ -152,7 +165,12 @@ def warm(dtypes=("float32", "float64"), verbose: bool = True) -> list[str]:
     import disttensor as dt
 
     comm = MPI.COMM_WORLD
-    grid = dt.ProcessGrid((1, comm.size, 1, 1))
+    # rank 0 alone first (contiguous blocks, every kernel compiled once), then all ranks on a
+    # depth split (the halo'd block views; mostly cache loads by then)
+    grids = [("1 rank", dt.ProcessGrid((1, 1, 1, 1), comm=MPI.COMM_SELF)
+              if comm.rank == 0 else None)]
+    if comm.size > 1:
+        grids.append((f"{comm.size} ranks", dt.ProcessGrid((1, comm.size, 1, 1))))
     failed = []
     saved = {k: os.environ.get(k) for k in ("DISTTENSOR_CACHE_DIR", "DISTTENSOR_CONV_TUNE",
                                             "DISTTENSOR_CONV_TUNE_BUDGET_S")}
@@ -161,22 +179,23 @@ def warm(dtypes=("float32", "float64"), verbose: bool = True) -> list[str]:
         os.environ["DISTTENSOR_CONV_TUNE"] = "benchmark"
         os.environ["DISTTENSOR_CONV_TUNE_BUDGET_S"] = "0"
         try:
-            for dtype in dtypes:
-                for name, fn in _steps(grid, dtype):
-                    t0 = time.perf_counter()
-                    err = None
-                    try:
-                        fn()
-                    except Exception as e:  # noqa: BLE001 - reported, the others still run
-                        err = f"{type(e).__name__}: {e}"
-                    errs = comm.allgather(err)
-                    bad = [e for e in errs if e]
-                    if bad:
-                        failed.append(f"{name} {dtype}")
-                    if verbose and comm.rank == 0:
-                        status = f"FAILED ({bad[0]})" if bad else "ok"
-                        print(f"[warmup] {name:9s} {dtype}: {time.perf_counter() - t0:6.1f} s "
-                              f"{status}", flush=True)
+            for where, grid in grids:
+                for dtype in dtypes:
+                    for name in _STEPS:
+                        t0 = time.perf_counter()
+                        err = None
+                        if grid is not None:
+                            try:
+                                _steps(grid, dtype)[name]()
+                            except Exception as e:  # noqa: BLE001 - reported, others still run
+                                err = f"{type(e).__name__}: {e}"
+                        bad = [e for e in _polling_allgather(comm, err) if e]
+                        if bad:
+                            failed.append(f"{name} {dtype} ({where})")
+                        if verbose and comm.rank == 0:
+                            status = f"FAILED ({bad[0]})" if bad else "ok"
+                            print(f"[warmup] {name:9s} {dtype} {where}: "
+                                  f"{time.perf_counter() - t0:6.1f} s {status}", flush=True)
         finally:
             for k, v in saved.items():
                 if v is None:
