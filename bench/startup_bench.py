@@ -8,7 +8,8 @@ step (Numba cache, convolution tuning), and activation memory per rank.
 2. First step: one CosmoFlow training step (widths 16,32,64,128, batch 4, Adam) on a depth
    split over all ranks, with an empty convolution plan cache (a fresh clone after set-up:
    the Numba kernels come from the cache ``python -m disttensor.warmup`` filled; whether it is
-   warm is printed), wall and CPU seconds of steps 1 and 2 (max over ranks).
+   warm is printed), wall and CPU seconds of steps 1 and 2 (max over ranks); ``--baseline``:
+   also with ``DISTTENSOR_CONV_TUNE_SIMILAR=off`` (every layer-pass timed at full size).
 3. A new shape: the first step of a model ``--new-size`` (default 3/4 of ``--size``) with the
    plan cache of step 2, once reusing similar tuned plans (the default) and once with
    ``DISTTENSOR_CONV_TUNE_SIMILAR=off`` (each from a copy of the same cache).
@@ -153,6 +154,8 @@ def main(argv=None):
     p.add_argument("--size", type=int, default=128)
     p.add_argument("--new-size", type=int, default=0)
     p.add_argument("--mem-size", type=int, default=64)
+    p.add_argument("--baseline", action="store_true",
+                   help="also time the first step with plan reuse off (the old behaviour)")
     p.add_argument("--skip", default="", help="comma list of parts to skip: step,new,memory")
     args = p.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
@@ -185,6 +188,18 @@ def main(argv=None):
             fresh = os.path.join(tmp, "fresh")
             (t1, c1), (t2, c2) = with_plan_dir(comm, fresh,
                                                lambda: timed_steps(comm, grid, args.size, 2))
+            if args.baseline:  # the same with reuse (and half-extent proxies) off
+                os.environ["DISTTENSOR_CONV_TUNE_SIMILAR"] = "off"
+                try:
+                    (b1, bc1), _ = with_plan_dir(comm, os.path.join(tmp, "base"),
+                                                 lambda: timed_steps(comm, grid, args.size, 2))
+                finally:
+                    os.environ.pop("DISTTENSOR_CONV_TUNE_SIMILAR", None)
+                say(f"baseline first step (every layer-pass timed at full size): {b1:.2f} s "
+                    f"(cpu {bc1:.2f}); with half-extent proxies: ratio {c1 / bc1:.2f} (cpu)")
+                record("startup", f"cosmoflow {args.size}^3 first step (warm kernels, no plans)",
+                       "proxy_over_full_tuning_cpu", c1 / bc1, "x", better="lower", ranks=n,
+                       rank=comm.rank)
             say(f"first step CosmoFlow {args.size}^3 x4 batch 4, {n} rank(s), kernel cache "
                 f"{'warm' if warm else 'COLD'}, empty plan cache: {t1:.2f} s (cpu {c1:.2f}); "
                 f"second step {t2:.2f} s (cpu {c2:.2f}); rss after "

@@ -123,3 +123,23 @@ def test_family_lock_without_a_writable_directory_does_not_lock(tmp_path):
     blocker.write_text("")
     with family_lock(blocker, _fields((4, 4, 8, 8, 8))) as waited:   # 'locks' cannot be made
         assert waited is False
+
+
+def test_prefilter_keeps_the_models_best_and_every_size():
+    algos = mb.cpu_algorithms(mb.workspace_limit())
+    prob = mb.ConvProblem.make("forward", (4, 16, 18, 18, 18), (32, 16, 3, 3, 3), (1, 1, 1),
+                               (1, 1, 1), (0, 0, 0), (0, 0, 0), 1, "float32")
+    from disttensor.ops.local.microbatch.timing import candidates, model_times
+    cands = candidates(prob, algos, [1, 2, 4])
+    model = model_times(prob, algos, cands)
+    kept = mb.planner.prefilter(prob, algos, cands, 2.0)
+    per = {k: t / k[1] for k, t in model.items()}
+    best = min(per.values())
+    assert set(kept) <= set(cands) and len(kept) < len(cands)
+    assert {b for _, b in kept} == {1, 2, 4}
+    for k in cands:
+        if per[k] <= 2 * best:
+            assert k in kept
+    for b in (1, 2, 4):
+        assert min((k for k in per if k[1] == b), key=per.get) in kept
+    assert mb.planner.prefilter(prob, algos, cands, 0) == cands

@@ -1,7 +1,9 @@
 """Planning one layer-pass, a whole network's budget, and running a plan (per rank, no MPI).
 
 * :func:`plan_problem`: the plan for one :class:`.problem.ConvProblem` under a workspace limit
-  (times from :mod:`.timing`, division from :mod:`.division`); when no algorithm fits, the
+  (times from :mod:`.timing`, division from :mod:`.division`; benchmark mode times only the
+  candidates the cost model puts within :func:`~.settings.model_prefilter` of the best,
+  :func:`prefilter`); when no algorithm fits, the
   limit is raised to the smallest workspace, with a note and a warning once per problem;
 * :func:`pareto_set`: a layer-pass's Pareto-optimal (time, workspace) configurations;
 * :func:`run_plan`: run a plan's micro-batches (outputs written into one array, filter
@@ -26,11 +28,13 @@ from .division import (candidate_sizes, choose_division, divide_workspace, optim
                        pareto_front)
 from .plan_cache import PlanCache
 from .problem import Config, ConvProblem, Plan
-from .settings import policy, similar_factor, tune_mode, undivided_margin, workspace_limit
+from .settings import (model_prefilter, policy, similar_factor, tune_mode, undivided_margin,
+                       workspace_limit)
 from .sharing import family_lock, nearest_similar
 from .timing import candidates, measure_times, model_times, warn_once
 
-__all__ = ["plan_problem", "pareto_set", "run_pass", "run_plan", "get_plan", "plan_network",
+__all__ = ["plan_problem", "prefilter", "pareto_set", "run_pass", "run_plan", "get_plan", "has_plan",
+           "plan_network",
            "set_limit_override", "clear_limit_overrides", "limit_for", "clear_plans",
            "last_plan", "set_last_plan"]
 
@@ -57,7 +61,8 @@ def plan_problem(problem: ConvProblem, algos: dict, limit: int, policy_: str, mo
         limit = need
         fit = {k: ws for k, ws in cands.items() if ws <= limit}
     if mode == "benchmark" and runner is not None and len(fit) > 1:
-        times = measure_times(problem, fit, algos, runner, sync)
+        times = measure_times(problem, prefilter(problem, algos, fit, model_prefilter()),
+                              algos, runner, sync)
     else:
         times = model_times(problem, algos, fit)
         if not times:  # no cost model: equal times, so the fewest micro-batches win
@@ -70,6 +75,26 @@ def plan_problem(problem: ConvProblem, algos: dict, limit: int, policy_: str, mo
         raise RuntimeError(f"no division of {problem.batch} samples for {problem}")
     total, parts = found
     return Plan(tuple(parts), total, max(fit[p] for p in parts), note)
+
+
+def prefilter(problem: ConvProblem, algos: dict, cands: dict, factor: float) -> dict:
+    """The candidates worth timing: those whose modelled time per sample is within ``factor``
+    of the best modelled one, plus the best modelled candidate of every micro-batch size (so
+    every division stays possible); candidates without a cost model are always kept.
+    ``factor <= 0`` keeps everything."""
+    if factor <= 0 or len(cands) <= 1:
+        return cands
+    model = model_times(problem, algos, cands)
+    if not model:
+        return cands
+    per = {k: t / k[1] for k, t in model.items()}
+    best = min(per.values())
+    keep = {k for k, t in per.items() if t <= factor * best}
+    for b in {b for _, b in cands}:
+        at_b = [k for k in per if k[1] == b]
+        if at_b:
+            keep.add(min(at_b, key=lambda k: (per[k], k)))
+    return {k: ws for k, ws in cands.items() if k in keep or k not in model}
 
 
 def pareto_set(problem: ConvProblem, algos: dict, max_bytes: int, policy_: str, mode: str,
@@ -183,6 +208,23 @@ def last_plan():
 def set_last_plan(plan: Plan) -> None:
     """Record ``plan`` as this thread's latest planned convolution (:func:`last_plan`)."""
     _state.plan = plan
+
+
+def has_plan(problem: ConvProblem, algos: dict, device_fp: dict, limit: int | None = None) -> bool:
+    """Whether :func:`get_plan` would return ``problem``'s plan without timing anything (held
+    in memory, stored on disk, or a similar tuned problem's)."""
+    mode = tune_mode()
+    if mode != "benchmark":
+        return True
+    pol = policy()
+    if limit is None:
+        limit = limit_for(problem)
+    names = tuple(sorted(algos))
+    if (problem, limit, pol, mode, names, device_fp.get("device"), undivided_margin()) in _plans:
+        return True
+    fields = dict(fingerprint=device_fp, problem=problem.fields(), limit=limit, policy=pol,
+                  mode=mode, algorithms=list(names), margin=undivided_margin())
+    return _stored_plan(problem, fields, algos, limit) is not None
 
 
 def get_plan(problem: ConvProblem, algos: dict, device_fp: dict, runner=None, sync=None,
