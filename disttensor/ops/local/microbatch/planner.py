@@ -33,7 +33,7 @@ from .settings import (model_prefilter, policy, similar_factor, tune_mode, undiv
 from .sharing import family_lock, nearest_similar
 from .timing import candidates, measure_times, model_times, warn_once
 
-__all__ = ["plan_problem", "prefilter", "pareto_set", "run_pass", "run_plan", "get_plan", "has_plan",
+__all__ = ["plan_problem", "prefilter", "pareto_set", "run_pass", "run_plan", "get_plan",
            "plan_network",
            "set_limit_override", "clear_limit_overrides", "limit_for", "clear_plans",
            "last_plan", "set_last_plan"]
@@ -208,23 +208,6 @@ def last_plan():
 def set_last_plan(plan: Plan) -> None:
     """Record ``plan`` as this thread's latest planned convolution (:func:`last_plan`)."""
     _state.plan = plan
-
-
-def has_plan(problem: ConvProblem, algos: dict, device_fp: dict, limit: int | None = None) -> bool:
-    """Whether :func:`get_plan` would return ``problem``'s plan without timing anything (held
-    in memory, stored on disk, or a similar tuned problem's)."""
-    mode = tune_mode()
-    if mode != "benchmark":
-        return True
-    pol = policy()
-    if limit is None:
-        limit = limit_for(problem)
-    names = tuple(sorted(algos))
-    if (problem, limit, pol, mode, names, device_fp.get("device"), undivided_margin()) in _plans:
-        return True
-    fields = dict(fingerprint=device_fp, problem=problem.fields(), limit=limit, policy=pol,
-                  mode=mode, algorithms=list(names), margin=undivided_margin())
-    return _stored_plan(problem, fields, algos, limit) is not None
 
 
 def get_plan(problem: ConvProblem, algos: dict, device_fp: dict, runner=None, sync=None,
