@@ -2,7 +2,8 @@
 # Set up a fresh machine for disttensor: a system MPI and parallel HDF5 (Debian packages,
 # installed only when missing), then a .venv with mpi4py and h5py built from source against
 # that MPI, and disttensor itself (editable) with its test extras.
-# Idempotent: a finished set-up is recorded in .venv/.disttensor-setup and skipped next time.
+# Idempotent: a finished set-up is recorded in .venv/.disttensor-setup and skipped next time;
+# the Numba kernel cache is (re)warmed whenever its stamp is stale (python -m disttensor.warmup).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -38,7 +39,19 @@ if ! command -v mpicc >/dev/null 2>&1 || ! command -v mpirun >/dev/null 2>&1 || 
   find_hdf5_mpi || { log "parallel HDF5 not found after install"; exit 1; }
 fi
 
+# --- Numba kernels compiled ahead (python -m disttensor.warmup): seconds when already warm -------
+warm_kernels() {
+  local vpy=$VENV/bin/python
+  "$vpy" -m disttensor.warmup --check >/dev/null 2>&1 && return 0
+  log "compiling the CPU kernels into Numba's cache (a few minutes, once per checkout)"
+  OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 \
+    mpiexec -n 2 "$vpy" -m disttensor.warmup \
+    || "$vpy" -m disttensor.warmup \
+    || log "warning: kernel warm-up failed; kernels will compile on first use"
+}
+
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$STAMP_VALUE" ]; then
+  warm_kernels
   exit 0
 fi
 
@@ -63,4 +76,5 @@ fi
 log "installing disttensor (editable) with test extras"
 "$VPY" -m pip install -q --no-build-isolation -e ".[test]"
 echo "$STAMP_VALUE" > "$STAMP"
+warm_kernels
 log "done"

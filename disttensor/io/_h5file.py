@@ -19,6 +19,8 @@ with a ``comm`` (the ``mpio`` open is collective over it).
 """
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 import threading
 import weakref
@@ -31,13 +33,36 @@ import numpy as np  # noqa: E402
 from ..core.comm import collective  # noqa: E402
 from .errors import DatasetNotFoundError, HDF5UnavailableError, NotHDF5FileError  # noqa: E402
 
-try:  # noqa: E402
-    import h5py
-    from h5py import h5fd, h5p, h5s, h5t
-except ImportError:  # pragma: no cover - h5py is a dependency
-    h5py = h5fd = h5p = h5s = h5t = None
 
-__all__ = ["DRIVERS", "h5py", "h5py_has_mpi", "resolve_driver", "open_file", "storable_dtype",
+
+class _Deferred:
+    """The module ``name``, imported on first attribute access (h5py costs ~30 ms and several
+    MB per process: it loads when a file is first touched, not with :mod:`disttensor`).  A
+    missing h5py raises :class:`~disttensor.io.errors.HDF5UnavailableError` there."""
+
+    __slots__ = ("_name",)
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str):
+        try:
+            module = importlib.import_module(self._name)
+        except ImportError:
+            raise HDF5UnavailableError("disttensor.io needs h5py (pip install h5py)") from None
+        return getattr(module, attr)
+
+    def __repr__(self) -> str:
+        return f"<deferred module {self._name!r}>"
+
+
+h5py: Any = _Deferred("h5py")
+h5fd: Any = _Deferred("h5py.h5fd")
+h5p: Any = _Deferred("h5py.h5p")
+h5s: Any = _Deferred("h5py.h5s")
+h5t: Any = _Deferred("h5py.h5t")
+
+__all__ = ["DRIVERS", "h5py", "h5py_available", "h5py_has_mpi", "resolve_driver", "open_file", "storable_dtype",
            "check_file", "dataset_meta", "get_dataset", "probe", "root_call", "BACKGROUND",
            "drain_background_reads"]
 
@@ -61,14 +86,19 @@ def drain_background_reads() -> None:
         obj._drain()
 
 
+def h5py_available() -> bool:
+    """Whether h5py can be imported (checked without importing it)."""
+    return importlib.util.find_spec("h5py") is not None
+
+
 def _need_h5py() -> None:
-    if h5py is None:
+    if not h5py_available():
         raise HDF5UnavailableError("disttensor.io needs h5py (pip install h5py)")
 
 
 def h5py_has_mpi() -> bool:
     """Whether h5py was built with MPI (its ``mpio`` driver is available)."""
-    return h5py is not None and bool(h5py.get_config().mpi)
+    return h5py_available() and bool(h5py.get_config().mpi)
 
 
 def resolve_driver(driver: str | None) -> str:

@@ -47,8 +47,8 @@ from ..core.comm import collective
 from ..core.grid import get_default_grid
 from ._args import arg_attrs, arg_dtype, arg_path, usable_device
 from ._atomic import atomic_update
-from ._h5file import (dataset_meta, drain_background_reads, get_dataset, h5py, h5py_has_mpi,
-                      probe, resolve_driver, storable_dtype)
+from ._h5file import (dataset_meta, drain_background_reads, get_dataset, h5py_available,
+                      h5py_has_mpi, probe, resolve_driver, storable_dtype)
 from ._sessions import DatasetSpec, ReadSession, WriteSession, c_contiguous
 from .layout import check_dataset_name, file_hyperslab, is_writer, normalize_selection, \
     selection_shape
@@ -60,7 +60,7 @@ def hdf5_driver_available(driver: str) -> bool:
     """Whether ``driver`` (``'mpio'`` or ``'independent'``) can be used here."""
     if driver == "mpio":
         return h5py_has_mpi()
-    return driver == "independent" and h5py is not None
+    return driver == "independent" and h5py_available()
 
 
 def read_hdf5(path, dataset: str, grid=None, split=None, sizes=None, slices=None,

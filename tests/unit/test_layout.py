@@ -33,6 +33,7 @@ LAYERS = {
     "plan": {"core", "routines", "random", "ops", "autograd", "io", "nn", "sparse"},
     "predict": {"core", "routines", "random", "ops", "autograd", "io", "nn", "sparse", "train"},
     "info": {"core", "ops"},
+    "warmup": set(),  # stdlib only at module level: the library is imported when it warms
     "testing": {"core", "routines"},
 }
 LAYERS[""] = set(LAYERS)  # disttensor/__init__.py gathers the public names of all

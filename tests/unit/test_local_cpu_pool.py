@@ -12,7 +12,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from disttensor.ops.local.cpu.pool import pool_backward, pool_forward, pool_output_shape
+from disttensor.ops.local.cpu.pool import (argmax_dtype, pool_backward, pool_forward,
+                                           pool_output_shape)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import reference as ref  # noqa: E402
@@ -95,7 +96,8 @@ def _close(a, b, dtype):
 def test_max_pool_matches_reference(case, cip):
     x, dy, k, s, lo, hi = case
     y, am = pool_forward(x, "max", k, s, lo, hi, cip)
-    assert y.dtype == x.dtype and am.dtype == np.int32 and y.shape == dy.shape
+    assert y.dtype == x.dtype and am.dtype == argmax_dtype(k) and y.shape == dy.shape
+    assert am.dtype == (np.uint8 if np.prod(k) <= 256 else np.int32)
     np.testing.assert_array_equal(y, ref.pool(x, "max", k, s, _pads(lo, hi)).astype(x.dtype))
     _, am_naive = naive_pool(x, "max", k, s, lo, hi, cip)
     np.testing.assert_array_equal(am, am_naive)

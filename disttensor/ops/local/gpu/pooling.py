@@ -7,6 +7,8 @@ means the same value on every axis), padding may be asymmetric.  Outputs have th
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .operands import as_5d, in_extents, out_extents, triple
@@ -29,7 +31,8 @@ def _pool_args(mode, kernel, stride, pad_lo, pad_hi):
 def pool_forward(x, mode, kernel, stride, pad_lo, pad_hi, count_include_pad=True):
     """Max or average pooling of ``x`` (N, C, D, H, W) -> ``(y, argmax)``.
 
-    max: padding acts as -inf; ``argmax`` (int32, y's shape) is the flat window position
+    max: padding acts as -inf; ``argmax`` (y's shape; uint8 for windows of at most 256 cells,
+    else int32, as on the CPU) is the flat window position
     ``kd*kH*kW + kh*kW + kw`` of the first maximal element (NaN counts as maximal, the first NaN
     wins).  avg: divisor ``kD*kH*kW`` if ``count_include_pad`` else the number of non-padding
     cells of the window (0 of them gives 0); ``argmax`` is None."""
@@ -44,6 +47,8 @@ def pool_forward(x, mode, kernel, stride, pad_lo, pad_hi, count_include_pad=True
     if mode == "max":
         am = cp.empty(y.shape, cp.int32)
         launch(_kernel(f"max_pool3d_forward<{T}>"), y.size, (x, y, am) + dims)
+        if math.prod(k) <= 256:  # saved for backward: 1 byte per output (the CPU's dtype)
+            am = am.astype(cp.uint8)
         return y, am
     launch(_kernel(f"avg_pool3d_forward<{T}>"), y.size,
            (x, y) + dims + (np.int32(bool(count_include_pad)),))

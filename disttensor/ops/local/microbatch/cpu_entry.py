@@ -5,32 +5,74 @@ Each entry point checks its operands with :mod:`..cpu.conv_operands` (so malform
 raises the contract's errors whatever the mode), leaves empty operands and
 ``DISTTENSOR_CONV_TUNE=off`` to the tiled im2col kernel, and otherwise gets the plan of its
 :class:`.problem.ConvProblem` (timed on the call's own data in benchmark mode, the samples
-rotating between timing runs) and runs it.  The choice is rank-local: ranks may run
-different algorithms, whose results agree to float rounding.
+rotating between timing runs; a problem of at least ``32^3`` cells per sample is timed on its
+half-extent proxy, 1/8 of the work: :func:`_proxy`) and runs it.
+The choice is rank-local: ranks may run different algorithms, whose results agree to float
+rounding.
 """
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
 from ..cpu import conv_im2col
-from ..cpu.conv_operands import data_operands, filter_operands, forward_operands
+from ..cpu.conv_operands import conv_out_shape, data_operands, filter_operands, forward_operands
 from .cpu_algorithms import cpu_algorithms
 from .plan_cache import fingerprint
 from .planner import get_plan, limit_for, run_pass, run_plan, set_last_plan
 from .problem import ConvProblem
-from .settings import tune_mode
+from .settings import similar_factor, tune_mode
 from .timing import rotating_slices
 
 __all__ = ["conv_forward", "conv_backward_data", "conv_backward_filter"]
 
 
+#: spatial volume per sample from which benchmark mode times on the half-extent proxy
+PROXY_MIN_VOLUME = 32 ** 3
+
+
+def _proxy(pass_, a, b, extra, geo, x_shape, w_shape):
+    """The operands ``(a, b, extra)`` of a large problem's half-extent proxy: every spatial
+    input extent ``ceil(n / 2)``, cropped from the call's own data (contiguous copies); None
+    when the problem is small, reuse is off, or a halved extent is too short for the kernel.
+    """
+    spatial = tuple(x_shape[2:])
+    if math.prod(spatial) < PROXY_MIN_VOLUME or similar_factor() < 2:
+        return None
+    half = tuple(-(-n // 2) for n in spatial)
+    try:
+        out = conv_out_shape(half, w_shape[2:], *geo[:4])
+    except ValueError:
+        return None
+    if min(out) < 1:
+        return None
+    box = lambda ext: (slice(None), slice(None)) + tuple(slice(0, e) for e in ext)  # noqa: E731
+    if pass_ == "forward":
+        return np.ascontiguousarray(a[box(half)]), b, None
+    if pass_ == "backward_data":
+        return np.ascontiguousarray(a[box(out)]), b, half
+    return np.ascontiguousarray(a[box(half)]), np.ascontiguousarray(b[box(out)]), extra
+
+
 def _planned(pass_, a, b, extra, geo, x_shape, w_shape, dtype):
-    """Plan the pass (:func:`.planner.run_plan`'s ``a``, ``b``, ``extra``, ``geo``; benchmark
-    mode times the candidates on these operands, the samples rotating) and run the plan."""
+    """Plan the pass (:func:`.planner.run_plan`'s ``a``, ``b``, ``extra``, ``geo``) and run
+    the plan.  Benchmark mode times the candidates (those whose workspace fits at the full
+    size) on these operands, the samples rotating, or, for a problem of at least
+    :data:`PROXY_MIN_VOLUME` cells per sample, on its half-extent proxy (:func:`_proxy`: 1/8
+    of the work); the plan is stored under the full problem's key either way."""
     problem = ConvProblem.make(pass_, x_shape, w_shape, *geo, dtype)
-    take = rotating_slices(a.shape[0])
     limit = limit_for(problem)
     algos = cpu_algorithms(limit)
-    plan = get_plan(problem, algos, fingerprint("cpu"),
-                    lambda alg, n: run_pass(alg, pass_, a, b, extra, geo, take(n)), limit=limit)
+    state: dict = {}
+
+    def runner(alg, n):  # only called when timing: the proxy is cut then, once
+        if not state:
+            state["ops"] = _proxy(pass_, a, b, extra, geo, x_shape, w_shape) or (a, b, extra)
+            state["take"] = rotating_slices(a.shape[0])
+        ta, tb, te = state["ops"]
+        return run_pass(alg, pass_, ta, tb, te, geo, state["take"](n))
+    plan = get_plan(problem, algos, fingerprint("cpu"), runner, limit=limit)
     set_last_plan(plan)
     return run_plan(plan, algos, pass_, a, b, extra, geo)
 

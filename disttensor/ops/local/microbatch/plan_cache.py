@@ -179,6 +179,15 @@ class PlanCache:
                     warn(f"cannot write the convolution plan cache {path} ({err}); "
                          "plans are kept in memory only", RuntimeWarning, rank_local=True)
 
+    def entries(self, reread: bool = False) -> list:
+        """The stored entries (``{"key": fields, "plan": plan}``); ``reread``: read the file
+        again first (another process may have written since)."""
+        with self._lock:
+            if reread:
+                self._loaded_from = None
+            self._ensure()
+            return list(self._entries.values())
+
     def clear_memory(self) -> None:
         """Forget what was read (the next access re-reads the file)."""
         with self._lock:

@@ -1,14 +1,18 @@
 """Planning one layer-pass, a whole network's budget, and running a plan (per rank, no MPI).
 
 * :func:`plan_problem`: the plan for one :class:`.problem.ConvProblem` under a workspace limit
-  (times from :mod:`.timing`, division from :mod:`.division`); when no algorithm fits, the
+  (times from :mod:`.timing`, division from :mod:`.division`; benchmark mode times only the
+  candidates the cost model puts within :func:`~.settings.model_prefilter` of the best,
+  :func:`prefilter`); when no algorithm fits, the
   limit is raised to the smallest workspace, with a note and a warning once per problem;
 * :func:`pareto_set`: a layer-pass's Pareto-optimal (time, workspace) configurations;
 * :func:`run_plan`: run a plan's micro-batches (outputs written into one array, filter
   gradients summed), on NumPy or CuPy arrays; :func:`run_pass` runs one algorithm on a slice
   of the samples (also what the entry points' timing runners do);
 * the plan store: :func:`get_plan` returns a plan from memory, from the disk cache
-  (:mod:`.plan_cache`, benchmark mode) or planned now; :func:`set_limit_override` /
+  (:mod:`.plan_cache`, benchmark mode), the plan of a similar tuned problem (:mod:`.sharing`:
+  the reuse rule, and one timing per problem family among processes sharing the cache) or
+  planned now; :func:`set_limit_override` /
   :func:`limit_for` hold per-problem workspace limits, which :func:`plan_network` installs
   for a whole network (WD or WR); :func:`last_plan` is this thread's latest plan.
 
@@ -24,10 +28,13 @@ from .division import (candidate_sizes, choose_division, divide_workspace, optim
                        pareto_front)
 from .plan_cache import PlanCache
 from .problem import Config, ConvProblem, Plan
-from .settings import policy, tune_mode, undivided_margin, workspace_limit
+from .settings import (model_prefilter, policy, similar_factor, tune_mode, undivided_margin,
+                       workspace_limit)
+from .sharing import family_lock, nearest_similar
 from .timing import candidates, measure_times, model_times, warn_once
 
-__all__ = ["plan_problem", "pareto_set", "run_pass", "run_plan", "get_plan", "plan_network",
+__all__ = ["plan_problem", "prefilter", "pareto_set", "run_pass", "run_plan", "get_plan",
+           "plan_network",
            "set_limit_override", "clear_limit_overrides", "limit_for", "clear_plans",
            "last_plan", "set_last_plan"]
 
@@ -54,7 +61,8 @@ def plan_problem(problem: ConvProblem, algos: dict, limit: int, policy_: str, mo
         limit = need
         fit = {k: ws for k, ws in cands.items() if ws <= limit}
     if mode == "benchmark" and runner is not None and len(fit) > 1:
-        times = measure_times(problem, fit, algos, runner, sync)
+        times = measure_times(problem, prefilter(problem, algos, fit, model_prefilter()),
+                              algos, runner, sync)
     else:
         times = model_times(problem, algos, fit)
         if not times:  # no cost model: equal times, so the fewest micro-batches win
@@ -67,6 +75,26 @@ def plan_problem(problem: ConvProblem, algos: dict, limit: int, policy_: str, mo
         raise RuntimeError(f"no division of {problem.batch} samples for {problem}")
     total, parts = found
     return Plan(tuple(parts), total, max(fit[p] for p in parts), note)
+
+
+def prefilter(problem: ConvProblem, algos: dict, cands: dict, factor: float) -> dict:
+    """The candidates worth timing: those whose modelled time per sample is within ``factor``
+    of the best modelled one, plus the best modelled candidate of every micro-batch size (so
+    every division stays possible); candidates without a cost model are always kept.
+    ``factor <= 0`` keeps everything."""
+    if factor <= 0 or len(cands) <= 1:
+        return cands
+    model = model_times(problem, algos, cands)
+    if not model:
+        return cands
+    per = {k: t / k[1] for k, t in model.items()}
+    best = min(per.values())
+    keep = {k for k, t in per.items() if t <= factor * best}
+    for b in {b for _, b in cands}:
+        at_b = [k for k in per if k[1] == b]
+        if at_b:
+            keep.add(min(at_b, key=lambda k: (per[k], k)))
+    return {k: ws for k, ws in cands.items() if k in keep or k not in model}
 
 
 def pareto_set(problem: ConvProblem, algos: dict, max_bytes: int, policy_: str, mode: str,
@@ -195,25 +223,58 @@ def get_plan(problem: ConvProblem, algos: dict, device_fp: dict, runner=None, sy
     plan = _plans.get(mkey)
     if plan is not None:
         return plan
-    fields = None
     if mode == "benchmark":
         fields = dict(fingerprint=device_fp, problem=problem.fields(), limit=limit, policy=pol,
                       mode=mode, algorithms=list(names), margin=undivided_margin())
-        stored = _disk.get(fields)
-        if stored is not None:
-            try:
-                plan = Plan.from_json(stored)
-                if (sum(b for _, b in plan.micro_batches) != problem.batch
-                        or any(a not in algos for a, _ in plan.micro_batches)):
-                    plan = None
-            except (KeyError, TypeError, ValueError):
-                plan = None
-    if plan is None:
+        plan = _stored_plan(problem, fields, algos, limit)
+        if plan is None:
+            # one timing per problem family among the processes sharing the cache
+            with family_lock(_disk.path.parent, fields) as waited:
+                if waited:  # a peer timed this family meanwhile: its plan may serve
+                    plan = _stored_plan(problem, fields, algos, limit, reread=True)
+                if plan is None:
+                    plan = plan_problem(problem, algos, limit, pol, mode, runner, sync)
+                    _disk.put(fields, plan.to_json())
+    else:
         plan = plan_problem(problem, algos, limit, pol, mode, runner, sync)
-        if fields is not None:
-            _disk.put(fields, plan.to_json())
     with _plans_lock:
         _plans[mkey] = plan
+    return plan
+
+
+def _valid(stored, problem: ConvProblem, algos: dict, limit: int | None = None) -> Plan | None:
+    """``stored`` (a plan's JSON) as a :class:`Plan` for ``problem`` if its micro-batches sum
+    to the batch and name known algorithms; with ``limit``: only if every micro-batch is a
+    candidate of ``problem`` whose workspace fits (the workspace is then recomputed)."""
+    try:
+        plan = Plan.from_json(stored)
+    except (KeyError, TypeError, ValueError):
+        return None
+    if (sum(b for _, b in plan.micro_batches) != problem.batch
+            or any(a not in algos for a, _ in plan.micro_batches)):
+        return None
+    if limit is None:
+        return plan
+    sizes = sorted({b for _, b in plan.micro_batches})
+    cands = candidates(problem, algos, sizes)
+    if any(cands.get(p, limit + 1) > limit for p in plan.micro_batches):
+        return None
+    return Plan(plan.micro_batches, plan.seconds, max(cands[p] for p in plan.micro_batches),
+                "reused from a similar tuned shape")
+
+
+def _stored_plan(problem: ConvProblem, fields: dict, algos: dict, limit: int,
+                 reread: bool = False) -> Plan | None:
+    """The disk cache's plan for ``fields``, else the valid plan of the nearest similar tuned
+    problem (:func:`.sharing.nearest_similar`), else None."""
+    if reread:
+        _disk.clear_memory()
+    stored = _disk.get(fields)
+    plan = None if stored is None else _valid(stored, problem, algos)
+    if plan is None:
+        near = nearest_similar(fields, _disk.entries(), similar_factor())
+        if near is not None:
+            plan = _valid(near, problem, algos, limit)
     return plan
 
 

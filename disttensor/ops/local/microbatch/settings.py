@@ -9,7 +9,13 @@
 * ``DISTTENSOR_CONV_TUNE_BUDGET_S`` (:func:`budget_s`, default 2 s per layer-pass),
   ``DISTTENSOR_CONV_TUNE_REPS`` (:func:`reps`, default 2) and
   ``DISTTENSOR_CONV_TUNE_MARGIN`` (:func:`undivided_margin`, default 0.10): how candidates
-  are timed and how much a measured division must win by.
+  are timed and how much a measured division must win by;
+* ``DISTTENSOR_CONV_TUNE_SIMILAR`` (:func:`similar_factor`, default 2): a problem whose
+  spatial extents are each within this factor of a tuned one's (all else equal) reuses its
+  plan instead of being timed (:mod:`.sharing`); ``off`` or ``1`` turns reuse off;
+* ``DISTTENSOR_CONV_TUNE_PREFILTER`` (:func:`model_prefilter`, default 2): benchmark mode
+  times only the candidates whose modelled time per sample is within this factor of the best
+  modelled one (and the best of each micro-batch size); ``off`` times them all.
 
 Invalid names raise ``ValueError``.
 """
@@ -18,7 +24,8 @@ from __future__ import annotations
 import os
 
 __all__ = ["PASSES", "POLICIES", "MODES", "UNDIVIDED_MARGIN", "tune_mode", "workspace_limit",
-           "policy", "budget_s", "reps", "undivided_margin"]
+           "policy", "budget_s", "reps", "undivided_margin", "similar_factor",
+           "model_prefilter"]
 
 PASSES = ("forward", "backward_data", "backward_filter")
 POLICIES = ("powerOfTwo", "all", "undivided")
@@ -61,3 +68,28 @@ def undivided_margin() -> float:
     """``DISTTENSOR_CONV_TUNE_MARGIN`` (default 0.10): how much faster a measured division
     must be than the undivided plan to be taken."""
     return float(os.environ.get("DISTTENSOR_CONV_TUNE_MARGIN", str(UNDIVIDED_MARGIN)))
+
+
+def similar_factor() -> float:
+    """``DISTTENSOR_CONV_TUNE_SIMILAR`` (default 2): the largest per-axis extent ratio at which
+    a tuned plan is reused; 0 (``off``) disables reuse, 1 reuses only equal extents (other
+    pads)."""
+    v = os.environ.get("DISTTENSOR_CONV_TUNE_SIMILAR", "2").strip().lower()
+    if v in ("off", "no", "false", ""):
+        return 0.0
+    f = float(v)
+    if f < 0:
+        raise ValueError(f"DISTTENSOR_CONV_TUNE_SIMILAR must be >= 1 or off, got {v!r}")
+    return f
+
+
+def model_prefilter() -> float:
+    """``DISTTENSOR_CONV_TUNE_PREFILTER`` (default 2): the cost-model factor within which
+    candidates are timed; 0 (``off``) times every candidate."""
+    v = os.environ.get("DISTTENSOR_CONV_TUNE_PREFILTER", "2").strip().lower()
+    if v in ("off", "no", "false", ""):
+        return 0.0
+    f = float(v)
+    if f < 0:
+        raise ValueError(f"DISTTENSOR_CONV_TUNE_PREFILTER must be >= 1 or off, got {v!r}")
+    return f
