@@ -45,8 +45,8 @@ warm_kernels() {
   "$vpy" -m disttensor.warmup --check >/dev/null 2>&1 && return 0
   log "compiling the CPU kernels into Numba's cache (a few minutes, once per checkout)"
   OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 \
-    mpiexec -n 2 "$vpy" -m disttensor.warmup \
-    || "$vpy" -m disttensor.warmup \
+    timeout -k 10 900 mpiexec -n 2 "$vpy" -m disttensor.warmup \
+    || timeout -k 10 900 "$vpy" -m disttensor.warmup \
     || log "warning: kernel warm-up failed; kernels will compile on first use"
 }
 
