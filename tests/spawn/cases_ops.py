@@ -121,7 +121,9 @@ def batch_norm_training_flag(ctx):
 
 @case(ArgumentMismatchError, match="'alpha'")
 def leaky_relu_slope(ctx):
-    ops.leaky_relu(_x(ctx), ctx.per_rank(0.2, 0.01))
+    """Moves no data: agreed with the next call that communicates (the sum), which raises."""
+    y = ops.leaky_relu(_x(ctx), ctx.per_rank(0.2, 0.01))
+    y.sum()
 
 
 @case(ArgumentMismatchError, match="different collective calls")
@@ -142,7 +144,8 @@ def dropout_seed(ctx):
 @case(ArgumentMismatchError, match="'w'")
 def dense_weight_shape(ctx):
     x = dt.ones((2 * ctx.size, 6), split=(0, None))
-    ops.dense_forward(x, np.ones((ctx.per_rank(4, 3), 6)))
+    y, _ = ops.dense_forward(x, np.ones((ctx.per_rank(4, 3), 6)))  # (deferred: no data moves)
+    y.sum()
 
 
 @case(ArgumentMismatchError, match="'xs'")
