@@ -317,8 +317,10 @@ def lift3(values: tuple, nd: int, fill) -> tuple:
     return (fill,) * (3 - nd) + tuple(values)
 
 
+@lru_cache(maxsize=1024)
 def with_channels(d: Distribution, c: int) -> Distribution:
-    """``d`` with ``c`` channels (axis 1, never split) and the same ownership elsewhere."""
+    """``d`` with ``c`` channels (axis 1, never split) and the same ownership elsewhere
+    (cached: a training step asks for the same few layouts at every layer)."""
     return Distribution(d.shape[:1] + (c,) + d.shape[2:], d.grid_dims, d.split, d.split_sizes)
 
 
