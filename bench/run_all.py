@@ -72,6 +72,7 @@ JOBS = [
     Job("perfmodel", "perfmodel_bench.py", ["--quick"], [], ranks=(1, 2, 4), timeout=600),
     Job("train", "train_bench.py", ["--size", "16", "--widths", "8,16", "--reps", "3"], [],
         ranks=(2,)),
+    Job("step_floor", "step_floor_bench.py", ["--reps", "40"], ["--reps", "200"], ranks=(2,)),
     # training features
     Job("pipeline", "pipeline_bench.py", ["--models", "cosmoflow", "--steps", "3"], [],
         ranks=(2,)),
