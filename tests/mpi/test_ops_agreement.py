@@ -142,19 +142,26 @@ def test_pool_arguments_differ():
     x = ncw()
     with mismatch("pool_forward", "kernel"):  # was: "Message truncated" on one rank, hangs
         ops.pool_forward(x, "max", last_rank_only(3, 2))
+        next_agreement()  # (deferred where no halo moves)
     with mismatch("pool_forward", "mode"):
         ops.pool_forward(x, last_rank_only("avg", "max"), 2)
+        next_agreement()  # (deferred where no halo moves)
     with mismatch("pool_forward", "stride"):
         ops.pool_forward(x, "max", 2, last_rank_only(1, 2))
+        next_agreement()  # (deferred where no halo moves)
     with mismatch("pool_forward", "padding"):
         ops.pool_forward(x, "max", 3, 1, last_rank_only(1, 0))
+        next_agreement()  # (deferred where no halo moves)
     with mismatch("pool_forward", "count_include_pad"):
         ops.pool_forward(x, "avg", 3, 1, 1, last_rank_only(False, True))
+        next_agreement()  # (deferred where no halo moves)
     with mismatch("pool_forward", "kernel"):  # invalid on one rank only: the mismatch wins
         ops.pool_forward(x, "max", last_rank_only(0, 2))
+        next_agreement()  # (deferred where no halo moves)
     y, saved = ops.pool_forward(x, "max", 3, 1, 1)
     with mismatch("pool_backward", "dy"):
         ops.pool_backward(saved, last_rank_only(rank_dependent(y.shape, (None, None, None)), y))
+        next_agreement()  # (deferred where no halo moves)
     in_step("pool")
 
 
@@ -210,14 +217,14 @@ def test_activation_arguments_differ():
     with mismatch("activation_backward", "alpha"):
         ops.activation_backward("leaky_relu", y, x, y, last_rank_only(0.2, 0.1))
         next_agreement()
-    # relu makes no all-reduce: a rank taking leaky_relu instead meets the others' next
-    # collective call, and both raise there
+    # relu records nothing, leaky_relu defers its agreement: a rank taking leaky_relu instead
+    # meets the others in the next agreement (a pooling that exchanges a halo), and all raise
     with different_calls("activation_forward", "pool_forward"):
         if RANK == SIZE - 1:
             ops.leaky_relu(x, 0.1)
         else:
             ops.relu(x)
-        ops.pool_forward(x, "max", 2)
+        ops.pool_forward(x, "max", 3, 1, 1)
     with mismatch("dropout_forward", "p"):
         ops.dropout_forward(x, last_rank_only(0.3, 0.2), 5)
     with mismatch("dropout_forward", "seed"):
@@ -329,6 +336,7 @@ def test_one_agreement_per_entry_point(counted):
     g, b = np.ones(4), np.zeros(4)
     y, csaved = ops.conv_forward(x, W3, padding=1)
     p, psaved = ops.pool_forward(xs, "max", 2)
+    h, hsaved = ops.pool_forward(x, "max", 3, 1, 1)
     bn, bsaved = ops.batch_norm_forward(x, g, b, np.zeros(4), np.ones(4))
     u, usaved = ops.upsample_forward(x, 2, "linear")
     f, fsaved = ops.flatten_forward(xs)
@@ -344,10 +352,11 @@ def test_one_agreement_per_entry_point(counted):
          ["conv_backward"]),  # data and filter kernels inside the agreement
         ("conv_backward dw only", lambda: ops.conv_backward(csaved, y, need_dx=False),
          ["conv_backward"]),
-        ("pool_forward, no halo", lambda: ops.pool_forward(xs, "max", 2), ["pool_forward"]),
+        ("pool_forward, no halo", lambda: ops.pool_forward(xs, "max", 2), []),  # (deferred)
         ("pool_forward, halo", lambda: ops.pool_forward(x, "max", 3, 1, 1),
          ["pool_forward", None]),
-        ("pool_backward", lambda: ops.pool_backward(psaved, p), ["pool_backward"]),
+        ("pool_backward, no halo", lambda: ops.pool_backward(psaved, p), []),
+        ("pool_backward, halo", lambda: ops.pool_backward(hsaved, h), ["pool_backward"]),
         ("batch_norm_forward", lambda: ops.batch_norm_forward(x, g, b),
          ["batch_norm_forward"]),  # local moments inside the agreement, then an Allgather
         ("batch_norm_forward eval",
