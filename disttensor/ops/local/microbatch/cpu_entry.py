@@ -10,11 +10,15 @@ different algorithms, whose results agree to float rounding.
 """
 from __future__ import annotations
 
+import os
+
+import numba
+
 from ..cpu import conv_im2col
 from ..cpu.conv_operands import data_operands, filter_operands, forward_operands
 from .cpu_algorithms import cpu_algorithms
 from .plan_cache import fingerprint
-from .planner import get_plan, limit_for, run_pass, run_plan, set_last_plan
+from .planner import generation, get_plan, limit_for, run_pass, run_plan, set_last_plan
 from .problem import ConvProblem
 from .settings import tune_mode
 from .timing import rotating_slices
@@ -22,15 +26,36 @@ from .timing import rotating_slices
 __all__ = ["conv_forward", "conv_backward_data", "conv_backward_filter"]
 
 
+_SETTINGS = ("DISTTENSOR_CONV_TUNE", "DISTTENSOR_CONV_WORKSPACE_MB", "DISTTENSOR_CONV_POLICY",
+             "DISTTENSOR_CONV_TUNE_MARGIN")
+_memo: dict = {}   # (call, settings) -> (plan, algorithms): get_plan's answers, per call shape
+_MEMO_MAX = 512
+
+
 def _planned(pass_, a, b, extra, geo, x_shape, w_shape, dtype):
     """Plan the pass (:func:`.planner.run_plan`'s ``a``, ``b``, ``extra``, ``geo``; benchmark
-    mode times the candidates on these operands, the samples rotating) and run the plan."""
-    problem = ConvProblem.make(pass_, x_shape, w_shape, *geo, dtype)
-    take = rotating_slices(a.shape[0])
-    limit = limit_for(problem)
-    algos = cpu_algorithms(limit)
-    plan = get_plan(problem, algos, fingerprint("cpu"),
-                    lambda alg, n: run_pass(alg, pass_, a, b, extra, geo, take(n)), limit=limit)
+    mode times the candidates on these operands, the samples rotating) and run the plan.
+
+    A training step repeats the same few calls: their plans are memoised per call shape and
+    settings (the environment variables the planner reads, Numba's thread count and the
+    planner's :func:`~.planner.generation`), which skips building the problem, its limit, the
+    algorithm set and the fingerprint (some 25 microseconds a call)."""
+    env = os.environ
+    key = (pass_, x_shape, w_shape, geo, dtype, tuple(env.get(v) for v in _SETTINGS),
+           numba.get_num_threads(), generation())
+    hit = _memo.get(key)
+    if hit is None:
+        problem = ConvProblem.make(pass_, x_shape, w_shape, *geo, dtype)
+        take = rotating_slices(a.shape[0])
+        limit = limit_for(problem)
+        algos = cpu_algorithms(limit)
+        plan = get_plan(problem, algos, fingerprint("cpu"),
+                        lambda alg, n: run_pass(alg, pass_, a, b, extra, geo, take(n)),
+                        limit=limit)
+        if len(_memo) >= _MEMO_MAX:
+            _memo.clear()
+        hit = _memo[key] = (plan, algos)
+    plan, algos = hit
     set_last_plan(plan)
     return run_plan(plan, algos, pass_, a, b, extra, geo)
 
