@@ -408,12 +408,6 @@ class Adam(Optimizer):
             else:
                 grad = grad + wd * d
         m, v = state["exp_avg"], state["exp_avg_sq"]
-        if not g["amsgrad"] and xp is np:
-            from . import optim_fused as fused  # (Numba, loaded on the first update)
-            if fused.fusable(d, grad, m, v):  # one loop, bitwise the NumPy path's result
-                fused.adam_update(d, grad, m, v, beta1, beta2, math.sqrt(1 - beta2 ** t),
-                                  eps, lr / (1 - beta1 ** t))
-                return
         m *= beta1
         m += (1 - beta1) * grad
         v *= beta2

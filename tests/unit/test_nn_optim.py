@@ -195,34 +195,6 @@ def test_update_is_in_place_and_keeps_dtype(dtype):
                    if isinstance(a, np.ndarray))
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("kw", [{}, {"weight_decay": 0.1}, {"maximize": True}],
-                         ids=["plain", "wd", "maximize"])
-@pytest.mark.parametrize("cls", [Adam, AdamW])
-def test_fused_adam_is_bitwise_the_numpy_update(cls, kw, dtype, monkeypatch):
-    """The fused loop against the NumPy path (the loop switched off): identical bits after 10
-    steps on the same gradients, and the loop did run."""
-    from disttensor.nn import optim_fused
-    orig_update, orig_fusable = optim_fused.adam_update, optim_fused.fusable
-
-    def run(fuse: bool):
-        calls = []
-        monkeypatch.setattr(optim_fused, "fusable", orig_fusable if fuse else lambda *a: False)
-        monkeypatch.setattr(optim_fused, "adam_update",
-                            lambda *a: calls.append(1) or orig_update(*a))
-        rng = np.random.default_rng(0)
-        params = [P(rng.standard_normal(s).astype(dtype)) for s in [(3, 4, 5), (7,)]]
-        opt = cls(params, lr=1e-2, **kw)
-        for _ in range(10):
-            for p in params:
-                p.grad = rng.standard_normal(p.data.shape).astype(dtype)
-            opt.step()
-        return [p.data.tobytes() for p in params], len(calls)
-    (fused, n_fused), (plain, n_plain) = run(True), run(False)
-    assert (n_fused, n_plain) == (20, 0)
-    assert fused == plain
-
-
 def test_zero_grad():
     params = make_params(0)
     opt = SGD(params, lr=0.1)
