@@ -58,7 +58,21 @@ def check_shapes(x_shape, w_shape, groups) -> None:
 
 
 def _ints(*tuples) -> tuple:
-    return tuple(tuple(int(v) for v in t) for t in tuples)
+    try:  # (memoised: values equal as keys convert alike, 1 == 1.0 == True -> 1)
+        return _INTS[tuples]
+    except (KeyError, TypeError):
+        pass
+    out = tuple(tuple(int(v) for v in t) for t in tuples)
+    try:
+        if len(_INTS) > 4096:
+            _INTS.clear()
+        _INTS[tuples] = out
+    except TypeError:  # unhashable (a list): not kept
+        pass
+    return out
+
+
+_INTS: dict = {}
 
 
 def _common_float(a, b):
