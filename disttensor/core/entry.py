@@ -19,6 +19,7 @@ import threading
 
 import numpy as np
 
+from . import agreement
 from .backend import normalize_device
 from .comm import collective
 from .layout import normalize_halo
@@ -79,7 +80,6 @@ def agreed(comm, call: str, /, *, rank_local: bool = False, **args):
     with agreement :func:`~disttensor.core.agreement.disabled`, the block runs plainly, since its
     checks depend only on agreed, replicated metadata; with ``rank_local=True`` (checks that
     read rank-local data, such as a local block's shape) failures are still agreed."""
-    from . import agreement
     multi = comm is not None and comm.size > 1
     if multi and _NESTING.depth <= 1 and agreement.enabled():
         pending = agreement.take_pending(comm)
@@ -108,7 +108,6 @@ def deferrable(comm, call: str, /, **args):
     (activations with a hyper-parameter, dense layers, flatten on the sample axis, the
     gradient of a reduced loss).  The caller must ensure the call moves no data: the decision
     is taken per rank from the operands' layouts, as for the elementwise calls."""
-    from . import agreement
     multi = comm is not None and comm.size > 1
     if not multi or _NESTING.depth > 1 or not agreement.enabled():
         yield
