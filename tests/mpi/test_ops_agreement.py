@@ -120,6 +120,11 @@ def test_conv_backward_arguments_differ():
                          [None, None, last_rank_only((n,) + (0,) * (SIZE - 1), None)])
     with mismatch("conv_backward", "dy"):
         ops.conv_backward(saved, last_rank_only(bad, dy))
+    # no data gradient and no sums: no data moves, agreed with the next agreement
+    with mismatch("conv_backward", "need_dw"):
+        ops.conv_backward(saved, dy, need_dx=False, reduce=False,
+                          need_dw=last_rank_only(False, True))
+        next_agreement()
     in_step("conv backward")
 
 
@@ -350,6 +355,8 @@ def test_one_agreement_per_entry_point(counted):
          ["conv_forward", None]),  # agreement; kernel failures (halo exchange nested)
         ("conv_backward", lambda: ops.conv_backward(csaved, y),
          ["conv_backward"]),  # data and filter kernels inside the agreement
+        ("conv_backward dw only, no sums",
+         lambda: ops.conv_backward(csaved, y, need_dx=False, reduce=False), []),  # deferred
         ("conv_backward dw only", lambda: ops.conv_backward(csaved, y, need_dx=False),
          ["conv_backward"]),
         ("pool_forward, no halo", lambda: ops.pool_forward(xs, "max", 2), []),  # (deferred)
