@@ -24,7 +24,8 @@ from .backend import normalize_device
 from .comm import collective
 from .layout import normalize_halo
 
-__all__ = ["collective_entry", "nested", "depth", "agreed", "deferrable", "canon", "dtype_key", "halo_key", "split_key",
+__all__ = ["collective_entry", "nested", "depth", "agreed", "deferrable", "canon", "dtype_key",
+           "halo_key", "split_key",
            "device_key", "operand_key"]
 
 class _Nesting(threading.local):

@@ -10,7 +10,8 @@ hyper-parameter (``leaky_relu``, ``elu``: a slope that differed between ranks wo
 inconsistent global array silently) and dropout (probability, seed and stream; its mask is a
 collective random draw anyway) agree on their arguments, forward and backward: dropout with one
 small all-reduce, the activations (which move no data) deferred to the next agreement over the
-grid (:func:`~disttensor.core.entry.deferrable`), so that they cost no all-reduce.  ``relu``, ``sigmoid``, ``tanh`` and the channel softmax take nothing but the input,
+grid (:func:`~disttensor.core.entry.deferrable`), so that they cost no all-reduce.
+``relu``, ``sigmoid``, ``tanh`` and the channel softmax take nothing but the input,
 whose metadata the op that produced it agreed on, and send no message: they make none, which
 keeps a training step's agreement cost down.
 """

@@ -141,7 +141,8 @@ def cross_entropy_backward(saved: CrossEntropySaved, dloss: float = 1.0) -> Dist
     """``(softmax(logits) - onehot(labels)) * dloss / count`` (``* dloss`` for ``'sum'``;
     collective only to agree on ``dloss``, deferred to the next agreement: no data moves)."""
     lg = saved.logits
-    with deferrable(lg.grid.cart, "cross_entropy_backward", logits=lg, dloss=meaning(float, dloss)):
+    with deferrable(lg.grid.cart, "cross_entropy_backward", logits=lg,
+                    dloss=meaning(float, dloss)):
         dloss = float(dloss)
     xp = array_module(saved.probs)
     g = saved.probs.copy()
