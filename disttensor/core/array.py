@@ -47,6 +47,9 @@ from .memory import check_gather_size
 __all__ = ["DistArray"]
 
 
+_NO_HALO = {n: ((0, 0),) * n for n in range(9)}  # the zero halo of each number of axes
+
+
 class DistArray(NumPyMethods):
     """A distributed N-d array (see module docstring).  Create with :func:`disttensor.zeros`,
     :func:`disttensor.from_global`, ...; ``DistArray(buffer, distribution, grid, halo)`` wraps an
@@ -59,6 +62,11 @@ class DistArray(NumPyMethods):
         self._buffer = buffer
         self._dist = distribution
         self._grid = grid
+        if halo is None:  # (the common case: no halo, the buffer is the block)
+            self._halo = _NO_HALO.get(len(distribution.shape)) or normalize_halo(
+                None, len(distribution.shape))
+            self._local = buffer
+            return
         self._halo = normalize_halo(halo, distribution.ndim)
         self._local = buffer[tuple(slice(lo, lo + n) for (lo, _), n in
                                    zip(self._halo, distribution.block_shape(grid.coords)))] \

@@ -127,7 +127,7 @@ class Distribution:
         axis, summing to the extent; zeros allowed).  Must be ``None`` for axes not split.
     """
 
-    __slots__ = ("shape", "grid_dims", "split", "offsets", "_hash")
+    __slots__ = ("shape", "grid_dims", "split", "offsets", "_hash", "_blocks")
 
     def __init__(self, shape: Sequence[int], grid_dims: Sequence[int],
                  split: Sequence[int | None] | None = None,
@@ -181,6 +181,7 @@ class Distribution:
         self.split = split
         self.offsets = tuple(offsets)
         self._hash = hash((shape, grid_dims, split, self.offsets))
+        self._blocks = {}  # grid coords -> (box, shape): asked for at every op on a block
 
     # -- basic properties --------------------------------------------------------------------
     @property
@@ -242,15 +243,29 @@ class Distribution:
         return o[coord], o[coord + 1]
 
     def block_box(self, grid_coords: Sequence[int]) -> Box:
-        """Global index box owned by the rank at ``grid_coords``."""
-        rs = [self.block_range(t, self.axis_coord(t, grid_coords)) for t in range(self.ndim)]
-        return Box(tuple(r[0] for r in rs), tuple(r[1] for r in rs))
+        """Global index box owned by the rank at ``grid_coords`` (cached per coordinates: the
+        distribution is immutable)."""
+        return self._block(grid_coords)[0]
+
+    def _block(self, grid_coords) -> tuple:
+        try:
+            hit = self._blocks.get(grid_coords)
+        except TypeError:  # unhashable coordinates (a list)
+            hit, grid_coords = None, tuple(grid_coords)
+        if hit is None:
+            rs = [self.block_range(t, self.axis_coord(t, grid_coords))
+                  for t in range(self.ndim)]
+            box = Box(tuple(r[0] for r in rs), tuple(r[1] for r in rs))
+            if len(self._blocks) > 4096:
+                self._blocks.clear()
+            hit = self._blocks[tuple(grid_coords)] = (box, box.shape)
+        return hit
 
     def block_slices(self, grid_coords: Sequence[int]) -> tuple[slice, ...]:
         return self.block_box(grid_coords).slices()
 
     def block_shape(self, grid_coords: Sequence[int]) -> tuple[int, ...]:
-        return self.block_box(grid_coords).shape
+        return self._block(grid_coords)[1]
 
     def rank_box(self, rank: int) -> Box:
         return self.block_box(rank_to_coords(rank, self.grid_dims))

@@ -19,11 +19,13 @@ import threading
 
 import numpy as np
 
+from . import agreement
 from .backend import normalize_device
 from .comm import collective
 from .layout import normalize_halo
 
-__all__ = ["collective_entry", "nested", "depth", "agreed", "canon", "dtype_key", "halo_key", "split_key",
+__all__ = ["collective_entry", "nested", "depth", "agreed", "deferrable", "canon", "dtype_key",
+           "halo_key", "split_key",
            "device_key", "operand_key"]
 
 class _Nesting(threading.local):
@@ -79,7 +81,6 @@ def agreed(comm, call: str, /, *, rank_local: bool = False, **args):
     with agreement :func:`~disttensor.core.agreement.disabled`, the block runs plainly, since its
     checks depend only on agreed, replicated metadata; with ``rank_local=True`` (checks that
     read rank-local data, such as a local block's shape) failures are still agreed."""
-    from . import agreement
     multi = comm is not None and comm.size > 1
     if multi and _NESTING.depth <= 1 and agreement.enabled():
         pending = agreement.take_pending(comm)
@@ -92,6 +93,37 @@ def agreed(comm, call: str, /, *, rank_local: bool = False, **args):
             yield
     else:
         yield
+
+
+@contextlib.contextmanager
+def deferrable(comm, call: str, /, **args):
+    """The validation block of a collective entry point ``call`` that moves no data (each rank
+    computes on its own block; no message, no collective): like :func:`agreed`, but where
+    agreement may be deferred (:func:`~disttensor.core.agreement.deferring`, the default on
+    more than one rank) ``args`` are not agreed at once: the call's description is recorded
+    with :func:`~disttensor.core.agreement.defer` and agreed together with the next agreement
+    over ``comm``, which comes before any data moves (see :mod:`disttensor.core.agreement`).
+    If the block raises on a rank, that rank agrees the call at once instead (the error, or
+    the mismatch behind it, is raised on every rank: the others meet it in their next
+    agreement).  Saves one all-reduce per call of a training step's layers that move no data
+    (activations with a hyper-parameter, dense layers, flatten on the sample axis, the
+    gradient of a reduced loss).  The caller must ensure the call moves no data: the decision
+    is taken per rank from the operands' layouts, as for the elementwise calls."""
+    multi = comm is not None and comm.size > 1
+    if not multi or _NESTING.depth > 1 or not agreement.enabled():
+        yield
+        return
+    if not agreement.deferring():
+        with agreed(comm, call, **args):
+            yield
+        return
+    try:
+        yield
+    except Exception as err:  # noqa: BLE001 - raised on every rank by the agreed call
+        with agreed(comm, call, **args):
+            raise err
+        raise
+    agreement.defer(comm, call, tuple((k, agreement.token(v)) for k, v in args.items()))
 
 
 def canon(v):

@@ -89,8 +89,7 @@ class ModuleHooks:
 
     # -- the call ------------------------------------------------------------------------------
     def _has_hooks(self) -> bool:
-        d = self.__dict__
-        return any(d.get(n) for n in _HOOK_DICTS)
+        return any(map(self.__dict__.get, _HOOK_DICTS))
 
     def _call_hooked(self, args: tuple, kwargs: dict):
         d = self.__dict__

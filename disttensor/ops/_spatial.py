@@ -198,7 +198,15 @@ def meaning(normalize, value, *args):
     block raises then).  A normalized per-axis tuple whose entries are all one int is that int
     (the common case, and much cheaper to digest than nested tuples: ``agreement.token``
     costs a few microseconds per tuple); the arrays' metadata, agreed alongside, fixes the
-    number of axes, so this loses nothing."""
+    number of axes, so this loses nothing.  Cached for module-level ``normalize`` functions
+    and arguments made of ints, strings and ``None`` (a training step passes the same few at
+    every call)."""
+    key = (normalize, value, args) if (_plain(value) and _plain(args)
+                                       and "<" not in normalize.__qualname__) else None
+    if key is not None:
+        hit = _MEANINGS.get(key, _MISSING)
+        if hit is not _MISSING:
+            return hit
     try:
         v = normalize(value, *args)
     except Exception:  # noqa: BLE001 - invalid: agree on the spelling
@@ -206,8 +214,25 @@ def meaning(normalize, value, *args):
     if isinstance(v, tuple) and v:
         leaves = _leaves(v)
         if type(leaves[0]) is int and all(e == leaves[0] and type(e) is int for e in leaves):
-            return leaves[0]
+            v = leaves[0]
+    if key is not None:
+        if len(_MEANINGS) > 4096:
+            _MEANINGS.clear()
+        _MEANINGS[key] = v
     return v
+
+
+_MEANINGS: dict = {}
+_MISSING = object()
+
+
+def _plain(v) -> bool:
+    """Whether ``v`` is made of ints, strings and ``None`` only (exact types: ``True`` and
+    ``1.0`` would equal ``1`` as a dictionary key), in tuples."""
+    t = type(v)
+    if t is int or t is str or v is None:
+        return True
+    return t is tuple and all(_plain(e) for e in v)
 
 
 def array_key(a):
@@ -317,8 +342,10 @@ def lift3(values: tuple, nd: int, fill) -> tuple:
     return (fill,) * (3 - nd) + tuple(values)
 
 
+@lru_cache(maxsize=1024)
 def with_channels(d: Distribution, c: int) -> Distribution:
-    """``d`` with ``c`` channels (axis 1, never split) and the same ownership elsewhere."""
+    """``d`` with ``c`` channels (axis 1, never split) and the same ownership elsewhere
+    (cached: a training step asks for the same few layouts at every layer)."""
     return Distribution(d.shape[:1] + (c,) + d.shape[2:], d.grid_dims, d.split, d.split_sizes)
 
 

@@ -8,8 +8,10 @@ array whatever the grid, the split or the device.
 Argument agreement (see "Argument agreement" in ``docs/ops.md``): the activations with a
 hyper-parameter (``leaky_relu``, ``elu``: a slope that differed between ranks would compute an
 inconsistent global array silently) and dropout (probability, seed and stream; its mask is a
-collective random draw anyway) agree on their arguments with one small all-reduce, forward and
-backward.  ``relu``, ``sigmoid``, ``tanh`` and the channel softmax take nothing but the input,
+collective random draw anyway) agree on their arguments, forward and backward: dropout with one
+small all-reduce, the activations (which move no data) deferred to the next agreement over the
+grid (:func:`~disttensor.core.entry.deferrable`), so that they cost no all-reduce.
+``relu``, ``sigmoid``, ``tanh`` and the channel softmax take nothing but the input,
 whose metadata the op that produced it agreed on, and send no message: they make none, which
 keeps a training step's agreement cost down.
 """
@@ -19,7 +21,7 @@ import contextlib
 from dataclasses import dataclass
 
 from ..core.array import DistArray
-from ..core.entry import agreed, collective_entry
+from ..core.entry import agreed, collective_entry, deferrable
 from ..random import Generator
 from .local import kernels_for
 from ._spatial import check_gradient_layout, check_layout, meaning
@@ -40,7 +42,7 @@ def _agreed(comm, call: str, name, alpha, **arrays):
     the others.  A name that differs between ranks so that only some agree is still caught:
     their all-reduce meets the others' next agreement, which names both calls."""
     if name in HYPER_PARAMETERS:
-        return agreed(comm, call, name=name,
+        return deferrable(comm, call, name=name,
                       alpha=meaning(lambda a: None if a is None else float(a), alpha), **arrays)
     return contextlib.nullcontext()
 

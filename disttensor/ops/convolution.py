@@ -34,7 +34,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..core.array import DistArray
-from ..core.entry import agreed, canon, collective_entry, nested
+from ..core.entry import agreed, canon, collective_entry, deferrable, nested
 from ..core.comm import allreduce, collective
 from ..core.distribution import Distribution
 from ..core.halo import HaloExchange
@@ -379,9 +379,13 @@ def conv_backward(saved: ConvSaved, dy: DistArray, need_dx: bool = True, need_dw
     plan = saved.plan
     local_dx = need_dx and (saved.overlap == "off" or not plan.needs_exchange)
     g = dw = db = None
-    with agreed(dy.grid.cart, "conv_backward", rank_local=True, dy=dy,
-                transposed=saved.transposed, need_dx=bool(need_dx), need_dw=bool(need_dw),
-                reduce=bool(reduce)):
+    keys = dict(dy=dy, transposed=saved.transposed, need_dx=bool(need_dx),
+                need_dw=bool(need_dw), reduce=bool(reduce))
+    # no reverse halo and no sums (a first layer's backward under a gradient reducer, or a
+    # grid that splits only the samples): no data moves, the agreement is deferred
+    moves = (need_dx and plan.needs_exchange) or (need_dw and reduce)
+    with (agreed(dy.grid.cart, "conv_backward", rank_local=True, **keys) if moves
+          else deferrable(dy.grid.cart, "conv_backward", **keys)):
         if saved.transposed:
             raise ValueError("conv_backward got the state of a transposed convolution; use "
                              "conv_transpose_backward")

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..core.array import DistArray
-from ..core.entry import agreed, collective_entry
+from ..core.entry import agreed, collective_entry, deferrable
 from ..core.backend import array_module
 from ..core.comm import allreduce, collective
 from .local import kernels_for
@@ -85,9 +85,10 @@ def mse_forward(x: DistArray, target: DistArray, reduction: str = "mean"):
 @collective_entry
 def mse_backward(saved: MSESaved, dloss: float = 1.0) -> DistArray:
     """Gradient with respect to the prediction, scaled by ``dloss`` (collective only to agree
-    on ``dloss``: a value that differed between ranks would scale the blocks differently)."""
+    on ``dloss``: a value that differed between ranks would scale the blocks differently; no
+    data moves, so the agreement is deferred to the next one over the grid)."""
     x = saved.x
-    with agreed(x.grid.cart, "mse_backward", x=x, dloss=meaning(float, dloss)):
+    with deferrable(x.grid.cart, "mse_backward", x=x, dloss=meaning(float, dloss)):
         dloss = float(dloss)
     g = (x.local - saved.t.local.astype(x.dtype, copy=False)) * (2.0 * dloss * saved.scale)
     return DistArray(g.astype(x.dtype, copy=False), x.distribution, x.grid)
@@ -138,9 +139,10 @@ def cross_entropy_forward(logits: DistArray, labels: DistArray, reduction: str =
 @collective_entry
 def cross_entropy_backward(saved: CrossEntropySaved, dloss: float = 1.0) -> DistArray:
     """``(softmax(logits) - onehot(labels)) * dloss / count`` (``* dloss`` for ``'sum'``;
-    collective only to agree on ``dloss``)."""
+    collective only to agree on ``dloss``, deferred to the next agreement: no data moves)."""
     lg = saved.logits
-    with agreed(lg.grid.cart, "cross_entropy_backward", logits=lg, dloss=meaning(float, dloss)):
+    with deferrable(lg.grid.cart, "cross_entropy_backward", logits=lg,
+                    dloss=meaning(float, dloss)):
         dloss = float(dloss)
     xp = array_module(saved.probs)
     g = saved.probs.copy()

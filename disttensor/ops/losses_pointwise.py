@@ -28,7 +28,7 @@ import numpy as np
 
 from ..core.array import DistArray
 from ..core.comm import allreduce
-from ..core.entry import agreed, collective_entry
+from ..core.entry import agreed, collective_entry, deferrable
 from ._losses import aligned, check_distarray, check_reduction, incoming, reduced
 from ._spatial import array_key, meaning, param_comm
 from .local import kernels_for
@@ -150,7 +150,8 @@ def pointwise_loss_backward(saved: PointwiseLossSaved, grad=1.0, need_target: bo
     ``need_target`` for the losses of ``x - target``, ``-dx`` (else None)."""
     x = saved.x
     key = grad if saved.reduction == "none" else meaning(float, grad)
-    with agreed(x.grid.cart, f"{saved.name}_loss_backward", x=x, grad=key):
+    gate = agreed if saved.reduction == "none" else deferrable  # (a number: no data moves)
+    with gate(x.grid.cart, f"{saved.name}_loss_backward", x=x, grad=key):
         gvox, gscale = incoming(grad, x, saved.reduction)
     k = kernels_for(x.local)
     dx = k.pointwise_loss_backward(saved.name, x.local, saved.target, saved.param,

@@ -16,14 +16,17 @@ undilated kernel keeps the first).
 Both entry points agree on their arguments (mode, window geometry, the arrays' metadata) before
 any message; where no halo is exchanged first (the forward of a window that reads only owned
 cells, the backward always) the local kernel runs inside the agreeing block, so its failure
-agreement and the argument agreement are one all-reduce.
+agreement and the argument agreement are one all-reduce.  Where no halo is exchanged at all
+(windows that never cross a block boundary, such as CosmoFlow's 2x2x2 pooling of even blocks)
+no data moves, and the agreement is deferred to the next one over the grid
+(:func:`~disttensor.core.entry.deferrable`): no all-reduce of the pooling's own.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ..core.array import DistArray
-from ..core.entry import agreed, canon, collective_entry
+from ..core.entry import agreed, canon, collective_entry, deferrable
 from ..core.comm import collective
 from ..core.distribution import Distribution
 from .local import kernels_for
@@ -159,10 +162,13 @@ def pool_forward(x: DistArray, mode: str, kernel, stride=None, padding=0,
     direct = geometry is not None and not geometry[4].needs_exchange
     y_local = argmax = None
     read_shape = ()
-    with agreed(x.grid.cart, "pool_forward", rank_local=direct, x=x, mode=mode,
-                **_pool_keys(x, kernel, stride, padding, ceil_mode, dilation,
-                             divisor_override),
-                count_include_pad=canon(count_include_pad)):
+    keys = dict(x=x, mode=mode, **_pool_keys(x, kernel, stride, padding, ceil_mode, dilation,
+                                             divisor_override),
+                count_include_pad=canon(count_include_pad))
+    # no halo (the halo width is global: alike on every rank): no data moves, the agreement
+    # is deferred to the next one over the grid (a kernel failure is agreed at once)
+    with (deferrable(x.grid.cart, "pool_forward", **keys) if direct
+          else agreed(x.grid.cart, "pool_forward", **keys)):
         if err is not None:
             raise err
         nd, kernel, stride, padding, plan, dilation, extra = geometry
@@ -222,7 +228,9 @@ def pool_backward(saved: PoolSaved, dy: DistArray) -> DistArray:
     """Gradient with respect to the pooling input for the output gradient ``dy`` (distributed
     like the output).  Collective (reverse halo exchange)."""
     plan, nd = saved.plan, saved.nd
-    with agreed(dy.grid.cart, "pool_backward", rank_local=True, dy=dy, mode=saved.mode):
+    keys = dict(dy=dy, mode=saved.mode)
+    with (agreed(dy.grid.cart, "pool_backward", rank_local=True, **keys)
+          if plan.needs_exchange else deferrable(dy.grid.cart, "pool_backward", **keys)):
         check_gradient_layout(dy, plan.out_dist, "pooling")
         if plan.has_output and saved.dilated:
             g = _dilated_max_backward(dy.local, saved)

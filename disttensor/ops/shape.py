@@ -13,14 +13,17 @@
 
 Every entry point agrees on its arguments (the arrays' metadata, the weight's shape) before any
 message, the local ones (dense, flatten without a redistribution) too: they set the output's
-global metadata, which a rank-dependent argument would make inconsistent.
+global metadata, which a rank-dependent argument would make inconsistent.  Those move no data,
+so their agreement is deferred to the next agreement over the grid
+(:func:`~disttensor.core.entry.deferrable`): no all-reduce of their own.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from ..core.array import DistArray
-from ..core.entry import agreed, collective_entry
+from ..core.entry import agreed, collective_entry, deferrable
 from ..core.backend import array_module
 from ..core.comm import allreduce
 from ..core.distribution import Distribution
@@ -93,26 +96,46 @@ class FlattenSaved:
     out_dist: Distribution | None = None
 
 
+def _same_blocks(a: Distribution, b: Distribution) -> bool:
+    """Whether every rank's block is the same under ``a`` and ``b`` (equal, or differing only
+    in axes split over grid axes of extent 1): then going from one to the other moves no
+    data."""
+    return a == b or (a.shape == b.shape and a.grid_dims == b.grid_dims
+                      and a.split[0] == b.split[0] and a.offsets == b.offsets)
+
+
+@functools.lru_cache(maxsize=256)
+def _flatten_dists(d: Distribution) -> tuple[Distribution, Distribution]:
+    """``(gathered, flat)``: the input's layout with every axis but the sample axis whole, and
+    the flattened output's (a pure function of the input's, cached: a step flattens the same
+    layout every time)."""
+    ndim = len(d.shape)
+    gathered = Distribution(d.shape, d.grid_dims, (d.split[0],) + (None,) * (ndim - 1),
+                            [d.sizes(0) if d.split[0] is not None else None]
+                            + [None] * (ndim - 1))
+    feat = 1
+    for n in d.shape[1:]:
+        feat *= n
+    fd = Distribution((d.shape[0], feat), d.grid_dims, (d.split[0], None),
+                      [gathered.sizes(0) if d.split[0] is not None else None, None])
+    return gathered, fd
+
+
 @collective_entry
 def flatten_forward(x: DistArray):
     """``(N, ...) -> (N, prod(...))``; the sample axis keeps its split, all others are whole
     (collective: the ranks agree on ``x``'s metadata; a redistribution when the input is split
-    beyond the sample axis).  Returns ``(y, saved)``."""
+    beyond the sample axis; otherwise no data moves and the agreement is deferred).  Returns
+    ``(y, saved)``."""
     d = x.distribution
-    with agreed(x.grid.cart, "flatten_forward", x=x):
+    gathered, fd = _flatten_dists(d) if x.ndim >= 2 else (d, None)
+    local = _same_blocks(d, gathered)
+    gate = deferrable if local else agreed  # (deferred when no data moves)
+    with gate(x.grid.cart, "flatten_forward", x=x):
         if x.ndim < 2:
             raise ValueError(f"flatten needs at least 2 axes, got shape {x.shape}")
-    gathered = Distribution(d.shape, d.grid_dims, (d.split[0],) + (None,) * (x.ndim - 1),
-                            [d.sizes(0) if d.split[0] is not None else None]
-                            + [None] * (x.ndim - 1))
-    xg = x if d == gathered else x.redistribute(distribution=gathered)
-    loc = xg.local
-    feat = 1
-    for n in d.shape[1:]:
-        feat *= n
-    flat = loc.reshape(loc.shape[0], feat)
-    fd = Distribution((d.shape[0], feat), d.grid_dims, (d.split[0], None),
-                      [gathered.sizes(0) if d.split[0] is not None else None, None])
+    loc = x.local if local else x.redistribute(distribution=gathered).local
+    flat = loc.reshape(loc.shape[0], fd.shape[1])
     return DistArray(flat, fd, x.grid), FlattenSaved(d, gathered, fd)
 
 
@@ -120,13 +143,16 @@ def flatten_forward(x: DistArray):
 def flatten_backward(saved: FlattenSaved, dy: DistArray) -> DistArray:
     """Gradient with respect to the flatten input (collective: the ranks agree on ``dy``'s
     metadata; redistributed back when the forward gathered)."""
-    with agreed(dy.grid.cart, "flatten_backward", dy=dy, x=saved.x_dist):
+    local = _same_blocks(saved.gathered, saved.x_dist)
+    gate = deferrable if local else agreed  # (deferred when no data moves)
+    with gate(dy.grid.cart, "flatten_backward", dy=dy, x=saved.x_dist):
         if saved.out_dist is not None:
             check_gradient_layout(dy, saved.out_dist, "flatten")
     g = saved.gathered
     loc = dy.local.reshape((dy.local.shape[0],) + g.shape[1:])
-    out = DistArray(loc, g, dy.grid)
-    return out if g == saved.x_dist else out.redistribute(distribution=saved.x_dist)
+    if local:
+        return DistArray(loc, saved.x_dist, dy.grid)
+    return DistArray(loc, g, dy.grid).redistribute(distribution=saved.x_dist)
 
 
 @dataclass
@@ -136,6 +162,7 @@ class DenseSaved:
     has_bias: bool
 
 
+@functools.lru_cache(maxsize=256)
 def _dense_out_dist(d: Distribution, fout: int) -> Distribution:
     return Distribution((d.shape[0], fout), d.grid_dims, d.split, [d.split_sizes[0], None])
 
@@ -144,8 +171,9 @@ def _dense_out_dist(d: Distribution, fout: int) -> Distribution:
 def dense_forward(x: DistArray, w, b=None):
     """``y = x @ w.T + b`` for ``x`` ``(N, F)`` with the feature axis whole, ``w``
     ``(Fout, F)``, ``b`` ``(Fout,)``.  No data moves; collective only to agree on the
-    arguments (the weight's shape sets the output's).  Returns ``(y, saved)``."""
-    with agreed(x.grid.cart, "dense_forward", x=x, w=array_key(w), b=array_key(b)):
+    arguments (the weight's shape sets the output's), deferred to the next agreement over
+    the grid (:func:`~disttensor.core.entry.deferrable`).  Returns ``(y, saved)``."""
+    with deferrable(x.grid.cart, "dense_forward", x=x, w=array_key(w), b=array_key(b)):
         if x.ndim != 2 or x.split[1] is not None:
             raise ValueError(f"dense needs (N, F) input with the feature axis not split, got "
                              f"shape {x.shape} split {x.split}; flatten first")
@@ -165,10 +193,12 @@ def dense_forward(x: DistArray, w, b=None):
 @collective_entry
 def dense_backward(saved: DenseSaved, dy: DistArray, need_dx: bool = True, reduce: bool = True):
     """``(dx, dw, db)``; ``dw``/``db`` summed over the ranks holding different samples unless
-    ``reduce=False``.  Collective (the ranks agree on ``dy``'s metadata and the flags)."""
+    ``reduce=False``.  Collective (the ranks agree on ``dy``'s metadata and the flags; with
+    ``reduce=False`` no data moves and the agreement is deferred)."""
     x = saved.x
-    with agreed(dy.grid.cart, "dense_backward", dy=dy, need_dx=bool(need_dx),
-                reduce=bool(reduce)):
+    gate = agreed if reduce else deferrable  # (without the sums no data moves)
+    with gate(dy.grid.cart, "dense_backward", dy=dy, need_dx=bool(need_dx),
+              reduce=bool(reduce)):
         check_gradient_layout(dy, _dense_out_dist(x.distribution, saved.w.shape[0]), "dense")
     dx = DistArray(dy.local @ saved.w.astype(dy.dtype, copy=False), x.distribution, x.grid) \
         if need_dx else None

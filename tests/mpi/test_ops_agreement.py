@@ -1,7 +1,9 @@
 """Argument agreement of the distributed CNN ops (issue 11): an argument that differs between
 ranks raises :class:`disttensor.ArgumentMismatchError` naming it on every rank, before any
 data moves, for every entry point of :mod:`disttensor.ops`; and the agreement costs at most
-one small all-reduce per entry point (none for the activations without hyper-parameters).
+one small all-reduce per entry point (none for the calls that move no data: the activations,
+dense, flatten without a gather and a reduced loss's gradient defer theirs to the next
+agreement over the grid, which raises the mismatch naming the deferred call).
 
 Each mismatch test expects the error with ``pytest.raises`` on every rank, then proves the
 ranks are still in step (:func:`in_step`).  Arrays whose layout differs between ranks (what a
@@ -54,6 +56,13 @@ def rank_dependent(shape, split, sizes=None, fill=1.0) -> dt.DistArray:
         x = dt.zeros(shape, grid=grid1(), split=split, sizes=sizes)
     x.local[...] = fill
     return x
+
+
+def next_agreement() -> None:
+    """The next agreement over the 1-D grid: where the calls that move no data (activations,
+    dense, flatten without a gather, a reduced loss's gradient) deferred theirs, a mismatch
+    is raised here, naming the deferred call."""
+    agreement.settle(grid1().cart)
 
 
 RNG = np.random.default_rng(7)
@@ -111,6 +120,11 @@ def test_conv_backward_arguments_differ():
                          [None, None, last_rank_only((n,) + (0,) * (SIZE - 1), None)])
     with mismatch("conv_backward", "dy"):
         ops.conv_backward(saved, last_rank_only(bad, dy))
+    # no data gradient and no sums: no data moves, agreed with the next agreement
+    with mismatch("conv_backward", "need_dw"):
+        ops.conv_backward(saved, dy, need_dx=False, reduce=False,
+                          need_dw=last_rank_only(False, True))
+        next_agreement()
     in_step("conv backward")
 
 
@@ -133,19 +147,26 @@ def test_pool_arguments_differ():
     x = ncw()
     with mismatch("pool_forward", "kernel"):  # was: "Message truncated" on one rank, hangs
         ops.pool_forward(x, "max", last_rank_only(3, 2))
+        next_agreement()  # (deferred where no halo moves)
     with mismatch("pool_forward", "mode"):
         ops.pool_forward(x, last_rank_only("avg", "max"), 2)
+        next_agreement()  # (deferred where no halo moves)
     with mismatch("pool_forward", "stride"):
         ops.pool_forward(x, "max", 2, last_rank_only(1, 2))
+        next_agreement()  # (deferred where no halo moves)
     with mismatch("pool_forward", "padding"):
         ops.pool_forward(x, "max", 3, 1, last_rank_only(1, 0))
+        next_agreement()  # (deferred where no halo moves)
     with mismatch("pool_forward", "count_include_pad"):
         ops.pool_forward(x, "avg", 3, 1, 1, last_rank_only(False, True))
+        next_agreement()  # (deferred where no halo moves)
     with mismatch("pool_forward", "kernel"):  # invalid on one rank only: the mismatch wins
         ops.pool_forward(x, "max", last_rank_only(0, 2))
+        next_agreement()  # (deferred where no halo moves)
     y, saved = ops.pool_forward(x, "max", 3, 1, 1)
     with mismatch("pool_backward", "dy"):
         ops.pool_backward(saved, last_rank_only(rank_dependent(y.shape, (None, None, None)), y))
+        next_agreement()  # (deferred where no halo moves)
     in_step("pool")
 
 
@@ -191,21 +212,24 @@ def test_batch_norm_arguments_differ():
 @two_ranks
 def test_activation_arguments_differ():
     x = ncw()
-    with mismatch("activation_forward", "alpha"):
+    with mismatch("activation_forward", "alpha"):  # (deferred: raised at the next agreement)
         ops.leaky_relu(x, last_rank_only(0.2, 0.01))
+        next_agreement()
     with mismatch("activation_forward", "alpha"):
         ops.elu(x, last_rank_only(2.0, 1.0))
+        next_agreement()
     y = ops.leaky_relu(x, 0.1)
     with mismatch("activation_backward", "alpha"):
         ops.activation_backward("leaky_relu", y, x, y, last_rank_only(0.2, 0.1))
-    # relu makes no all-reduce: a rank taking leaky_relu instead meets the others' next
-    # collective call, and both raise there
+        next_agreement()
+    # relu records nothing, leaky_relu defers its agreement: a rank taking leaky_relu instead
+    # meets the others in the next agreement (a pooling that exchanges a halo), and all raise
     with different_calls("activation_forward", "pool_forward"):
         if RANK == SIZE - 1:
             ops.leaky_relu(x, 0.1)
         else:
             ops.relu(x)
-        ops.pool_forward(x, "max", 2)
+        ops.pool_forward(x, "max", 3, 1, 1)
     with mismatch("dropout_forward", "p"):
         ops.dropout_forward(x, last_rank_only(0.3, 0.2), 5)
     with mismatch("dropout_forward", "seed"):
@@ -230,19 +254,28 @@ def test_shape_op_arguments_differ():
         ops.concat_channels_backward(layouts, last_rank_only(
             rank_dependent(y.shape, (None,) * 3), y))
     xs = ncw(split=(0, None, None), n=2 * SIZE)
+    # (flatten without a gather and dense move no data: agreed with the next agreement)
     with mismatch("flatten_forward", "x"):
         ops.flatten_forward(last_rank_only(rank_dependent(xs.shape, (None,) * 3), xs))
+        next_agreement()
+    with mismatch("flatten_forward", "x"):  # a gather on the last rank only: agreed there
+        ops.flatten_forward(last_rank_only(x, xs))
+        next_agreement()
     f, fsaved = ops.flatten_forward(xs)
     w = RNG.standard_normal((3, f.shape[1]))
     with mismatch("dense_forward", "w"):
         ops.dense_forward(f, last_rank_only(w[:2], w))
+        next_agreement()
     with mismatch("dense_forward", "b"):
         ops.dense_forward(f, w, last_rank_only(None, np.zeros(3)))
+        next_agreement()
     d, dsaved = ops.dense_forward(f, w)
-    with mismatch("dense_backward", "reduce"):
+    with mismatch("dense_backward", "reduce"):  # agreed on all but the last rank (sums)
         ops.dense_backward(dsaved, d, reduce=last_rank_only(False, True))
-    with mismatch("flatten_backward", "dy"):
+        next_agreement()
+    with mismatch("flatten_backward", "dy"):  # raises on the last rank: agreed there
         ops.flatten_backward(fsaved, last_rank_only(rank_dependent(f.shape, (None, None)), f))
+        next_agreement()
     in_step("shape ops")
 
 
@@ -255,8 +288,9 @@ def test_loss_arguments_differ():
     with mismatch("mse_forward", "target"):
         ops.mse_forward(x, last_rank_only(rank_dependent(t.shape, (None,) * 3), t))
     loss, saved = ops.mse_forward(x, t)
-    with mismatch("mse_backward", "dloss"):
+    with mismatch("mse_backward", "dloss"):  # (a number: deferred, no data moves)
         ops.mse_backward(saved, last_rank_only(2.0, 1.0))
+        next_agreement()
     lab = dt.from_global(np.zeros((2, 4 * SIZE), dtype=np.int64), grid=grid1(), split=(None, 0))
     with mismatch("cross_entropy_forward", "reduction"):
         ops.cross_entropy_forward(x, lab, last_rank_only("sum", "mean"))
@@ -266,6 +300,7 @@ def test_loss_arguments_differ():
     _, csaved = ops.cross_entropy_forward(x, lab)
     with mismatch("cross_entropy_backward", "dloss"):
         ops.cross_entropy_backward(csaved, last_rank_only(0.5, 1.0))
+        next_agreement()
     in_step("losses")
 
 
@@ -306,11 +341,13 @@ def test_one_agreement_per_entry_point(counted):
     g, b = np.ones(4), np.zeros(4)
     y, csaved = ops.conv_forward(x, W3, padding=1)
     p, psaved = ops.pool_forward(xs, "max", 2)
+    h, hsaved = ops.pool_forward(x, "max", 3, 1, 1)
     bn, bsaved = ops.batch_norm_forward(x, g, b, np.zeros(4), np.ones(4))
     u, usaved = ops.upsample_forward(x, 2, "linear")
     f, fsaved = ops.flatten_forward(xs)
     w = RNG.standard_normal((3, f.shape[1]))
     d, dsaved = ops.dense_forward(f, w)
+    _, msaved = ops.mse_forward(x, x)
     halo = ["halo_exchange"] if SIZE > 1 else []
     # (name, call, status all-reduces expected on more than one rank)
     cases = [
@@ -318,12 +355,15 @@ def test_one_agreement_per_entry_point(counted):
          ["conv_forward", None]),  # agreement; kernel failures (halo exchange nested)
         ("conv_backward", lambda: ops.conv_backward(csaved, y),
          ["conv_backward"]),  # data and filter kernels inside the agreement
+        ("conv_backward dw only, no sums",
+         lambda: ops.conv_backward(csaved, y, need_dx=False, reduce=False), []),  # deferred
         ("conv_backward dw only", lambda: ops.conv_backward(csaved, y, need_dx=False),
          ["conv_backward"]),
-        ("pool_forward, no halo", lambda: ops.pool_forward(xs, "max", 2), ["pool_forward"]),
+        ("pool_forward, no halo", lambda: ops.pool_forward(xs, "max", 2), []),  # (deferred)
         ("pool_forward, halo", lambda: ops.pool_forward(x, "max", 3, 1, 1),
          ["pool_forward", None]),
-        ("pool_backward", lambda: ops.pool_backward(psaved, p), ["pool_backward"]),
+        ("pool_backward, no halo", lambda: ops.pool_backward(psaved, p), []),
+        ("pool_backward, halo", lambda: ops.pool_backward(hsaved, h), ["pool_backward"]),
         ("batch_norm_forward", lambda: ops.batch_norm_forward(x, g, b),
          ["batch_norm_forward"]),  # local moments inside the agreement, then an Allgather
         ("batch_norm_forward eval",
@@ -336,15 +376,21 @@ def test_one_agreement_per_entry_point(counted):
          ["upsample_forward"] + halo + [None]),
         ("upsample_backward linear", lambda: ops.upsample_backward(usaved, u),
          ["upsample_backward"] + halo),
-        ("leaky_relu", lambda: ops.leaky_relu(x, 0.1), ["activation_forward"]),
+        ("leaky_relu", lambda: ops.leaky_relu(x, 0.1), []),  # (deferred: no data moves)
+        ("leaky_relu backward",
+         lambda: ops.activation_backward("leaky_relu", x, x, x, 0.1), []),
         ("relu", lambda: ops.relu(x), []),
         ("softmax", lambda: ops.softmax(x), []),
         ("dropout_forward", lambda: ops.dropout_forward(x, 0.5, 1), ["dropout_forward"]),
-        ("flatten_forward", lambda: ops.flatten_forward(xs), ["flatten_forward"]),
-        ("dense_forward", lambda: ops.dense_forward(f, w), ["dense_forward"]),
+        ("flatten_forward", lambda: ops.flatten_forward(xs), []),  # (no gather: deferred)
+        ("flatten_forward, gather", lambda: ops.flatten_forward(x), ["flatten_forward"]),
+        ("flatten_backward", lambda: ops.flatten_backward(fsaved, f), []),
+        ("dense_forward", lambda: ops.dense_forward(f, w), []),
         ("dense_backward", lambda: ops.dense_backward(dsaved, d), ["dense_backward"]),
+        ("dense_backward, no sums", lambda: ops.dense_backward(dsaved, d, reduce=False), []),
         ("concat_channels", lambda: ops.concat_channels([x, x]), ["concat_channels"]),
         ("mse_forward", lambda: ops.mse_forward(x, x), ["mse_forward"]),
+        ("mse_backward", lambda: ops.mse_backward(msaved), []),
     ]
     for name, fn, want in cases:
         fn()  # warm (sub-communicators, caches)

@@ -83,7 +83,8 @@ def conv_backward_flags(ctx):
 @case(ArgumentMismatchError, match="'kernel'")
 def pool_kernel(ctx):
     """Was: "Message truncated" on one rank while the others hung in the halo exchange."""
-    ops.pool_forward(_x(ctx), "max", ctx.per_rank(3, 2))
+    y, _ = ops.pool_forward(_x(ctx), "max", ctx.per_rank(3, 2))  # (2: deferred, no halo)
+    y.sum()
 
 
 @case(ArgumentMismatchError, match="'mode'")
@@ -121,7 +122,9 @@ def batch_norm_training_flag(ctx):
 
 @case(ArgumentMismatchError, match="'alpha'")
 def leaky_relu_slope(ctx):
-    ops.leaky_relu(_x(ctx), ctx.per_rank(0.2, 0.01))
+    """Moves no data: agreed with the next call that communicates (the sum), which raises."""
+    y = ops.leaky_relu(_x(ctx), ctx.per_rank(0.2, 0.01))
+    y.sum()
 
 
 @case(ArgumentMismatchError, match="different collective calls")
@@ -130,7 +133,7 @@ def activation_differs(ctx):
     the next collective call."""
     x = _x(ctx)
     x = ops.relu(x) if ctx.rank == ctx.size - 1 else ops.leaky_relu(x, 0.1)
-    ops.pool_forward(x, "max", 2)
+    ops.pool_forward(x, "max", 3, 1, 1)  # (a halo: agreed at once)
 
 
 @case(ArgumentMismatchError, match="'seed'")
@@ -142,7 +145,8 @@ def dropout_seed(ctx):
 @case(ArgumentMismatchError, match="'w'")
 def dense_weight_shape(ctx):
     x = dt.ones((2 * ctx.size, 6), split=(0, None))
-    ops.dense_forward(x, np.ones((ctx.per_rank(4, 3), 6)))
+    y, _ = ops.dense_forward(x, np.ones((ctx.per_rank(4, 3), 6)))  # (deferred: no data moves)
+    y.sum()
 
 
 @case(ArgumentMismatchError, match="'xs'")

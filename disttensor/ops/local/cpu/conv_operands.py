@@ -57,8 +57,37 @@ def check_shapes(x_shape, w_shape, groups) -> None:
                          f"with groups={groups}, input has {x_shape[1]}")
 
 
+def _out_shape(in_spatial, kernel, geo) -> tuple[int, ...]:
+    """:func:`conv_out_shape` of int tuples (shapes and the normalized ``geo``), memoised."""
+    key = (tuple(in_spatial), tuple(kernel), geo)
+    out = _OUT_SHAPES.get(key)
+    if out is None:
+        out = conv_out_shape(key[0], key[1], *geo)
+        if len(_OUT_SHAPES) > 4096:
+            _OUT_SHAPES.clear()
+        _OUT_SHAPES[key] = out
+    return out
+
+
+_OUT_SHAPES: dict = {}
+
+
 def _ints(*tuples) -> tuple:
-    return tuple(tuple(int(v) for v in t) for t in tuples)
+    try:  # (memoised: values equal as keys convert alike, 1 == 1.0 == True -> 1)
+        return _INTS[tuples]
+    except (KeyError, TypeError):
+        pass
+    out = tuple(tuple(int(v) for v in t) for t in tuples)
+    try:
+        if len(_INTS) > 4096:
+            _INTS.clear()
+        _INTS[tuples] = out
+    except TypeError:  # unhashable (a list): not kept
+        pass
+    return out
+
+
+_INTS: dict = {}
 
 
 def _common_float(a, b):
@@ -74,7 +103,7 @@ def forward_operands(x, w, stride, dilation, pad_lo, pad_hi, groups):
     check_shapes(x.shape, w.shape, groups)
     x, w, dtype = _common_float(x, w)
     geo = _ints(stride, dilation, pad_lo, pad_hi)
-    return x, w, dtype, geo, conv_out_shape(x.shape[2:], w.shape[2:], *geo)
+    return x, w, dtype, geo, _out_shape(x.shape[2:], w.shape[2:], geo)
 
 
 def data_operands(dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, groups):
@@ -84,7 +113,7 @@ def data_operands(dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, groups):
     in_spatial, = _ints(in_spatial)
     geo = _ints(stride, dilation, pad_lo, pad_hi)
     check_shapes((dy.shape[0], w.shape[1] * groups) + in_spatial, w.shape, groups)
-    out_sp = conv_out_shape(in_spatial, w.shape[2:], *geo)
+    out_sp = _out_shape(in_spatial, w.shape[2:], geo)
     if tuple(dy.shape[2:]) != out_sp:
         raise ValueError(f"dy has spatial shape {dy.shape[2:]}, the convolution gives {out_sp}")
     return dy, w, dtype, in_spatial, geo
@@ -99,7 +128,7 @@ def filter_operands(x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups):
     n_n, cin = x.shape[:2]
     cout = dy.shape[1]
     check_shapes(x.shape, (cout, cin // max(groups, 1)) + kernel, groups)
-    out_sp = conv_out_shape(x.shape[2:], kernel, *geo)
+    out_sp = _out_shape(x.shape[2:], kernel, geo)
     if tuple(dy.shape[2:]) != out_sp or dy.shape[0] != n_n:
         raise ValueError(f"dy has shape {dy.shape}, the convolution gives {(n_n, cout) + out_sp}")
     return x, dy, dtype, kernel, geo, out_sp

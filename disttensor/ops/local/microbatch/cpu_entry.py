@@ -13,14 +13,16 @@ rounding.
 from __future__ import annotations
 
 import math
+import os
 
+import numba
 import numpy as np
 
 from ..cpu import conv_im2col
 from ..cpu.conv_operands import conv_out_shape, data_operands, filter_operands, forward_operands
 from .cpu_algorithms import cpu_algorithms
 from .plan_cache import fingerprint
-from .planner import get_plan, limit_for, run_pass, run_plan, set_last_plan
+from .planner import generation, get_plan, limit_for, run_pass, run_plan, set_last_plan
 from .problem import ConvProblem
 from .settings import similar_factor, tune_mode
 from .timing import rotating_slices
@@ -55,24 +57,47 @@ def _proxy(pass_, a, b, extra, geo, x_shape, w_shape):
     return np.ascontiguousarray(a[box(half)]), np.ascontiguousarray(b[box(out)]), extra
 
 
+_SETTINGS = ("DISTTENSOR_CONV_TUNE", "DISTTENSOR_CONV_WORKSPACE_MB", "DISTTENSOR_CONV_POLICY",
+             "DISTTENSOR_CONV_TUNE_MARGIN", "DISTTENSOR_CONV_TUNE_SIMILAR",
+             "DISTTENSOR_CONV_TUNE_PREFILTER", "DISTTENSOR_CONV_TUNE_BUDGET_S",
+             "DISTTENSOR_CONV_TUNE_REPS")
+_memo: dict = {}   # (call, settings) -> (plan, algorithms): get_plan's answers, per call shape
+_MEMO_MAX = 512
+
+
 def _planned(pass_, a, b, extra, geo, x_shape, w_shape, dtype):
     """Plan the pass (:func:`.planner.run_plan`'s ``a``, ``b``, ``extra``, ``geo``) and run
     the plan.  Benchmark mode times the candidates (those whose workspace fits at the full
     size) on these operands, the samples rotating, or, for a problem of at least
     :data:`PROXY_MIN_VOLUME` cells per sample, on its half-extent proxy (:func:`_proxy`: 1/8
-    of the work); the plan is stored under the full problem's key either way."""
-    problem = ConvProblem.make(pass_, x_shape, w_shape, *geo, dtype)
-    limit = limit_for(problem)
-    algos = cpu_algorithms(limit)
-    state: dict = {}
+    of the work); the plan is stored under the full problem's key either way.
 
-    def runner(alg, n):  # only called when timing: the proxy is cut then, once
-        if not state:
-            state["ops"] = _proxy(pass_, a, b, extra, geo, x_shape, w_shape) or (a, b, extra)
-            state["take"] = rotating_slices(a.shape[0])
-        ta, tb, te = state["ops"]
-        return run_pass(alg, pass_, ta, tb, te, geo, state["take"](n))
-    plan = get_plan(problem, algos, fingerprint("cpu"), runner, limit=limit)
+    A training step repeats the same few calls: their plans are memoised per call shape and
+    settings (the environment variables the planner reads, Numba's thread count and the
+    planner's :func:`~.planner.generation`), which skips building the problem, its limit, the
+    algorithm set and the fingerprint (some 25 microseconds a call)."""
+    env = os.environ
+    key = (pass_, x_shape, w_shape, geo, dtype, tuple(env.get(v) for v in _SETTINGS),
+           numba.get_num_threads(), generation())
+    hit = _memo.get(key)
+    if hit is None:
+        problem = ConvProblem.make(pass_, x_shape, w_shape, *geo, dtype)
+        limit = limit_for(problem)
+        algos = cpu_algorithms(limit)
+        state: dict = {}
+
+        def runner(alg, n):  # only called when timing: the proxy is cut then, once
+            if not state:
+                state["ops"] = _proxy(pass_, a, b, extra, geo, x_shape, w_shape) or \
+                    (a, b, extra)
+                state["take"] = rotating_slices(a.shape[0])
+            ta, tb, te = state["ops"]
+            return run_pass(alg, pass_, ta, tb, te, geo, state["take"](n))
+        plan = get_plan(problem, algos, fingerprint("cpu"), runner, limit=limit)
+        if len(_memo) >= _MEMO_MAX:
+            _memo.clear()
+        hit = _memo[key] = (plan, algos)
+    plan, algos = hit
     set_last_plan(plan)
     return run_plan(plan, algos, pass_, a, b, extra, geo)
 

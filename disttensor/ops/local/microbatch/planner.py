@@ -36,6 +36,7 @@ from .timing import candidates, measure_times, model_times, warn_once
 __all__ = ["plan_problem", "prefilter", "pareto_set", "run_pass", "run_plan", "get_plan",
            "plan_network",
            "set_limit_override", "clear_limit_overrides", "limit_for", "clear_plans",
+           "generation",
            "last_plan", "set_last_plan"]
 
 
@@ -176,16 +177,28 @@ _limit_overrides: dict = {}
 _disk = PlanCache()
 
 
+_generation = [0]  # bumped whenever a plan or a limit override may change
+
+
+def generation() -> int:
+    """A counter that changes whenever the plans held in memory or the per-problem limits
+    change (:func:`clear_plans`, :func:`set_limit_override`, :func:`clear_limit_overrides`):
+    what a caller's memo of :func:`get_plan`'s answers is valid for."""
+    return _generation[0]
+
+
 def set_limit_override(problem: ConvProblem, limit_bytes: int | None) -> None:
     """Use ``limit_bytes`` instead of the global limit for ``problem`` (None removes it)."""
     if limit_bytes is None:
         _limit_overrides.pop(problem, None)
     else:
         _limit_overrides[problem] = int(limit_bytes)
+    _generation[0] += 1
 
 
 def clear_limit_overrides() -> None:
     _limit_overrides.clear()
+    _generation[0] += 1
 
 
 def limit_for(problem: ConvProblem) -> int:
@@ -198,6 +211,7 @@ def clear_plans() -> None:
     with _plans_lock:
         _plans.clear()
     _disk.clear_memory()
+    _generation[0] += 1
 
 
 def last_plan():

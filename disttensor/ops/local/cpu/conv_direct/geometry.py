@@ -77,13 +77,33 @@ def gather_offsets(xp, kernel, out_sp, stride, dilation, groups):
     """``(positions, taps, chan)`` for the padded operand ``xp`` ``(N, C, *spatial)``
     (C-contiguous): :func:`position_offsets` of the output positions ``out_sp`` (every sample),
     :func:`tap_offsets` of one group's ``(C // groups, *kernel)`` taps and ``chan``, the
-    elements of one channel (a group ``g`` adds ``g * C // groups * chan`` to the taps)."""
-    n_n, cin = xp.shape[:2]
-    sp = xp.shape[2:]
+    elements of one channel (a group ``g`` adds ``g * C // groups * chan`` to the taps).
+    The tables depend on the shapes only and are cached per problem (a training step asks
+    for the same few at every step): callers must not write to them (they stay writeable
+    arrays, so the Numba kernels see the one array type they were compiled for)."""
+    key = (tuple(int(v) for v in xp.shape), tuple(int(v) for v in kernel),
+           tuple(int(v) for v in out_sp), tuple(int(v) for v in stride),
+           tuple(int(v) for v in dilation), int(groups))
+    hit = _OFFSETS.get(key)
+    if hit is None:
+        if len(_OFFSETS) >= _OFFSETS_MAX:
+            _OFFSETS.clear()
+        hit = _OFFSETS[key] = _gather_offsets(*key)
+    return hit
+
+
+_OFFSETS: dict = {}
+_OFFSETS_MAX = 256  # problems whose tables are kept (a network has a few per layer)
+
+
+def _gather_offsets(shape, kernel, out_sp, stride, dilation, groups):
+    n_n, cin = shape[:2]
+    sp = shape[2:]
     strides3 = (sp[1] * sp[2], sp[2], 1)
     chan = sp[0] * sp[1] * sp[2]
-    return (position_offsets(n_n, cin * chan, out_sp, stride, strides3),
-            tap_offsets(cin // groups, chan, kernel, dilation, strides3), chan)
+    pos = position_offsets(n_n, cin * chan, out_sp, stride, strides3)
+    taps = tap_offsets(cin // groups, chan, kernel, dilation, strides3)
+    return pos, taps, chan
 
 
 def padded_offsets(off, multiple):
