@@ -137,13 +137,19 @@ def test_dtype_mismatch_raises_outside_autocast():
 @pytest.mark.skipif(SIZE < 2, reason="needs ranks that differ")
 def test_dtype_that_differs_between_ranks_raises_on_every_rank():
     """Rank 0's layer is float64, the others' float32: rank 0 passes the rule and goes on into
-    the op, the others fail it; the op's agreement makes every rank raise."""
-    from disttensor.core.agreement import ArgumentMismatchError
+    the op, the others fail it; the agreement makes every rank raise.  A dense layer moves no
+    data, so rank 0 defers its agreement to the next one over the grid (here an explicit
+    ``settle``, in a model the next op's): the failing ranks agree at once and wait there."""
+    from disttensor.core.agreement import ArgumentMismatchError, settle
     g = grid((SIZE,))
     lin = nn.Linear(4, 3, dtype="float64" if RANK == 0 else "float32",
                     rng=np.random.default_rng(0))
     x = Tensor(dt.from_global(np.ones((5, 4)), grid=g, split=(0, None)))
-    assert_raises_all(COMM, ArgumentMismatchError, "linear", lambda: lin(x))
+
+    def call():
+        lin(x)
+        settle(g.cart)
+    assert_raises_all(COMM, ArgumentMismatchError, "linear", call)
 
 
 def test_numpy_input_raises_type_error():
