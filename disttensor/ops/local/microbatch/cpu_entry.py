@@ -4,7 +4,10 @@ contracts, through the micro-batch planner (per rank, no MPI).
 Each entry point checks its operands with :mod:`..cpu.conv_operands` (so malformed input
 raises the contract's errors whatever the mode), leaves empty operands and
 ``DISTTENSOR_CONV_TUNE=off`` to the tiled im2col kernel, and otherwise gets the plan of its
-:class:`.problem.ConvProblem` (timed on the call's own data in benchmark mode, the samples
+:class:`.problem.ConvProblem` under the relative workspace limit
+(:func:`.planner.limit_for`: unless ``DISTTENSOR_CONV_WORKSPACE_MB`` is set, up to
+``DISTTENSOR_CONV_WORKSPACE_RATIO`` = 0.5 of the pass's operand bytes, at least 64 MiB, so the
+direct kernels run at 128^3) (timed on the call's own data in benchmark mode, the samples
 rotating between timing runs; a problem of at least ``32^3`` cells per sample is timed on its
 half-extent proxy, 1/8 of the work: :func:`_proxy`) and runs it.
 The choice is rank-local: ranks may run different algorithms, whose results agree to float
@@ -57,7 +60,8 @@ def _proxy(pass_, a, b, extra, geo, x_shape, w_shape):
     return np.ascontiguousarray(a[box(half)]), np.ascontiguousarray(b[box(out)]), extra
 
 
-_SETTINGS = ("DISTTENSOR_CONV_TUNE", "DISTTENSOR_CONV_WORKSPACE_MB", "DISTTENSOR_CONV_POLICY",
+_SETTINGS = ("DISTTENSOR_CONV_TUNE", "DISTTENSOR_CONV_WORKSPACE_MB",
+             "DISTTENSOR_CONV_WORKSPACE_RATIO", "DISTTENSOR_CONV_POLICY",
              "DISTTENSOR_CONV_TUNE_MARGIN", "DISTTENSOR_CONV_TUNE_SIMILAR",
              "DISTTENSOR_CONV_TUNE_PREFILTER", "DISTTENSOR_CONV_TUNE_BUDGET_S",
              "DISTTENSOR_CONV_TUNE_REPS")
@@ -82,7 +86,7 @@ def _planned(pass_, a, b, extra, geo, x_shape, w_shape, dtype):
     hit = _memo.get(key)
     if hit is None:
         problem = ConvProblem.make(pass_, x_shape, w_shape, *geo, dtype)
-        limit = limit_for(problem)
+        limit = limit_for(problem, relative=True)
         algos = cpu_algorithms(limit)
         state: dict = {}
 
@@ -93,7 +97,7 @@ def _planned(pass_, a, b, extra, geo, x_shape, w_shape, dtype):
                 state["take"] = rotating_slices(a.shape[0])
             ta, tb, te = state["ops"]
             return run_pass(alg, pass_, ta, tb, te, geo, state["take"](n))
-        plan = get_plan(problem, algos, fingerprint("cpu"), runner, limit=limit)
+        plan = get_plan(problem, algos, fingerprint("cpu"), runner, limit=limit, relative=True)
         if len(_memo) >= _MEMO_MAX:
             _memo.clear()
         hit = _memo[key] = (plan, algos)

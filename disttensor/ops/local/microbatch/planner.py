@@ -28,8 +28,8 @@ from .division import (candidate_sizes, choose_division, divide_workspace, optim
                        pareto_front)
 from .plan_cache import PlanCache
 from .problem import Config, ConvProblem, Plan
-from .settings import (model_prefilter, policy, similar_factor, tune_mode, undivided_margin,
-                       workspace_limit)
+from .settings import (model_prefilter, policy, relative_workspace_limit, similar_factor,
+                       tune_mode, undivided_margin, workspace_limit, workspace_rule)
 from .sharing import family_lock, nearest_similar
 from .timing import candidates, measure_times, model_times, warn_once
 
@@ -201,9 +201,18 @@ def clear_limit_overrides() -> None:
     _generation[0] += 1
 
 
-def limit_for(problem: ConvProblem) -> int:
-    """The workspace limit of ``problem``: its override, else the configured limit."""
-    return _limit_overrides.get(problem, workspace_limit())
+def limit_for(problem: ConvProblem, relative: bool = False) -> int:
+    """The workspace limit of ``problem``: its override, else the configured limit; with
+    ``relative`` (the CPU entry points) the configured rule
+    (:func:`~.settings.relative_workspace_limit`: an explicit ``DISTTENSOR_CONV_WORKSPACE_MB``,
+    else the larger of 64 MiB and ``DISTTENSOR_CONV_WORKSPACE_RATIO`` times the problem's
+    operand bytes)."""
+    over = _limit_overrides.get(problem)
+    if over is not None:
+        return over
+    if not relative:
+        return workspace_limit()
+    return relative_workspace_limit(problem.operand_bytes(), *workspace_rule())
 
 
 def clear_plans() -> None:
@@ -225,13 +234,15 @@ def set_last_plan(plan: Plan) -> None:
 
 
 def get_plan(problem: ConvProblem, algos: dict, device_fp: dict, runner=None, sync=None,
-             limit: int | None = None) -> Plan:
+             limit: int | None = None, relative: bool = False) -> Plan:
     """The plan for ``problem`` under the configured (or overridden) limit, policy and mode:
-    from memory, from the disk cache (benchmark mode), or planned now (and stored)."""
+    from memory, from the disk cache (benchmark mode), or planned now (and stored).
+    ``relative``: the limit follows the relative rule (:func:`limit_for`); the rule, not its
+    value, then decides which tuned problems are similar (:mod:`.sharing`)."""
     mode = tune_mode()
     pol = policy()
     if limit is None:
-        limit = limit_for(problem)
+        limit = limit_for(problem, relative)
     names = tuple(sorted(algos))
     mkey = (problem, limit, pol, mode, names, device_fp.get("device"), undivided_margin())
     plan = _plans.get(mkey)
@@ -240,6 +251,8 @@ def get_plan(problem: ConvProblem, algos: dict, device_fp: dict, runner=None, sy
     if mode == "benchmark":
         fields = dict(fingerprint=device_fp, problem=problem.fields(), limit=limit, policy=pol,
                       mode=mode, algorithms=list(names), margin=undivided_margin())
+        if relative and problem not in _limit_overrides:
+            fields["limit_rule"] = list(workspace_rule())
         plan = _stored_plan(problem, fields, algos, limit)
         if plan is None:
             # one timing per problem family among the processes sharing the cache
