@@ -85,3 +85,73 @@ def test_similar_shapes_under_the_same_rule_share_a_family_whatever_their_limits
     # without a rule the limit's value stays part of the family
     assert family_of(_fields((4, 4, 64, 64, 64), 1, None)) != \
         family_of(_fields((4, 4, 34, 64, 64), 2, None))
+
+
+# -- online tuning -----------------------------------------------------------------------------
+from disttensor.ops.local.microbatch.online import OnlineTuner, online_order, uniform_plan  # noqa: E402
+
+
+def test_uniform_plan_covers_the_batch():
+    assert uniform_plan(4, ("a", 2), 7).micro_batches == (("a", 2), ("a", 2))
+    assert uniform_plan(5, ("a", 2), 7).micro_batches == (("a", 2), ("a", 2), ("a", 1))
+    assert uniform_plan(3, ("a", 8), 7).micro_batches == (("a", 3),)
+
+
+class _Model:
+    def __init__(self, t):
+        self.t = t
+
+    def estimate_seconds(self, problem):
+        return self.t * problem.batch
+
+
+def test_online_order_puts_the_model_pick_first_and_again_last():
+    prob = _problem()
+    algos = {"fast": _Model(1.0), "ok": _Model(1.5), "slow": _Model(10.0)}
+    fit = {(n, b): 0 for n in algos for b in (1, 2, 4)}
+    order = online_order(prob, algos, fit, 2.0)
+    assert order[0] == order[-1] and order[0][0] == "fast"
+    assert {k for k in order} == {(n, b) for n in ("fast", "ok") for b in (1, 2, 4)}
+    assert online_order(prob, {"fast": _Model(1.0)}, {("fast", 4): 0}, 2.0) == [("fast", 4)]
+
+
+def test_online_tuner_records_per_call_times_and_drops_failures():
+    t = OnlineTuner(4, [("a", 4), ("b", 1), ("c", 2), ("a", 4)])
+    t.record(("a", 4), 2.0)
+    assert t.next() == ("b", 1) and t.times == {("a", 4): 2.0}
+    t.record(("b", 1), 1.0)                       # 1 s for the batch: 0.25 s per call of 1
+    assert t.times[("b", 1)] == 0.25
+    t.fail(("c", 2))
+    assert t.next() == ("a", 4)
+    t.record(("a", 4), 1.5)
+    assert t.done and t.times == {("a", 4): 1.5, ("b", 1): 0.25}
+
+
+def test_online_tuning_computes_every_call_and_settles(monkeypatch, tmp_path):
+    from disttensor.ops.local.cpu import conv_im2col
+    from disttensor.ops.local.microbatch import cpu_entry
+    monkeypatch.setenv("DISTTENSOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("DISTTENSOR_CONV_TUNE", "benchmark")
+    monkeypatch.delenv("DISTTENSOR_CONV_TUNE_ONLINE", raising=False)
+    mb.clear_plans()
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 1, 32, 32, 32)).astype(np.float32)
+    w = rng.standard_normal((2, 1, 3, 3, 3)).astype(np.float32)
+    geo = ((1, 1, 1), (1, 1, 1), (1, 1, 1), (1, 1, 1))
+    ref = conv_im2col.conv_forward(x.astype(np.float64), w.astype(np.float64), *geo)
+    calls = 0
+    while True:
+        y = cpu_entry.conv_forward(x, w, *geo)
+        calls += 1
+        np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
+        if "online" not in mb.last_plan().note:
+            break
+        assert calls < 40
+    assert calls >= 2 and not cpu_entry._tuners
+    settled = mb.last_plan()
+    assert sum(b for _, b in settled.micro_batches) == 2
+    mb.clear_plans()                              # the settled plan was stored on disk
+    cpu_entry.conv_forward(x, w, *geo)
+    assert mb.last_plan().micro_batches == settled.micro_batches
+    assert "online" not in mb.last_plan().note
+    mb.clear_plans()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 
 import numba
 import numpy as np
@@ -25,10 +26,12 @@ from ..cpu import conv_im2col
 from ..cpu.conv_operands import conv_out_shape, data_operands, filter_operands, forward_operands
 from .cpu_algorithms import cpu_algorithms
 from .plan_cache import fingerprint
-from .planner import generation, get_plan, limit_for, run_pass, run_plan, set_last_plan
+from .online import OnlineTuner, online_order, uniform_plan
+from .planner import (fitting_candidates, generation, get_plan, limit_for, run_pass, run_plan,
+                      set_last_plan, settle, store_plan)
 from .problem import ConvProblem
-from .settings import similar_factor, tune_mode
-from .timing import rotating_slices
+from .settings import model_prefilter, online_tuning, policy, similar_factor, tune_mode
+from .timing import rotating_slices, warn_once
 
 __all__ = ["conv_forward", "conv_backward_data", "conv_backward_filter"]
 
@@ -64,7 +67,7 @@ _SETTINGS = ("DISTTENSOR_CONV_TUNE", "DISTTENSOR_CONV_WORKSPACE_MB",
              "DISTTENSOR_CONV_WORKSPACE_RATIO", "DISTTENSOR_CONV_POLICY",
              "DISTTENSOR_CONV_TUNE_MARGIN", "DISTTENSOR_CONV_TUNE_SIMILAR",
              "DISTTENSOR_CONV_TUNE_PREFILTER", "DISTTENSOR_CONV_TUNE_BUDGET_S",
-             "DISTTENSOR_CONV_TUNE_REPS")
+             "DISTTENSOR_CONV_TUNE_REPS", "DISTTENSOR_CONV_TUNE_ONLINE")
 _memo: dict = {}   # (call, settings) -> (plan, algorithms): get_plan's answers, per call shape
 _MEMO_MAX = 512
 
@@ -72,9 +75,11 @@ _MEMO_MAX = 512
 def _planned(pass_, a, b, extra, geo, x_shape, w_shape, dtype):
     """Plan the pass (:func:`.planner.run_plan`'s ``a``, ``b``, ``extra``, ``geo``) and run
     the plan.  Benchmark mode times the candidates (those whose workspace fits at the full
-    size) on these operands, the samples rotating, or, for a problem of at least
-    :data:`PROXY_MIN_VOLUME` cells per sample, on its half-extent proxy (:func:`_proxy`: 1/8
-    of the work); the plan is stored under the full problem's key either way.
+    size) on these operands, the samples rotating; a problem of at least
+    :data:`PROXY_MIN_VOLUME` cells per sample is tuned on its real calls (:mod:`.online`,
+    :func:`_online_call`; with ``DISTTENSOR_CONV_TUNE_ONLINE=off`` timed on its half-extent
+    proxy instead, :func:`_proxy`: 1/8 of the work); the plan is stored under the full
+    problem's key either way.
 
     A training step repeats the same few calls: their plans are memoised per call shape and
     settings (the environment variables the planner reads, Numba's thread count and the
@@ -88,6 +93,17 @@ def _planned(pass_, a, b, extra, geo, x_shape, w_shape, dtype):
         problem = ConvProblem.make(pass_, x_shape, w_shape, *geo, dtype)
         limit = limit_for(problem, relative=True)
         algos = cpu_algorithms(limit)
+        if (math.prod(x_shape[2:]) >= PROXY_MIN_VOLUME and tune_mode() == "benchmark"
+                and online_tuning()):
+            plan = get_plan(problem, algos, fingerprint("cpu"), limit=limit, relative=True,
+                            defer=True)
+            if plan is None:
+                return _online_call(key, problem, algos, limit, pass_, a, b, extra, geo)
+            if len(_memo) >= _MEMO_MAX:
+                _memo.clear()
+            _memo[key] = (plan, algos)
+            set_last_plan(plan)
+            return run_plan(plan, algos, pass_, a, b, extra, geo)
         state: dict = {}
 
         def runner(alg, n):  # only called when timing: the proxy is cut then, once
@@ -104,6 +120,58 @@ def _planned(pass_, a, b, extra, geo, x_shape, w_shape, dtype):
     plan, algos = hit
     set_last_plan(plan)
     return run_plan(plan, algos, pass_, a, b, extra, geo)
+
+
+_tuners: dict = {}   # memo key -> OnlineTuner of a problem being tuned on its calls
+
+
+def _online_call(key, problem, algos, limit, pass_, a, b, extra, geo):
+    """Run this call with the problem's next online candidate (:mod:`.online`), timed; once
+    every candidate ran, settle and store the plan (memoised under ``key``)."""
+    tuner = _tuners.get(key)
+    if tuner is None:
+        fit, note = fitting_candidates(problem, algos, limit, policy())
+        tuner = OnlineTuner(problem.batch, online_order(problem, algos, fit, model_prefilter()))
+        tuner.fit, tuner.note = fit, note
+        if len(_tuners) >= _MEMO_MAX:
+            _tuners.clear()
+        _tuners[key] = tuner
+    out = None
+    while True:
+        with tuner.lock:
+            cand = tuner.next()
+        if cand is None:
+            raise RuntimeError(f"every convolution algorithm failed for {problem}")
+        plan = uniform_plan(problem.batch, cand, tuner.fit[cand])
+        set_last_plan(plan)
+        t0 = time.perf_counter()
+        try:
+            out = run_plan(plan, algos, pass_, a, b, extra, geo)
+        except Exception as err:  # noqa: BLE001 - a failing candidate is not a candidate
+            warn_once(("run", cand[0], type(err).__name__),
+                      f"conv algorithm {cand[0]!r} failed while being tuned "
+                      f"({type(err).__name__}: {err}); it is skipped")
+            with tuner.lock:
+                tuner.fail(cand)
+                if tuner.next() is None and not tuner.times:
+                    raise
+            if tuner.next() is None:
+                break
+            continue
+        with tuner.lock:
+            tuner.record(cand, time.perf_counter() - t0)
+        break
+    if tuner.done and tuner.times:
+        final = settle(problem, tuner.fit, tuner.times, "benchmark", tuner.note)
+        store_plan(problem, algos, fingerprint("cpu"), final, limit, relative=True)
+        _tuners.pop(key, None)
+        if len(_memo) >= _MEMO_MAX:
+            _memo.clear()
+        _memo[key] = (final, algos)
+        if out is None:  # the last candidate failed: run the settled plan
+            set_last_plan(final)
+            out = run_plan(final, algos, pass_, a, b, extra, geo)
+    return out
 
 
 def conv_forward(x, w, stride, dilation, pad_lo, pad_hi, groups=1):

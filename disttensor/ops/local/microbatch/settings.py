@@ -17,7 +17,10 @@
   plan instead of being timed (:mod:`.sharing`); ``off`` or ``1`` turns reuse off;
 * ``DISTTENSOR_CONV_TUNE_PREFILTER`` (:func:`model_prefilter`, default 2): benchmark mode
   times only the candidates whose modelled time per sample is within this factor of the best
-  modelled one (and the best of each micro-batch size); ``off`` times them all.
+  modelled one (and the best of each micro-batch size); ``off`` times them all;
+* ``DISTTENSOR_CONV_TUNE_ONLINE`` (:func:`online_tuning`, default on): on the CPU, a problem
+  of at least 32^3 cells per sample is tuned on its real calls (:mod:`.online`) instead of
+  being timed apart on its half-extent proxy.
 
 Invalid names raise ``ValueError``.
 """
@@ -29,7 +32,7 @@ __all__ = ["PASSES", "POLICIES", "MODES", "UNDIVIDED_MARGIN", "DEFAULT_WORKSPACE
            "DEFAULT_WORKSPACE_RATIO", "tune_mode", "workspace_limit", "workspace_ratio",
            "relative_workspace_limit", "workspace_rule",
            "policy", "budget_s", "reps", "undivided_margin", "similar_factor",
-           "model_prefilter"]
+           "model_prefilter", "online_tuning"]
 
 PASSES = ("forward", "backward_data", "backward_filter")
 POLICIES = ("powerOfTwo", "all", "undivided")
@@ -133,3 +136,9 @@ def model_prefilter() -> float:
     if f < 0:
         raise ValueError(f"DISTTENSOR_CONV_TUNE_PREFILTER must be >= 1 or off, got {v!r}")
     return f
+
+
+def online_tuning() -> bool:
+    """``DISTTENSOR_CONV_TUNE_ONLINE`` (default on; ``off``, ``0``, ``no``, ``false``: off)."""
+    v = os.environ.get("DISTTENSOR_CONV_TUNE_ONLINE", "on").strip().lower()
+    return v not in ("off", "0", "no", "false")
