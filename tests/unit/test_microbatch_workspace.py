@@ -135,15 +135,15 @@ def test_online_tuning_computes_every_call_and_settles(monkeypatch, tmp_path):
     monkeypatch.delenv("DISTTENSOR_CONV_TUNE_ONLINE", raising=False)
     mb.clear_plans()
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((2, 1, 32, 32, 32)).astype(np.float32)
-    w = rng.standard_normal((2, 1, 3, 3, 3)).astype(np.float32)
+    x = rng.standard_normal((2, 4, 32, 32, 32)).astype(np.float32)
+    w = rng.standard_normal((16, 4, 3, 3, 3)).astype(np.float32)
     geo = ((1, 1, 1), (1, 1, 1), (1, 1, 1), (1, 1, 1))
     ref = conv_im2col.conv_forward(x.astype(np.float64), w.astype(np.float64), *geo)
     calls = 0
     while True:
         y = cpu_entry.conv_forward(x, w, *geo)
         calls += 1
-        np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(y, ref, rtol=1e-3, atol=1e-3)
         if "online" not in mb.last_plan().note:
             break
         assert calls < 40

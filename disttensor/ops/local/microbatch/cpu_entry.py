@@ -38,6 +38,9 @@ __all__ = ["conv_forward", "conv_backward_data", "conv_backward_filter"]
 
 #: spatial volume per sample from which benchmark mode times on the half-extent proxy
 PROXY_MIN_VOLUME = 32 ** 3
+#: work (floating-point operations of the whole batch) from which benchmark mode tunes a
+#: problem on its real calls (:mod:`.online`): single calls of 20 ms or more time reliably
+ONLINE_MIN_FLOPS = 2e8
 
 
 def _proxy(pass_, a, b, extra, geo, x_shape, w_shape):
@@ -76,7 +79,7 @@ def _planned(pass_, a, b, extra, geo, x_shape, w_shape, dtype):
     """Plan the pass (:func:`.planner.run_plan`'s ``a``, ``b``, ``extra``, ``geo``) and run
     the plan.  Benchmark mode times the candidates (those whose workspace fits at the full
     size) on these operands, the samples rotating; a problem of at least
-    :data:`PROXY_MIN_VOLUME` cells per sample is tuned on its real calls (:mod:`.online`,
+    :data:`ONLINE_MIN_FLOPS` operations is tuned on its real calls (:mod:`.online`,
     :func:`_online_call`; with ``DISTTENSOR_CONV_TUNE_ONLINE=off`` timed on its half-extent
     proxy instead, :func:`_proxy`: 1/8 of the work); the plan is stored under the full
     problem's key either way.
@@ -93,7 +96,7 @@ def _planned(pass_, a, b, extra, geo, x_shape, w_shape, dtype):
         problem = ConvProblem.make(pass_, x_shape, w_shape, *geo, dtype)
         limit = limit_for(problem, relative=True)
         algos = cpu_algorithms(limit)
-        if (math.prod(x_shape[2:]) >= PROXY_MIN_VOLUME and tune_mode() == "benchmark"
+        if (problem.flops() >= ONLINE_MIN_FLOPS and tune_mode() == "benchmark"
                 and online_tuning()):
             plan = get_plan(problem, algos, fingerprint("cpu"), limit=limit, relative=True,
                             defer=True)

@@ -19,7 +19,7 @@
   times only the candidates whose modelled time per sample is within this factor of the best
   modelled one (and the best of each micro-batch size); ``off`` times them all;
 * ``DISTTENSOR_CONV_TUNE_ONLINE`` (:func:`online_tuning`, default on): on the CPU, a problem
-  of at least 32^3 cells per sample is tuned on its real calls (:mod:`.online`) instead of
+  of at least 2e8 floating-point operations is tuned on its real calls (:mod:`.online`) instead of
   being timed apart on its half-extent proxy.
 
 Invalid names raise ``ValueError``.
