@@ -9,8 +9,10 @@ step (Numba cache, convolution tuning), and activation memory per rank.
    split over all ranks, with an empty convolution plan cache (a fresh clone after set-up:
    the Numba kernels come from the cache ``python -m disttensor.warmup`` filled; whether it is
    warm is printed), wall and CPU seconds of steps 1 and 2 (max over ranks); ``--baseline``:
-   also with ``DISTTENSOR_CONV_TUNE_SIMILAR=off`` and ``DISTTENSOR_CONV_TUNE_PREFILTER=off``
-   (every candidate of every layer-pass timed at full size: the behaviour before both).
+   also with ``DISTTENSOR_CONV_TUNE_SIMILAR``, ``DISTTENSOR_CONV_TUNE_PREFILTER``,
+   ``DISTTENSOR_CONV_TUNE_ONLINE`` and ``DISTTENSOR_CONV_WORKSPACE_RATIO`` ``off``
+   (every candidate of every layer-pass timed at full size under 64 MiB: the behaviour
+   before all four).
 3. A new shape: the first step of a model ``--new-size`` (default 3/4 of ``--size``) with the
    plan cache of step 2, once reusing similar tuned plans (the default) and once with
    ``DISTTENSOR_CONV_TUNE_SIMILAR=off`` (each from a copy of the same cache).
@@ -190,14 +192,19 @@ def main(argv=None):
             (t1, c1), (t2, c2) = with_plan_dir(comm, fresh,
                                                lambda: timed_steps(comm, grid, args.size, 2))
             if args.baseline:  # the same with reuse (and half-extent proxies) off
-                os.environ["DISTTENSOR_CONV_TUNE_SIMILAR"] = "off"
-                os.environ["DISTTENSOR_CONV_TUNE_PREFILTER"] = "off"
+                base_env = ("DISTTENSOR_CONV_TUNE_SIMILAR", "DISTTENSOR_CONV_TUNE_PREFILTER",
+                            "DISTTENSOR_CONV_TUNE_ONLINE", "DISTTENSOR_CONV_WORKSPACE_RATIO")
+                saved = {v: os.environ.get(v) for v in base_env}
+                os.environ.update({v: "off" for v in base_env})
                 try:
                     (b1, bc1), _ = with_plan_dir(comm, os.path.join(tmp, "base"),
                                                  lambda: timed_steps(comm, grid, args.size, 2))
                 finally:
-                    os.environ.pop("DISTTENSOR_CONV_TUNE_SIMILAR", None)
-                    os.environ.pop("DISTTENSOR_CONV_TUNE_PREFILTER", None)
+                    for v, old in saved.items():
+                        if old is None:
+                            os.environ.pop(v, None)
+                        else:
+                            os.environ[v] = old
                 say(f"baseline first step (every candidate of every layer-pass timed at full "
                     f"size): {b1:.2f} s (cpu {bc1:.2f}); with proxies and the model prefilter: "
                     f"ratio {c1 / bc1:.2f} (cpu), {t1 / b1:.2f} (wall)")

@@ -105,7 +105,20 @@ class LayerTimer:
         the median over rounds of the slowest rank's time in each round.  ``input_grad``:
         whether backward computes the gradient of the layer's input (not for the first
         layer, whose input is the data).  The rounds of the distinct blocks are interleaved
-        (in chunks of at most ``chunk_bytes`` of inputs), so drifting load hits them alike."""
+        (in chunks of at most ``chunk_bytes`` of inputs), so drifting load hits them alike.
+        The convolutions' online tuning is off meanwhile (``DISTTENSOR_CONV_TUNE_ONLINE``):
+        their plans are tuned at the first (warm-up) call, so the rounds time settled plans."""
+        old = os.environ.get("DISTTENSOR_CONV_TUNE_ONLINE")
+        os.environ["DISTTENSOR_CONV_TUNE_ONLINE"] = "off"
+        try:
+            return self._time_all(jobs)
+        finally:
+            if old is None:
+                os.environ.pop("DISTTENSOR_CONV_TUNE_ONLINE", None)
+            else:
+                os.environ["DISTTENSOR_CONV_TUNE_ONLINE"] = old
+
+    def _time_all(self, jobs: Sequence[tuple]) -> list[tuple[float, float]]:
         tune = os.environ.get("DISTTENSOR_CONV_TUNE", "")  # the kernels' algorithm choice
         keys = [(layer_key(layer), tuple(shape), bool(ig), self.dtype.str, tune)
                 for layer, shape, ig in jobs]

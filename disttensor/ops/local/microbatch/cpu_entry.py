@@ -4,7 +4,10 @@ contracts, through the micro-batch planner (per rank, no MPI).
 Each entry point checks its operands with :mod:`..cpu.conv_operands` (so malformed input
 raises the contract's errors whatever the mode), leaves empty operands and
 ``DISTTENSOR_CONV_TUNE=off`` to the tiled im2col kernel, and otherwise gets the plan of its
-:class:`.problem.ConvProblem` (timed on the call's own data in benchmark mode, the samples
+:class:`.problem.ConvProblem` under the relative workspace limit
+(:func:`.planner.limit_for`: unless ``DISTTENSOR_CONV_WORKSPACE_MB`` is set, up to
+``DISTTENSOR_CONV_WORKSPACE_RATIO`` = 0.5 of the pass's operand bytes, at least 64 MiB, so the
+direct kernels run at 128^3) (timed on the call's own data in benchmark mode, the samples
 rotating between timing runs; a problem of at least ``32^3`` cells per sample is timed on its
 half-extent proxy, 1/8 of the work: :func:`_proxy`) and runs it.
 The choice is rank-local: ranks may run different algorithms, whose results agree to float
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 
 import numba
 import numpy as np
@@ -22,16 +26,21 @@ from ..cpu import conv_im2col
 from ..cpu.conv_operands import conv_out_shape, data_operands, filter_operands, forward_operands
 from .cpu_algorithms import cpu_algorithms
 from .plan_cache import fingerprint
-from .planner import generation, get_plan, limit_for, run_pass, run_plan, set_last_plan
+from .online import OnlineTuner, online_order, uniform_plan
+from .planner import (fitting_candidates, generation, get_plan, limit_for, run_pass, run_plan,
+                      set_last_plan, settle, store_plan)
 from .problem import ConvProblem
-from .settings import similar_factor, tune_mode
-from .timing import rotating_slices
+from .settings import model_prefilter, online_tuning, policy, similar_factor, tune_mode
+from .timing import rotating_slices, warn_once
 
 __all__ = ["conv_forward", "conv_backward_data", "conv_backward_filter"]
 
 
 #: spatial volume per sample from which benchmark mode times on the half-extent proxy
 PROXY_MIN_VOLUME = 32 ** 3
+#: work (floating-point operations of the whole batch) from which benchmark mode tunes a
+#: problem on its real calls (:mod:`.online`): single calls of 20 ms or more time reliably
+ONLINE_MIN_FLOPS = 2e8
 
 
 def _proxy(pass_, a, b, extra, geo, x_shape, w_shape):
@@ -57,10 +66,11 @@ def _proxy(pass_, a, b, extra, geo, x_shape, w_shape):
     return np.ascontiguousarray(a[box(half)]), np.ascontiguousarray(b[box(out)]), extra
 
 
-_SETTINGS = ("DISTTENSOR_CONV_TUNE", "DISTTENSOR_CONV_WORKSPACE_MB", "DISTTENSOR_CONV_POLICY",
+_SETTINGS = ("DISTTENSOR_CONV_TUNE", "DISTTENSOR_CONV_WORKSPACE_MB",
+             "DISTTENSOR_CONV_WORKSPACE_RATIO", "DISTTENSOR_CONV_POLICY",
              "DISTTENSOR_CONV_TUNE_MARGIN", "DISTTENSOR_CONV_TUNE_SIMILAR",
              "DISTTENSOR_CONV_TUNE_PREFILTER", "DISTTENSOR_CONV_TUNE_BUDGET_S",
-             "DISTTENSOR_CONV_TUNE_REPS")
+             "DISTTENSOR_CONV_TUNE_REPS", "DISTTENSOR_CONV_TUNE_ONLINE")
 _memo: dict = {}   # (call, settings) -> (plan, algorithms): get_plan's answers, per call shape
 _MEMO_MAX = 512
 
@@ -68,9 +78,11 @@ _MEMO_MAX = 512
 def _planned(pass_, a, b, extra, geo, x_shape, w_shape, dtype):
     """Plan the pass (:func:`.planner.run_plan`'s ``a``, ``b``, ``extra``, ``geo``) and run
     the plan.  Benchmark mode times the candidates (those whose workspace fits at the full
-    size) on these operands, the samples rotating, or, for a problem of at least
-    :data:`PROXY_MIN_VOLUME` cells per sample, on its half-extent proxy (:func:`_proxy`: 1/8
-    of the work); the plan is stored under the full problem's key either way.
+    size) on these operands, the samples rotating; a problem of at least
+    :data:`ONLINE_MIN_FLOPS` operations is tuned on its real calls (:mod:`.online`,
+    :func:`_online_call`; with ``DISTTENSOR_CONV_TUNE_ONLINE=off`` timed on its half-extent
+    proxy instead, :func:`_proxy`: 1/8 of the work); the plan is stored under the full
+    problem's key either way.
 
     A training step repeats the same few calls: their plans are memoised per call shape and
     settings (the environment variables the planner reads, Numba's thread count and the
@@ -82,8 +94,19 @@ def _planned(pass_, a, b, extra, geo, x_shape, w_shape, dtype):
     hit = _memo.get(key)
     if hit is None:
         problem = ConvProblem.make(pass_, x_shape, w_shape, *geo, dtype)
-        limit = limit_for(problem)
+        limit = limit_for(problem, relative=True)
         algos = cpu_algorithms(limit)
+        if (problem.flops() >= ONLINE_MIN_FLOPS and tune_mode() == "benchmark"
+                and online_tuning()):
+            plan = get_plan(problem, algos, fingerprint("cpu"), limit=limit, relative=True,
+                            defer=True)
+            if plan is None:
+                return _online_call(key, problem, algos, limit, pass_, a, b, extra, geo)
+            if len(_memo) >= _MEMO_MAX:
+                _memo.clear()
+            _memo[key] = (plan, algos)
+            set_last_plan(plan)
+            return run_plan(plan, algos, pass_, a, b, extra, geo)
         state: dict = {}
 
         def runner(alg, n):  # only called when timing: the proxy is cut then, once
@@ -93,13 +116,65 @@ def _planned(pass_, a, b, extra, geo, x_shape, w_shape, dtype):
                 state["take"] = rotating_slices(a.shape[0])
             ta, tb, te = state["ops"]
             return run_pass(alg, pass_, ta, tb, te, geo, state["take"](n))
-        plan = get_plan(problem, algos, fingerprint("cpu"), runner, limit=limit)
+        plan = get_plan(problem, algos, fingerprint("cpu"), runner, limit=limit, relative=True)
         if len(_memo) >= _MEMO_MAX:
             _memo.clear()
         hit = _memo[key] = (plan, algos)
     plan, algos = hit
     set_last_plan(plan)
     return run_plan(plan, algos, pass_, a, b, extra, geo)
+
+
+_tuners: dict = {}   # memo key -> OnlineTuner of a problem being tuned on its calls
+
+
+def _online_call(key, problem, algos, limit, pass_, a, b, extra, geo):
+    """Run this call with the problem's next online candidate (:mod:`.online`), timed; once
+    every candidate ran, settle and store the plan (memoised under ``key``)."""
+    tuner = _tuners.get(key)
+    if tuner is None:
+        fit, note = fitting_candidates(problem, algos, limit, policy())
+        tuner = OnlineTuner(problem.batch, online_order(problem, algos, fit, model_prefilter()))
+        tuner.fit, tuner.note = fit, note
+        if len(_tuners) >= _MEMO_MAX:
+            _tuners.clear()
+        _tuners[key] = tuner
+    out = None
+    while True:
+        with tuner.lock:
+            cand = tuner.next()
+        if cand is None:
+            raise RuntimeError(f"every convolution algorithm failed for {problem}")
+        plan = uniform_plan(problem.batch, cand, tuner.fit[cand])
+        set_last_plan(plan)
+        t0 = time.perf_counter()
+        try:
+            out = run_plan(plan, algos, pass_, a, b, extra, geo)
+        except Exception as err:  # noqa: BLE001 - a failing candidate is not a candidate
+            warn_once(("run", cand[0], type(err).__name__),
+                      f"conv algorithm {cand[0]!r} failed while being tuned "
+                      f"({type(err).__name__}: {err}); it is skipped")
+            with tuner.lock:
+                tuner.fail(cand)
+                if tuner.next() is None and not tuner.times:
+                    raise
+            if tuner.next() is None:
+                break
+            continue
+        with tuner.lock:
+            tuner.record(cand, time.perf_counter() - t0)
+        break
+    if tuner.done and tuner.times:
+        final = settle(problem, tuner.fit, tuner.times, "benchmark", tuner.note)
+        store_plan(problem, algos, fingerprint("cpu"), final, limit, relative=True)
+        _tuners.pop(key, None)
+        if len(_memo) >= _MEMO_MAX:
+            _memo.clear()
+        _memo[key] = (final, algos)
+        if out is None:  # the last candidate failed: run the settled plan
+            set_last_plan(final)
+            out = run_plan(final, algos, pass_, a, b, extra, geo)
+    return out
 
 
 def conv_forward(x, w, stride, dilation, pad_lo, pad_hi, groups=1):

@@ -28,12 +28,12 @@ from .division import (candidate_sizes, choose_division, divide_workspace, optim
                        pareto_front)
 from .plan_cache import PlanCache
 from .problem import Config, ConvProblem, Plan
-from .settings import (model_prefilter, policy, similar_factor, tune_mode, undivided_margin,
-                       workspace_limit)
+from .settings import (model_prefilter, policy, relative_workspace_limit, similar_factor,
+                       tune_mode, undivided_margin, workspace_limit, workspace_rule)
 from .sharing import family_lock, nearest_similar
 from .timing import candidates, measure_times, model_times, warn_once
 
-__all__ = ["plan_problem", "prefilter", "pareto_set", "run_pass", "run_plan", "get_plan",
+__all__ = ["plan_problem", "fitting_candidates", "settle", "store_plan", "prefilter", "pareto_set", "run_pass", "run_plan", "get_plan",
            "plan_network",
            "set_limit_override", "clear_limit_overrides", "limit_for", "clear_plans",
            "generation",
@@ -45,6 +45,21 @@ def plan_problem(problem: ConvProblem, algos: dict, limit: int, policy_: str, mo
     """The plan for ``problem`` under ``limit`` bytes (see the module): times measured with
     ``runner(algorithm, b)`` (which runs the algorithm object on ``b`` of the samples; mode
     ``benchmark``) or modelled (``heuristic``).  With one candidate only nothing is timed."""
+    fit, note = fitting_candidates(problem, algos, limit, policy_)
+    if mode == "benchmark" and runner is not None and len(fit) > 1:
+        times = measure_times(problem, prefilter(problem, algos, fit, model_prefilter()),
+                              algos, runner, sync)
+    else:
+        times = model_times(problem, algos, fit)
+        if not times:  # no cost model: equal times, so the fewest micro-batches win
+            times = {k: 1.0 for k in fit}
+    return settle(problem, fit, times, mode, note)
+
+
+def fitting_candidates(problem: ConvProblem, algos: dict, limit: int, policy_: str):
+    """``({(name, b): workspace}, note)``: the candidates of ``problem`` whose workspace fits
+    ``limit``; when none of the smallest micro-batch size fits, the limit is raised to the
+    smallest workspace (``note`` says so; a warning once per problem)."""
     sizes = candidate_sizes(problem.batch, policy_)
     cands = candidates(problem, algos, sizes)
     if not cands:
@@ -61,13 +76,16 @@ def plan_problem(problem: ConvProblem, algos: dict, limit: int, policy_: str, mo
         warn_once(("limit", problem, limit), note)
         limit = need
         fit = {k: ws for k, ws in cands.items() if ws <= limit}
-    if mode == "benchmark" and runner is not None and len(fit) > 1:
-        times = measure_times(problem, prefilter(problem, algos, fit, model_prefilter()),
-                              algos, runner, sync)
-    else:
-        times = model_times(problem, algos, fit)
-        if not times:  # no cost model: equal times, so the fewest micro-batches win
-            times = {k: 1.0 for k in fit}
+    return fit, note
+
+
+def settle(problem: ConvProblem, fit: dict, times: dict, mode: str, note: str = "") -> Plan:
+    """The plan from ``times`` (``{(name, b): seconds per call}``) of the candidates ``fit``
+    (``{(name, b): workspace}``): the best division (:func:`.division.choose_division`, with
+    the undivided margin in benchmark mode); smallest-size candidates without a time count
+    as 1 s when none has one."""
+    smallest = min(b for _, b in fit)
+    times = dict(times)
     if not any(b == smallest for _, b in times):  # every small candidate failed: model them
         times.update({k: 1.0 for k in fit if k[1] == smallest and k not in times})
     found = choose_division(problem.batch, times, undivided_margin() if mode == "benchmark"
@@ -201,9 +219,18 @@ def clear_limit_overrides() -> None:
     _generation[0] += 1
 
 
-def limit_for(problem: ConvProblem) -> int:
-    """The workspace limit of ``problem``: its override, else the configured limit."""
-    return _limit_overrides.get(problem, workspace_limit())
+def limit_for(problem: ConvProblem, relative: bool = False) -> int:
+    """The workspace limit of ``problem``: its override, else the configured limit; with
+    ``relative`` (the CPU entry points) the configured rule
+    (:func:`~.settings.relative_workspace_limit`: an explicit ``DISTTENSOR_CONV_WORKSPACE_MB``,
+    else the larger of 64 MiB and ``DISTTENSOR_CONV_WORKSPACE_RATIO`` times the problem's
+    operand bytes)."""
+    over = _limit_overrides.get(problem)
+    if over is not None:
+        return over
+    if not relative:
+        return workspace_limit()
+    return relative_workspace_limit(problem.operand_bytes(), *workspace_rule())
 
 
 def clear_plans() -> None:
@@ -224,36 +251,61 @@ def set_last_plan(plan: Plan) -> None:
     _state.plan = plan
 
 
-def get_plan(problem: ConvProblem, algos: dict, device_fp: dict, runner=None, sync=None,
-             limit: int | None = None) -> Plan:
-    """The plan for ``problem`` under the configured (or overridden) limit, policy and mode:
-    from memory, from the disk cache (benchmark mode), or planned now (and stored)."""
-    mode = tune_mode()
-    pol = policy()
-    if limit is None:
-        limit = limit_for(problem)
+def _keys(problem: ConvProblem, algos: dict, device_fp: dict, limit: int, relative: bool):
+    """``(memory key, disk-cache fields)`` of a plan."""
+    pol, mode = policy(), tune_mode()
     names = tuple(sorted(algos))
     mkey = (problem, limit, pol, mode, names, device_fp.get("device"), undivided_margin())
+    fields = dict(fingerprint=device_fp, problem=problem.fields(), limit=limit, policy=pol,
+                  mode=mode, algorithms=list(names), margin=undivided_margin())
+    if relative and problem not in _limit_overrides:
+        fields["limit_rule"] = list(workspace_rule())
+    return mkey, fields
+
+
+def get_plan(problem: ConvProblem, algos: dict, device_fp: dict, runner=None, sync=None,
+             limit: int | None = None, relative: bool = False, defer: bool = False):
+    """The plan for ``problem`` under the configured (or overridden) limit, policy and mode:
+    from memory, from the disk cache (benchmark mode), or planned now (and stored).
+    ``relative``: the limit follows the relative rule (:func:`limit_for`); the rule, not its
+    value, then decides which tuned problems are similar (:mod:`.sharing`).  ``defer``
+    (benchmark mode): return None instead of timing, for a caller that tunes on the real calls
+    and stores the plan with :func:`store_plan`."""
+    mode = tune_mode()
+    if limit is None:
+        limit = limit_for(problem, relative)
+    mkey, fields = _keys(problem, algos, device_fp, limit, relative)
     plan = _plans.get(mkey)
     if plan is not None:
         return plan
     if mode == "benchmark":
-        fields = dict(fingerprint=device_fp, problem=problem.fields(), limit=limit, policy=pol,
-                      mode=mode, algorithms=list(names), margin=undivided_margin())
         plan = _stored_plan(problem, fields, algos, limit)
         if plan is None:
+            if defer:
+                return None
             # one timing per problem family among the processes sharing the cache
             with family_lock(_disk.path.parent, fields) as waited:
                 if waited:  # a peer timed this family meanwhile: its plan may serve
                     plan = _stored_plan(problem, fields, algos, limit, reread=True)
                 if plan is None:
-                    plan = plan_problem(problem, algos, limit, pol, mode, runner, sync)
+                    plan = plan_problem(problem, algos, limit, policy(), mode, runner, sync)
                     _disk.put(fields, plan.to_json())
     else:
-        plan = plan_problem(problem, algos, limit, pol, mode, runner, sync)
+        plan = plan_problem(problem, algos, limit, policy(), mode, runner, sync)
     with _plans_lock:
         _plans[mkey] = plan
     return plan
+
+
+def store_plan(problem: ConvProblem, algos: dict, device_fp: dict, plan: Plan, limit: int,
+               relative: bool = False) -> None:
+    """Keep ``plan`` (timed by the caller) in memory and in the disk cache, under the keys
+    :func:`get_plan` looks up."""
+    mkey, fields = _keys(problem, algos, device_fp, limit, relative)
+    if tune_mode() == "benchmark":
+        _disk.put(fields, plan.to_json())
+    with _plans_lock:
+        _plans[mkey] = plan
 
 
 def _valid(stored, problem: ConvProblem, algos: dict, limit: int | None = None) -> Plan | None:

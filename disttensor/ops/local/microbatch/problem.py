@@ -61,6 +61,15 @@ class ConvProblem:
         return 2.0 * self.x_shape[0] * self.w_shape[0] * math.prod(out) * math.prod(
             self.w_shape[1:])
 
+    def operand_bytes(self) -> int:
+        """Bytes of the pass's two activation-sized operands over the whole batch: the input
+        ``x`` (or ``dx``) and the output ``y`` (or ``dy``), the same for all three passes."""
+        out = conv_out_shape(self.x_shape[2:], self.w_shape[2:], self.stride, self.dilation,
+                             self.pad_lo, self.pad_hi)
+        n, cin = self.x_shape[:2]
+        return np.dtype(self.dtype).itemsize * n * (
+            cin * math.prod(self.x_shape[2:]) + self.w_shape[0] * math.prod(out))
+
     def fields(self) -> dict:
         return {k: getattr(self, k) for k in ("pass_", "x_shape", "w_shape", "stride",
                                               "dilation", "pad_lo", "pad_hi", "groups",

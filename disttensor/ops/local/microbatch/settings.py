@@ -3,7 +3,9 @@
 * ``DISTTENSOR_CONV_TUNE`` (:func:`tune_mode`): ``benchmark`` (default), ``heuristic`` or
   ``off``;
 * ``DISTTENSOR_CONV_WORKSPACE_MB`` (:func:`workspace_limit`): the per-layer workspace limit,
-  default 64 MiB;
+  default 64 MiB; on the CPU, while it is unset, a layer-pass may use more:
+  ``DISTTENSOR_CONV_WORKSPACE_RATIO`` (:func:`workspace_ratio`, default 0.5) times the bytes
+  of its own operands (:func:`relative_workspace_limit`);
 * ``DISTTENSOR_CONV_POLICY`` (:func:`policy`): ``powerOfTwo`` (default), ``all`` or
   ``undivided``;
 * ``DISTTENSOR_CONV_TUNE_BUDGET_S`` (:func:`budget_s`, default 2 s per layer-pass),
@@ -15,7 +17,10 @@
   plan instead of being timed (:mod:`.sharing`); ``off`` or ``1`` turns reuse off;
 * ``DISTTENSOR_CONV_TUNE_PREFILTER`` (:func:`model_prefilter`, default 2): benchmark mode
   times only the candidates whose modelled time per sample is within this factor of the best
-  modelled one (and the best of each micro-batch size); ``off`` times them all.
+  modelled one (and the best of each micro-batch size); ``off`` times them all;
+* ``DISTTENSOR_CONV_TUNE_ONLINE`` (:func:`online_tuning`, default on): on the CPU, a problem
+  of at least 2e8 floating-point operations is tuned on its real calls (:mod:`.online`) instead of
+  being timed apart on its half-extent proxy.
 
 Invalid names raise ``ValueError``.
 """
@@ -23,14 +28,18 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["PASSES", "POLICIES", "MODES", "UNDIVIDED_MARGIN", "tune_mode", "workspace_limit",
+__all__ = ["PASSES", "POLICIES", "MODES", "UNDIVIDED_MARGIN", "DEFAULT_WORKSPACE_MB",
+           "DEFAULT_WORKSPACE_RATIO", "tune_mode", "workspace_limit", "workspace_ratio",
+           "relative_workspace_limit", "workspace_rule",
            "policy", "budget_s", "reps", "undivided_margin", "similar_factor",
-           "model_prefilter"]
+           "model_prefilter", "online_tuning"]
 
 PASSES = ("forward", "backward_data", "backward_filter")
 POLICIES = ("powerOfTwo", "all", "undivided")
 MODES = ("benchmark", "heuristic", "off")
 UNDIVIDED_MARGIN = 0.10
+DEFAULT_WORKSPACE_MB = 64
+DEFAULT_WORKSPACE_RATIO = 0.5
 
 
 def tune_mode() -> str:
@@ -43,7 +52,41 @@ def tune_mode() -> str:
 
 def workspace_limit() -> int:
     """``DISTTENSOR_CONV_WORKSPACE_MB`` (default 64) in bytes."""
-    return int(float(os.environ.get("DISTTENSOR_CONV_WORKSPACE_MB", "64")) * 2**20)
+    return int(float(os.environ.get("DISTTENSOR_CONV_WORKSPACE_MB",
+                                    str(DEFAULT_WORKSPACE_MB))) * 2**20)
+
+
+def workspace_ratio() -> float:
+    """``DISTTENSOR_CONV_WORKSPACE_RATIO`` (default 0.5; ``off`` or 0: none): the workspace a
+    CPU layer-pass may use relative to the bytes of its operands."""
+    v = os.environ.get("DISTTENSOR_CONV_WORKSPACE_RATIO", str(DEFAULT_WORKSPACE_RATIO))
+    v = v.strip().lower()
+    if v in ("off", "no", "false", ""):
+        return 0.0
+    f = float(v)
+    if not f >= 0:
+        raise ValueError(f"DISTTENSOR_CONV_WORKSPACE_RATIO must be >= 0 or off, got {v!r}")
+    return f
+
+
+def relative_workspace_limit(operand_bytes: int, absolute_mb=None, ratio: float = 0.0) -> int:
+    """The workspace limit in bytes of a layer-pass whose operands (input and output, or
+    output gradient and input gradient, or input and output gradient, over the whole batch)
+    take ``operand_bytes``: ``absolute_mb`` MiB when given (an explicit
+    ``DISTTENSOR_CONV_WORKSPACE_MB`` is a cap), else the larger of the default 64 MiB and
+    ``ratio * operand_bytes`` (pure)."""
+    if absolute_mb is not None:
+        return int(float(absolute_mb) * 2**20)
+    return max(DEFAULT_WORKSPACE_MB * 2**20, int(ratio * max(0, int(operand_bytes))))
+
+
+def workspace_rule():
+    """What :func:`relative_workspace_limit` is computed from: ``(absolute_mb or None,
+    ratio)`` from the environment."""
+    mb = os.environ.get("DISTTENSOR_CONV_WORKSPACE_MB")
+    if mb is not None and mb.strip() == "":
+        mb = None
+    return mb, (0.0 if mb is not None else workspace_ratio())
 
 
 def policy() -> str:
@@ -93,3 +136,9 @@ def model_prefilter() -> float:
     if f < 0:
         raise ValueError(f"DISTTENSOR_CONV_TUNE_PREFILTER must be >= 1 or off, got {v!r}")
     return f
+
+
+def online_tuning() -> bool:
+    """``DISTTENSOR_CONV_TUNE_ONLINE`` (default on; ``off``, ``0``, ``no``, ``false``: off)."""
+    v = os.environ.get("DISTTENSOR_CONV_TUNE_ONLINE", "on").strip().lower()
+    return v not in ("off", "0", "no", "false")

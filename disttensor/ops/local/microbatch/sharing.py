@@ -4,7 +4,8 @@ one timing per problem family among the processes that share a plan cache (per r
 **The reuse rule** (:func:`nearest_similar`).  A problem is *similar* to a tuned one when
 everything the plan is keyed on is the same (machine and software fingerprint, pass, batch,
 channels, kernel, stride, dilation, groups, dtype, workspace limit, policy, algorithms) except
-the spatial extents and the explicit pads, and every spatial extent is within a factor
+the spatial extents and the explicit pads (where the limit follows the relative rule,
+``limit_rule`` in the key, the rule must be the same, not its value), and every spatial extent is within a factor
 :func:`~.settings.similar_factor` (default 2) of the tuned one's.  Of the similar tuned
 problems the nearest (smallest sum of ``|log2|`` extent ratios) is taken; its plan is reused
 when every micro-batch it names is still a candidate whose workspace fits the limit on the new
@@ -45,6 +46,8 @@ def family_of(fields: dict) -> dict:
     prob["x_lead"] = x[:2]
     prob["ndim"] = len(x)
     out = {k: v for k, v in fields.items() if k != "problem"}
+    if "limit_rule" in out:  # a relative limit: the rule is shared, its value scales
+        out.pop("limit", None)
     out["problem"] = prob
     return json.loads(json.dumps(out, sort_keys=True, default=list))
 
