@@ -46,6 +46,9 @@ import time
 
 for _v in ("NUMBA_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
     os.environ.setdefault(_v, "1")
+# the steady step is measured: convolutions are tuned apart in the warm-up (on their proxy),
+# not online over the first timed steps (DISTTENSOR_CONV_TUNE_ONLINE, docs/performance.md)
+os.environ.setdefault("DISTTENSOR_CONV_TUNE_ONLINE", "off")
 
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
