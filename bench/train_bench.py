@@ -25,6 +25,9 @@ import tracemalloc
 import numpy as np
 from mpi4py import MPI
 
+# the steady step is measured: convolutions are tuned apart in the warm-up (on their proxy),
+# not online over the first timed steps (DISTTENSOR_CONV_TUNE_ONLINE, docs/performance.md)
+os.environ.setdefault("DISTTENSOR_CONV_TUNE_ONLINE", "off")
 sys.path.insert(0, os.path.dirname(__file__))
 from _results import record  # noqa: E402
 from _timing import compare  # noqa: E402
