@@ -34,7 +34,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..core.array import DistArray
-from ..core.entry import agreed, canon, collective_entry, deferrable, nested
+from ..core.entry import agreed, canon, collective_entry, deferrable, failure_deferred, nested
 from ..core.comm import allreduce, collective
 from ..core.distribution import Distribution
 from ..core.halo import HaloExchange
@@ -194,7 +194,7 @@ def _windowed_forward(x: DistArray, plan: WindowPlan, windows, w, nd: int, strid
     regions = overlap_split(overlap, plan, x.distribution, windows, x.grid.coords, x.device)
     if regions is None:
         xin = halo_input(x, plan)
-        with collective(x.grid.cart):  # a kernel failure on one rank raises on all
+        with failure_deferred(x.grid.cart, "conv kernel"):  # a failure raises on every rank
             y = run(xin.buffer, plan.read, plan.pad_lo, plan.pad_hi) if plan.has_output \
                 else xp.zeros(out_shape, dtype=dtype)
         return xin, y
@@ -214,7 +214,7 @@ def _windowed_forward(x: DistArray, plan: WindowPlan, windows, w, nd: int, strid
     except Exception as e:  # noqa: BLE001 - agreed on below, after the exchange completes
         err = e
     ex.end()
-    with collective(x.grid.cart):
+    with failure_deferred(x.grid.cart, "conv kernel"):
         if err is not None:
             raise err
         for r in shells:
@@ -308,9 +308,14 @@ def conv_forward(x: DistArray, w, b=None, stride=1, padding=0, dilation=1, group
     run asynchronously while the host waits on MPI, and off for CPU blocks, where it did not
     pay in a training step (``bench/step_scaling_bench.py``, ``docs/performance.md``).
     Collective.  Returns ``(y, saved)``."""
-    with agreed(x.grid.cart, "conv_forward", x=x, w=array_key(w), b=array_key(b),
-                **_window_keys(x, w, stride, padding, dilation, groups),
-                padding_mode=padding_mode, overlap=_mode_key(x.device, overlap)):
+    # no spatial split and no circular padding: no halo, no data moves, the agreement is
+    # deferred to the next one over the grid (decided per rank from the layout, as for the
+    # elementwise calls; a failure is agreed at once)
+    direct = all(s is None for s in x.split[2:]) and padding_mode == "zeros"
+    with (deferrable if direct else agreed)(
+            x.grid.cart, "conv_forward", x=x, w=array_key(w), b=array_key(b),
+            **_window_keys(x, w, stride, padding, dilation, groups),
+            padding_mode=padding_mode, overlap=_mode_key(x.device, overlap)):
         nd, kernel, stride, dilation, padding, groups = _geometry(x, w, stride, padding,
                                                                   dilation, groups, "conv")
         if w.shape[1] * groups != x.shape[1] or w.shape[0] % groups:
