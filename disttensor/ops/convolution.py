@@ -24,6 +24,11 @@ Every entry point validates its arguments inside an ``agreed`` block before any 
 dtype and the window geometry (normalized, so two spellings of one padding agree) in the same
 all-reduce that agrees on a validation failure.  :func:`conv_backward` also runs its local
 kernels (data and filter gradient) inside that block, so agreeing costs it no extra message.
+The forward's kernel runs after the halo exchange: its failure is agreed with the next
+agreement over the grid (:func:`~disttensor.core.entry.failure_deferred`: the failing rank
+agrees at once, every rank raises its error), so a forward makes one all-reduce; with no halo
+at all (no spatial axis split, zero padding) no data moves and the forward's agreement is
+deferred too (:func:`~disttensor.core.entry.deferrable`): none.
 """
 from __future__ import annotations
 
