@@ -296,6 +296,28 @@ def _windowed_backward_data(saved: "ConvSaved", dy_local, grid, local=None) -> D
     return DistArray(xp.ascontiguousarray(g.local), saved.x_dist, grid)
 
 
+def _conv_setup(x: DistArray, w, b, stride, padding, dilation, groups, padding_mode: str,
+                overlap):
+    """Validate a convolution's arguments (raises on bad input; replicated metadata only) and
+    return ``(nd, kernel, stride, dilation, groups, windows, plan, overlap mode)``."""
+    nd, kernel, stride, dilation, padding, groups = _geometry(x, w, stride, padding,
+                                                              dilation, groups, "conv")
+    if w.shape[1] * groups != x.shape[1] or w.shape[0] % groups:
+        raise ValueError(f"conv: weight {tuple(w.shape)} with groups={groups} does not fit "
+                         f"{x.shape[1]} input channels")
+    _check_bias(b, w.shape[0], "conv")
+    if padding_mode not in ("zeros", "circular"):
+        raise ValueError(f"padding_mode must be 'zeros' or 'circular', got {padding_mode!r}")
+    circular = padding_mode == "circular"
+    if circular and any(max(p) > n for p, n in zip(padding, x.shape[2:])):
+        raise ValueError(f"circular padding {padding} must not exceed the spatial extents "
+                         f"{x.shape[2:]}")
+    overlap = overlap_mode(x.device, overlap)
+    windows = spatial_windows(nd, kernel, stride, dilation, padding, circular)
+    plan = window_plan(x.distribution, windows, x.grid.coords)
+    return nd, kernel, stride, dilation, groups, windows, plan, overlap
+
+
 # -- convolution ---------------------------------------------------------------------------------
 @collective_entry
 def conv_forward(x: DistArray, w, b=None, stride=1, padding=0, dilation=1, groups=1,
@@ -313,29 +335,28 @@ def conv_forward(x: DistArray, w, b=None, stride=1, padding=0, dilation=1, group
     run asynchronously while the host waits on MPI, and off for CPU blocks, where it did not
     pay in a training step (``bench/step_scaling_bench.py``, ``docs/performance.md``).
     Collective.  Returns ``(y, saved)``."""
-    # no spatial split and no circular padding: no halo, no data moves, the agreement is
-    # deferred to the next one over the grid (decided per rank from the layout, as for the
-    # elementwise calls; a failure is agreed at once)
-    direct = all(s is None for s in x.split[2:]) and padding_mode == "zeros"
+    # validated before the agreeing block decides how to agree, raised inside it (so a
+    # mismatch wins, on every rank)
+    try:
+        setup, err = _conv_setup(x, w, b, stride, padding, dilation, groups, padding_mode,
+                                 overlap), None
+    except Exception as e:  # noqa: BLE001 - raised inside the agreeing block
+        setup, err = None, e
+    # no spatial axis split over several ranks and zero padding: no halo, no data moves, the
+    # agreement is deferred to the next one over the grid (decided from the layout alone, as
+    # for the elementwise calls; a failure is agreed at once)
+    d = x.distribution
+    direct = padding_mode == "zeros" and all(g is None or d.grid_dims[g] == 1
+                                             for g in d.split[2:])
     with (deferrable if direct else agreed)(
             x.grid.cart, "conv_forward", x=x, w=array_key(w), b=array_key(b),
             **_window_keys(x, w, stride, padding, dilation, groups),
             padding_mode=padding_mode, overlap=_mode_key(x.device, overlap)):
-        nd, kernel, stride, dilation, padding, groups = _geometry(x, w, stride, padding,
-                                                                  dilation, groups, "conv")
-        if w.shape[1] * groups != x.shape[1] or w.shape[0] % groups:
-            raise ValueError(f"conv: weight {tuple(w.shape)} with groups={groups} does not fit "
-                             f"{x.shape[1]} input channels")
-        _check_bias(b, w.shape[0], "conv")
-        if padding_mode not in ("zeros", "circular"):
-            raise ValueError(f"padding_mode must be 'zeros' or 'circular', got {padding_mode!r}")
-        circular = padding_mode == "circular"
-        if circular and any(max(p) > n for p, n in zip(padding, x.shape[2:])):
-            raise ValueError(f"circular padding {padding} must not exceed the spatial extents "
-                             f"{x.shape[2:]}")
-        overlap = overlap_mode(x.device, overlap)
-        windows = spatial_windows(nd, kernel, stride, dilation, padding, circular)
-        plan = window_plan(x.distribution, windows, x.grid.coords)
+        if err is not None:
+            raise err
+        nd, kernel, stride, dilation, groups, windows, plan, overlap = setup
+        if direct and plan.needs_exchange:  # (one block per spatial axis reads no halo)
+            raise RuntimeError(f"conv: a halo on an unsplit layout ({plan.halo})")
         out_dist = with_channels(plan.out_dist, w.shape[0])
     xin, y_local = _windowed_forward(x, plan, windows, w, nd, lift3(stride, nd, 1),
                                      lift3(dilation, nd, 1), groups,
