@@ -457,10 +457,14 @@ def _argument_message(call: str, shown: list[dict], toks: list[dict]) -> str:
             f"the communicator: {detail}")
 
 
-def mismatch_error(comm: MPI.Comm, call: str, args: dict) -> ArgumentMismatchError:
+def mismatch_error(comm: MPI.Comm, call: str, args: dict, failure: tuple | None = None
+                   ) -> BaseException:
     """Collective (all-gather of the readable arguments): the error every rank raises when the
     digests of a call differed.  Where calls were deferred (an argument ``PendingCalls``), the
-    first differing call among the deferred ones and this one is named."""
+    first differing call among the deferred ones and this one is named.  ``failure``:
+    ``(exception type, message)`` where this rank's rank-local work failed after its call was
+    agreed (:func:`disttensor.core.entry.failure_deferred`): then every rank gets that error
+    (the lowest such rank's; its ``failed_rank`` attribute names the rank) instead."""
     pending = next((v for v in args.values() if type(v) is PendingCalls), None)
     args = {k: v for k, v in args.items() if type(v) is not PendingCalls}
 
@@ -475,10 +479,17 @@ def mismatch_error(comm: MPI.Comm, call: str, args: dict) -> ArgumentMismatchErr
         return out
     mine = flat(args)
     mine = (call, {k: describe(v, 400) for k, v in mine.items()},
-            {k: repr(token(v)) for k, v in mine.items()}, _pending_rows(pending))
+            {k: repr(token(v)) for k, v in mine.items()}, _pending_rows(pending), failure)
     everyone = comm.allgather(mine)
+    failed = [(r, e[4]) for r, e in enumerate(everyone) if len(e) > 4 and e[4] is not None]
+    if failed:
+        from .comm import _rebuild
+        r, (exc_type, msg) = failed[0]
+        exc = _rebuild(exc_type, msg if r == comm.rank else f"{msg} (raised on rank {r})")
+        exc.failed_rank = r
+        return exc
     if any(e[3][0] for e in everyone):
-        err = _deferred_error(everyone, call)
+        err = _deferred_error([e[:4] for e in everyone], call)
         if err is not None:
             return err
         return ArgumentMismatchError(

@@ -77,8 +77,13 @@ def collective(comm: MPI.Comm, call: str | None = None, /, **args):
         with _profiler.region("agreement", "agreement all-reduce" if call is None else
                               f"agreement all-reduce {call}"):
             failed, differ = agreement.status_allreduce(comm, err is not None, dig)
-    if differ:
-        raise agreement.mismatch_error(comm, call, args) from err
+    if differ:  # (a rank whose local work failed after agreeing reports it: its error wins)
+        local = err is not None and "rank-local failure" in args
+        exc = agreement.mismatch_error(comm, call, args,
+                                       (type(err), str(err)) if local else None)
+        if local and getattr(exc, "failed_rank", None) == comm.rank:
+            raise err
+        raise exc from err
     if not failed:
         return
     infos = comm.allgather(None if err is None else (type(err), str(err)))

@@ -24,7 +24,8 @@ from .backend import normalize_device
 from .comm import collective
 from .layout import normalize_halo
 
-__all__ = ["collective_entry", "nested", "depth", "agreed", "deferrable", "canon", "dtype_key",
+__all__ = ["collective_entry", "nested", "depth", "agreed", "deferrable", "failure_deferred",
+           "LOCAL_FAILURE", "canon", "dtype_key",
            "halo_key", "split_key",
            "device_key", "operand_key"]
 
@@ -124,6 +125,40 @@ def deferrable(comm, call: str, /, **args):
             raise err
         raise
     agreement.defer(comm, call, tuple((k, agreement.token(v)) for k, v in args.items()))
+
+
+LOCAL_FAILURE = "rank-local failure"
+"""Argument name marking the agreement a rank makes at once when rank-local work of an agreed
+call failed (:func:`failure_deferred`): the ranks that meet it raise that rank's error."""
+
+
+@contextlib.contextmanager
+def failure_deferred(comm, call: str, /):
+    """Rank-local work that an entry point ``call`` runs *after* its agreement (a local kernel
+    on data its agreed halo exchange brought): it raises on every rank if it raised on one,
+    without the failure-only all-reduce of ``comm.collective(comm)`` where agreement may be
+    deferred (:func:`~disttensor.core.agreement.deferring`, the default on more than one
+    rank).  On success the work is recorded with :func:`~disttensor.core.agreement.defer`
+    (no message); on failure this rank agrees at once, marked :data:`LOCAL_FAILURE`, and the
+    others meet it in their next agreement over ``comm`` (which comes before any data moves),
+    where every rank raises this rank's error (type and message, as ``collective`` does; the
+    lowest such rank's).  Nested in another entry point, or eager, it is
+    ``collective(comm)`` (one all-reduce)."""
+    multi = comm is not None and comm.size > 1
+    if not multi:
+        yield
+        return
+    if _NESTING.depth > 1 or not agreement.deferring():
+        with collective(comm):
+            yield
+        return
+    try:
+        yield
+    except Exception as err:  # noqa: BLE001 - raised on every rank by the next agreement
+        with agreed(comm, call, **{LOCAL_FAILURE: True}):
+            raise err
+        raise
+    agreement.defer(comm, call, ())
 
 
 def canon(v):

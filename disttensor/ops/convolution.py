@@ -24,6 +24,11 @@ Every entry point validates its arguments inside an ``agreed`` block before any 
 dtype and the window geometry (normalized, so two spellings of one padding agree) in the same
 all-reduce that agrees on a validation failure.  :func:`conv_backward` also runs its local
 kernels (data and filter gradient) inside that block, so agreeing costs it no extra message.
+The forward's kernel runs after the halo exchange: its failure is agreed with the next
+agreement over the grid (:func:`~disttensor.core.entry.failure_deferred`: the failing rank
+agrees at once, every rank raises its error), so a forward makes one all-reduce; with no halo
+at all (no spatial axis split, zero padding) no data moves and the forward's agreement is
+deferred too (:func:`~disttensor.core.entry.deferrable`): none.
 """
 from __future__ import annotations
 
@@ -34,7 +39,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..core.array import DistArray
-from ..core.entry import agreed, canon, collective_entry, deferrable, nested
+from ..core.entry import agreed, canon, collective_entry, deferrable, failure_deferred, nested
 from ..core.comm import allreduce, collective
 from ..core.distribution import Distribution
 from ..core.halo import HaloExchange
@@ -194,7 +199,7 @@ def _windowed_forward(x: DistArray, plan: WindowPlan, windows, w, nd: int, strid
     regions = overlap_split(overlap, plan, x.distribution, windows, x.grid.coords, x.device)
     if regions is None:
         xin = halo_input(x, plan)
-        with collective(x.grid.cart):  # a kernel failure on one rank raises on all
+        with failure_deferred(x.grid.cart, "conv kernel"):  # a failure raises on every rank
             y = run(xin.buffer, plan.read, plan.pad_lo, plan.pad_hi) if plan.has_output \
                 else xp.zeros(out_shape, dtype=dtype)
         return xin, y
@@ -214,7 +219,7 @@ def _windowed_forward(x: DistArray, plan: WindowPlan, windows, w, nd: int, strid
     except Exception as e:  # noqa: BLE001 - agreed on below, after the exchange completes
         err = e
     ex.end()
-    with collective(x.grid.cart):
+    with failure_deferred(x.grid.cart, "conv kernel"):
         if err is not None:
             raise err
         for r in shells:
@@ -291,6 +296,28 @@ def _windowed_backward_data(saved: "ConvSaved", dy_local, grid, local=None) -> D
     return DistArray(xp.ascontiguousarray(g.local), saved.x_dist, grid)
 
 
+def _conv_setup(x: DistArray, w, b, stride, padding, dilation, groups, padding_mode: str,
+                overlap):
+    """Validate a convolution's arguments (raises on bad input; replicated metadata only) and
+    return ``(nd, kernel, stride, dilation, groups, windows, plan, overlap mode)``."""
+    nd, kernel, stride, dilation, padding, groups = _geometry(x, w, stride, padding,
+                                                              dilation, groups, "conv")
+    if w.shape[1] * groups != x.shape[1] or w.shape[0] % groups:
+        raise ValueError(f"conv: weight {tuple(w.shape)} with groups={groups} does not fit "
+                         f"{x.shape[1]} input channels")
+    _check_bias(b, w.shape[0], "conv")
+    if padding_mode not in ("zeros", "circular"):
+        raise ValueError(f"padding_mode must be 'zeros' or 'circular', got {padding_mode!r}")
+    circular = padding_mode == "circular"
+    if circular and any(max(p) > n for p, n in zip(padding, x.shape[2:])):
+        raise ValueError(f"circular padding {padding} must not exceed the spatial extents "
+                         f"{x.shape[2:]}")
+    overlap = overlap_mode(x.device, overlap)
+    windows = spatial_windows(nd, kernel, stride, dilation, padding, circular)
+    plan = window_plan(x.distribution, windows, x.grid.coords)
+    return nd, kernel, stride, dilation, groups, windows, plan, overlap
+
+
 # -- convolution ---------------------------------------------------------------------------------
 @collective_entry
 def conv_forward(x: DistArray, w, b=None, stride=1, padding=0, dilation=1, groups=1,
@@ -308,24 +335,28 @@ def conv_forward(x: DistArray, w, b=None, stride=1, padding=0, dilation=1, group
     run asynchronously while the host waits on MPI, and off for CPU blocks, where it did not
     pay in a training step (``bench/step_scaling_bench.py``, ``docs/performance.md``).
     Collective.  Returns ``(y, saved)``."""
-    with agreed(x.grid.cart, "conv_forward", x=x, w=array_key(w), b=array_key(b),
-                **_window_keys(x, w, stride, padding, dilation, groups),
-                padding_mode=padding_mode, overlap=_mode_key(x.device, overlap)):
-        nd, kernel, stride, dilation, padding, groups = _geometry(x, w, stride, padding,
-                                                                  dilation, groups, "conv")
-        if w.shape[1] * groups != x.shape[1] or w.shape[0] % groups:
-            raise ValueError(f"conv: weight {tuple(w.shape)} with groups={groups} does not fit "
-                             f"{x.shape[1]} input channels")
-        _check_bias(b, w.shape[0], "conv")
-        if padding_mode not in ("zeros", "circular"):
-            raise ValueError(f"padding_mode must be 'zeros' or 'circular', got {padding_mode!r}")
-        circular = padding_mode == "circular"
-        if circular and any(max(p) > n for p, n in zip(padding, x.shape[2:])):
-            raise ValueError(f"circular padding {padding} must not exceed the spatial extents "
-                             f"{x.shape[2:]}")
-        overlap = overlap_mode(x.device, overlap)
-        windows = spatial_windows(nd, kernel, stride, dilation, padding, circular)
-        plan = window_plan(x.distribution, windows, x.grid.coords)
+    # validated before the agreeing block decides how to agree, raised inside it (so a
+    # mismatch wins, on every rank)
+    try:
+        setup, err = _conv_setup(x, w, b, stride, padding, dilation, groups, padding_mode,
+                                 overlap), None
+    except Exception as e:  # noqa: BLE001 - raised inside the agreeing block
+        setup, err = None, e
+    # no spatial axis split over several ranks and zero padding: no halo, no data moves, the
+    # agreement is deferred to the next one over the grid (decided from the layout alone, as
+    # for the elementwise calls; a failure is agreed at once)
+    d = x.distribution
+    direct = padding_mode == "zeros" and all(g is None or d.grid_dims[g] == 1
+                                             for g in d.split[2:])
+    with (deferrable if direct else agreed)(
+            x.grid.cart, "conv_forward", x=x, w=array_key(w), b=array_key(b),
+            **_window_keys(x, w, stride, padding, dilation, groups),
+            padding_mode=padding_mode, overlap=_mode_key(x.device, overlap)):
+        if err is not None:
+            raise err
+        nd, kernel, stride, dilation, groups, windows, plan, overlap = setup
+        if direct and plan.needs_exchange:  # (one block per spatial axis reads no halo)
+            raise RuntimeError(f"conv: a halo on an unsplit layout ({plan.halo})")
         out_dist = with_channels(plan.out_dist, w.shape[0])
     xin, y_local = _windowed_forward(x, plan, windows, w, nd, lift3(stride, nd, 1),
                                      lift3(dilation, nd, 1), groups,

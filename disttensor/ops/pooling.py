@@ -19,15 +19,16 @@ cells, the backward always) the local kernel runs inside the agreeing block, so 
 agreement and the argument agreement are one all-reduce.  Where no halo is exchanged at all
 (windows that never cross a block boundary, such as CosmoFlow's 2x2x2 pooling of even blocks)
 no data moves, and the agreement is deferred to the next one over the grid
-(:func:`~disttensor.core.entry.deferrable`): no all-reduce of the pooling's own.
+(:func:`~disttensor.core.entry.deferrable`): no all-reduce of the pooling's own.  Where a
+halo is exchanged first, a failure of the kernel after it is agreed with the next agreement
+over the grid (:func:`~disttensor.core.entry.failure_deferred`): one all-reduce per call.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ..core.array import DistArray
-from ..core.entry import agreed, canon, collective_entry, deferrable
-from ..core.comm import collective
+from ..core.entry import agreed, canon, collective_entry, deferrable, failure_deferred
 from ..core.distribution import Distribution
 from .local import kernels_for
 from .window import normalize_padding, normalize_tuple
@@ -195,7 +196,7 @@ def pool_forward(x: DistArray, mode: str, kernel, stride=None, padding=0,
             y_local, argmax, read_shape = run(x)
     if not direct:
         xin = halo_input(x, plan)
-        with collective(x.grid.cart):  # a kernel failure on one rank raises on all
+        with failure_deferred(x.grid.cart, "pool kernel"):  # a failure raises on every rank
             y_local, argmax, read_shape = run(xin)
     y = DistArray(y_local, plan.out_dist, x.grid)
     saved = PoolSaved(x.distribution, plan, mode, nd, lift3(kernel, nd, 1), lift3(stride, nd, 1),

@@ -22,6 +22,7 @@ from mpi4py import MPI
 import disttensor as dt
 from disttensor import ops
 from disttensor.core import agreement
+from disttensor.ops.local import kernels_for
 from checks import different_calls, in_step, last_rank_only, mismatch  # noqa: F401
 from conftest import assert_all_ranks
 
@@ -352,7 +353,9 @@ def test_one_agreement_per_entry_point(counted):
     # (name, call, status all-reduces expected on more than one rank)
     cases = [
         ("conv_forward", lambda: ops.conv_forward(x, W3, padding=1, overlap=False),
-         ["conv_forward", None]),  # agreement; kernel failures (halo exchange nested)
+         ["conv_forward"]),  # kernel failures agreed with the next call; halo nested
+        ("conv_forward, samples split", lambda: ops.conv_forward(xs, W3, padding=1), []),
+        # (no halo: deferred)
         ("conv_backward", lambda: ops.conv_backward(csaved, y),
          ["conv_backward"]),  # data and filter kernels inside the agreement
         ("conv_backward dw only, no sums",
@@ -361,7 +364,7 @@ def test_one_agreement_per_entry_point(counted):
          ["conv_backward"]),
         ("pool_forward, no halo", lambda: ops.pool_forward(xs, "max", 2), []),  # (deferred)
         ("pool_forward, halo", lambda: ops.pool_forward(x, "max", 3, 1, 1),
-         ["pool_forward", None]),
+         ["pool_forward"]),
         ("pool_backward, no halo", lambda: ops.pool_backward(psaved, p), []),
         ("pool_backward, halo", lambda: ops.pool_backward(hsaved, h), ["pool_backward"]),
         ("batch_norm_forward", lambda: ops.batch_norm_forward(x, g, b),
@@ -400,6 +403,30 @@ def test_one_agreement_per_entry_point(counted):
         assert_all_ranks(COMM, counted == want, f"{name}: status all-reduces {counted}, "
                                                 f"expected {want}")
     in_step("one agreement")
+
+
+@two_ranks
+def test_kernel_failure_after_the_halo_raises_on_every_rank(counted):
+    """A convolution or pooling kernel that fails on one rank after the halo exchange (which
+    has no failure all-reduce of its own: the failing rank agrees at once, the others meet it
+    in their next agreement over the grid) raises that rank's error on every rank."""
+    x = ncw()
+    k = kernels_for(x.local)
+    cases = [("conv_forward", lambda: ops.conv_forward(x, W3, padding=1, overlap=False)),
+             ("pool_forward", lambda: ops.pool_forward(x, "max", 3, 1, 1))]
+    for kernel, call in cases:
+        suffix = "" if RANK == SIZE - 1 else rf" \(raised on rank {SIZE - 1}\)"
+        counted.clear()
+        with pytest.MonkeyPatch.context() as mp:
+            if RANK == SIZE - 1:
+                def fail(*args, _name=kernel, **kwargs):
+                    raise MemoryError(f"{_name} ran out")
+                mp.setattr(k, kernel, fail)
+            with pytest.raises(MemoryError, match=rf"^{kernel} ran out{suffix}$"):
+                y, _ = call()   # returns on the ranks whose kernel ran
+                ops.mse_forward(y, y)  # their next agreement over the grid meets the failure
+        assert_all_ranks(COMM, len(counted) == 2, f"{kernel}: all-reduces {counted}")
+    in_step("kernel failure")
 
 
 def test_no_message_with_agreement_off_for_local_ops(counted):
