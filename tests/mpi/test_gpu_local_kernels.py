@@ -239,7 +239,7 @@ def _pool_check(x, mode, cip, case, dtype):
     assert y.dtype == np.dtype(dtype)
     np.testing.assert_allclose(cupy.asnumpy(y), y_ref, rtol=1e-6, atol=1e-6, equal_nan=True)
     if mode == "max":
-        assert am.dtype == np.int32 and am.shape == y.shape
+        assert am.dtype == cpu_pool.argmax_dtype(k) and am.shape == y.shape
         np.testing.assert_array_equal(cupy.asnumpy(am), np.asarray(am_ref))
     else:
         assert am is None
