@@ -19,6 +19,28 @@ def timed(fn) -> float:
     return comm.allreduce(dt_, op=MPI.MAX)
 
 
+def wall_and_cpu(fns: dict, cpu: dict, walls: dict | None = None):
+    """A ``compare`` timer for the functions ``fns`` (name -> function, called collectively
+    on COMM_WORLD): returns the slowest rank's wall seconds of one call, after a barrier, and
+    appends the CPU seconds summed over the ranks to ``cpu[name]`` (the work, insensitive to
+    other jobs taking the cores) and, when given, the wall seconds to ``walls[name]``."""
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    owner = {id(f): name for name, f in fns.items()}
+
+    def timer(fn) -> float:
+        comm.Barrier()
+        c0, t0 = time.process_time(), time.perf_counter()
+        fn()
+        spent, used = time.perf_counter() - t0, time.process_time() - c0
+        cpu[owner[id(fn)]].append(comm.allreduce(used, op=MPI.SUM))
+        spent = comm.allreduce(spent, op=MPI.MAX)
+        if walls is not None:
+            walls[owner[id(fn)]].append(spent)
+        return spent
+    return timer
+
+
 def wall(fn) -> float:
     """Seconds of one call on this process alone (no MPI)."""
     t0 = time.perf_counter()

@@ -65,7 +65,7 @@ from mpi4py import MPI  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _results import record  # noqa: E402
-from _timing import compare  # noqa: E402
+from _timing import compare, wall_and_cpu  # noqa: E402
 
 import disttensor as dt  # noqa: E402
 from disttensor.ops import convolution as C  # noqa: E402
@@ -190,19 +190,8 @@ def train_cases(args, ks) -> tuple[dict, str]:
 
 def run(name: str, cases: dict, case: str, args, ks) -> None:
     fns = {f"{k}{'/overlap' if ov else ''}": f for (k, ov), f in cases.items()}
-    cpu = {key: [] for key in fns}
-    owner = {id(f): key for key, f in fns.items()}
-
-    def timer(fn):
-        """Wall seconds of the slowest rank (the figure), and on the side the CPU seconds
-        summed over the ranks (the work, insensitive to other jobs taking the cores)."""
-        COMM.Barrier()
-        c0, t0 = time.process_time(), time.perf_counter()
-        fn()
-        wall, used = time.perf_counter() - t0, time.process_time() - c0
-        cpu[owner[id(fn)]].append(COMM.allreduce(used, op=MPI.SUM))
-        return COMM.allreduce(wall, op=MPI.MAX)
-    t = compare(fns, args.reps, args.warmup, timer=timer)
+    cpu = {key: [] for key in fns}  # CPU seconds summed over the ranks, beside the wall figure
+    t = compare(fns, args.reps, args.warmup, timer=wall_and_cpu(fns, cpu))
     if COMM.rank:
         return
     c = {key: statistics.median(v) for key, v in cpu.items()}

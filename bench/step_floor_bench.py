@@ -45,7 +45,7 @@ from mpi4py import MPI  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _results import record  # noqa: E402
-from _timing import compare  # noqa: E402
+from _timing import compare, wall_and_cpu  # noqa: E402
 
 import disttensor as dt  # noqa: E402
 from disttensor import nn  # noqa: E402
@@ -195,18 +195,7 @@ def main() -> None:
     fns = {n: member(cases.get(n), comms[n]) for n in names}
     cpu = {n: [] for n in names}
     walls = {n: [] for n in names}
-    owner = {id(f): n for n, f in fns.items()}
-
-    def timer(fn):
-        COMM.Barrier()
-        c0, t0 = time.process_time(), time.perf_counter()
-        fn()
-        wall, used = time.perf_counter() - t0, time.process_time() - c0
-        cpu[owner[id(fn)]].append(COMM.allreduce(used, op=MPI.SUM))
-        wall = COMM.allreduce(wall, op=MPI.MAX)
-        walls[owner[id(fn)]].append(wall)
-        return wall
-    med = compare(fns, args.reps, args.warmup, timer=timer)
+    med = compare(fns, args.reps, args.warmup, timer=wall_and_cpu(fns, cpu, walls))
     counts = {n: COMM.allreduce(agreements_per_step(fns[n]) if n in cases and n != "torch"
                                 else 0.0, op=MPI.MAX) for n in names}
     alloc = {n: COMM.allreduce(transient_bytes(fns[n]) if n in cases else 0, op=MPI.MAX)

@@ -45,7 +45,7 @@ from mpi4py import MPI  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _results import record  # noqa: E402
-from _timing import compare  # noqa: E402
+from _timing import compare, wall_and_cpu  # noqa: E402
 
 import disttensor as dt  # noqa: E402
 from disttensor import nn  # noqa: E402
@@ -201,16 +201,7 @@ def cases_for(args, torch, kind: str, size: int) -> dict:
 def run(args, torch, kind: str, size: int) -> None:
     fns = cases_for(args, torch, kind, size)
     cpu = {key: [] for key in fns}
-    owner = {id(f): key for key, f in fns.items()}
-
-    def timer(fn):
-        COMM.Barrier()
-        c0, t0 = time.process_time(), time.perf_counter()
-        fn()
-        wall, used = time.perf_counter() - t0, time.process_time() - c0
-        cpu[owner[id(fn)]].append(COMM.allreduce(used, op=MPI.SUM))
-        return COMM.allreduce(wall, op=MPI.MAX)
-    t = compare(fns, args.reps, args.warmup, timer=timer)
+    t = compare(fns, args.reps, args.warmup, timer=wall_and_cpu(fns, cpu))
     if COMM.rank:
         return
     c = {key: statistics.median(v) for key, v in cpu.items()}
