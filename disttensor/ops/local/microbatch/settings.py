@@ -113,29 +113,29 @@ def undivided_margin() -> float:
     return float(os.environ.get("DISTTENSOR_CONV_TUNE_MARGIN", str(UNDIVIDED_MARGIN)))
 
 
-def similar_factor() -> float:
-    """``DISTTENSOR_CONV_TUNE_SIMILAR`` (default 2): the largest per-axis extent ratio at which
-    a tuned plan is reused; 0 (``off``) disables reuse, 1 reuses only equal extents (other
-    pads)."""
-    v = os.environ.get("DISTTENSOR_CONV_TUNE_SIMILAR", "2").strip().lower()
+def _factor_setting(name: str, default: str) -> float:
+    """The factor in the environment variable ``name`` (``default`` when unset); ``off``,
+    ``no``, ``false`` or empty: 0.  Negative values raise ``ValueError``."""
+    v = os.environ.get(name, default).strip().lower()
     if v in ("off", "no", "false", ""):
         return 0.0
     f = float(v)
     if f < 0:
-        raise ValueError(f"DISTTENSOR_CONV_TUNE_SIMILAR must be >= 1 or off, got {v!r}")
+        raise ValueError(f"{name} must be >= 1 or off, got {v!r}")
     return f
+
+
+def similar_factor() -> float:
+    """``DISTTENSOR_CONV_TUNE_SIMILAR`` (default 2): the largest per-axis extent ratio at which
+    a tuned plan is reused; 0 (``off``) disables reuse, 1 reuses only equal extents (other
+    pads)."""
+    return _factor_setting("DISTTENSOR_CONV_TUNE_SIMILAR", "2")
 
 
 def model_prefilter() -> float:
     """``DISTTENSOR_CONV_TUNE_PREFILTER`` (default 2): the cost-model factor within which
     candidates are timed; 0 (``off``) times every candidate."""
-    v = os.environ.get("DISTTENSOR_CONV_TUNE_PREFILTER", "2").strip().lower()
-    if v in ("off", "no", "false", ""):
-        return 0.0
-    f = float(v)
-    if f < 0:
-        raise ValueError(f"DISTTENSOR_CONV_TUNE_PREFILTER must be >= 1 or off, got {v!r}")
-    return f
+    return _factor_setting("DISTTENSOR_CONV_TUNE_PREFILTER", "2")
 
 
 def online_tuning() -> bool:
