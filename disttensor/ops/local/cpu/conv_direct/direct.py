@@ -21,11 +21,13 @@ import numpy as np
 
 from ..conv_operands import data_operands, filter_operands, forward_operands
 from .cost import modelled_seconds
-from .geometry import (embed, gather_offsets, gemm_extents, padded_elements, padded_offsets,
-                       round_up, scratch, shapes_supported)
+from .geometry import (data_span, embed, gather_offsets, gemm_extents, padded_elements,
+                       padded_offsets, round_up, scratch, shapes_supported, tile_tap_limits)
 from .packing import pack, pack_columns, pack_flipped, unpack
 
 __all__ = ["Direct", "WeightBroadcast"]
+
+_NO_LIMITS = np.empty(0, dtype=np.int64)   # every micro-tile runs the whole reduction
 
 
 class _FilterOperands(NamedTuple):
@@ -78,10 +80,13 @@ class Direct:
         return f"<conv_direct {self.name}: {self.rows} rows x {self.vecs} vectors>"
 
     # ---- the gathered GEMM
-    def _gemm(self, xf, a_pk, row_off, red_off, dtype, dst=None):
+    def _gemm(self, xf, a_pk, row_off, red_off, dtype, dst=None, limits=None, period=1):
         """``(n_cob, rows_padded, C)`` result of the gathered GEMM (package docstring).  With
         ``dst`` (``(N, M, Q)``, any strides) each finished super-block of tiles is also
-        written to ``dst[n, m, q] = out[m // C, n*Q + q, m % C]`` while it is in cache."""
+        written to ``dst[n, m, q] = out[m // C, n*Q + q, m % C]`` while it is in cache.
+        ``limits`` (:func:`.geometry.tile_tap_limits`): per row tile, the window ``[lo, hi)``
+        of each ``period`` reduction steps that it runs (the others read only zero padding
+        and are skipped); None or empty: every step."""
         n_cob, c = a_pk.shape[0], a_pk.shape[2]
         row_off = padded_offsets(row_off, self.rows)
         n_rt = row_off.size // self.rows
@@ -93,8 +98,10 @@ class Direct:
             dst = np.empty((0, 0, 1), dtype=dtype)
         else:
             n_real = dst.shape[0] * dst.shape[2]
+        if limits is None:
+            limits = _NO_LIMITS
         self._run(xf, a_pk.reshape(-1), out.reshape(-1), row_off, red_off, n_rt, n_tiles,
-                  n_chunks, dst, n_real)
+                  n_chunks, dst, n_real, max(1, int(period)), limits)
         return out
 
     def block_width(self, dtype):
@@ -144,13 +151,19 @@ class Direct:
             return y
         size = tuple(n + lo + hi for n, lo, hi in zip(x.shape[2:], pad_lo, pad_hi))
         xp = embed(x, pad_lo, size)
-        self._conv(xp, w, y, stride, dilation, groups)
+        self._conv(xp, w, y, stride, dilation, groups,
+                   span=data_span(x.shape[2], pad_lo[0], size[0]))
         return y
 
-    def _conv(self, xp, w, y, stride, dilation, groups, transposed=False):
+    def _conv(self, xp, w, y, stride, dilation, groups, transposed=False, span=None):
         """``y = correlate(xp, w)`` over the already padded ``xp`` (no padding left).
         ``transposed``: use the flipped kernel with its channel axes swapped per group
-        (``w`` is then the forward convolution's weight), for the backward data pass."""
+        (``w`` is then the forward convolution's weight), for the backward data pass.
+        ``span``: ``(first, stop)``, the depth planes of ``xp`` that may hold data (the
+        others are zero padding; :func:`.geometry.data_span`): each micro-tile skips the
+        depth taps that read only padding (:func:`.geometry.tile_tap_limits`), which a
+        halo'd block's boundary planes, and the first and last planes of any padded
+        convolution, would otherwise spend a third of their work on."""
         dtype = xp.dtype
         n_n, cin = xp.shape[:2]
         cout = y.shape[1]
@@ -163,6 +176,11 @@ class Direct:
         kk = taps.size
         xf = xp.reshape(-1)
         yv = y.reshape(n_n, groups, cog, p_n)
+        limits = None
+        if span is not None:
+            limits = tile_tap_limits(n_n, y.shape[2:], w.shape[2:], stride[0], dilation[0],
+                                     span, self.rows)
+        period = int(np.prod(w.shape[2:]))
         for g in range(groups):
             a_pk = scratch("a", (n_cob, kk, c), dtype)
             if transposed:   # w is (groups*cg, cog, *kernel) here
@@ -171,7 +189,8 @@ class Direct:
                 pack(w[g * cog:(g + 1) * cog].reshape(1, cog, kk), a_pk, cog)
             # a separate blocked transpose: written from inside the kernel, the output's
             # channel rows (often a power-of-two stride apart) thrash L1's sets
-            unpack(self._gemm(xf, a_pk, rows, taps + g * cg * chan, dtype), yv[:, g])
+            unpack(self._gemm(xf, a_pk, rows, taps + g * cg * chan, dtype, limits=limits,
+                              period=period), yv[:, g])
 
     def backward_data(self, dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, groups=1):
         """Gradient of ``sum(forward(x, w) * dy)`` with respect to ``x`` (N, Cin,
@@ -192,7 +211,8 @@ class Direct:
         size = tuple(n + d * (k - 1) for n, k, d in zip(in_spatial, kernel, dilation))
         lo = tuple(d * (k - 1) - p for k, d, p in zip(kernel, dilation, pad_lo))
         dyp = embed(dy, lo, size, stride)
-        self._conv(dyp, w, dx, (1, 1, 1), dilation, groups, transposed=True)
+        self._conv(dyp, w, dx, (1, 1, 1), dilation, groups, transposed=True,
+                   span=data_span(dy.shape[2], lo[0], size[0], stride[0]))
         return dx
 
     def backward_filter(self, x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups=1):
@@ -240,7 +260,9 @@ class WeightBroadcast(Direct):
         return int((padded + red * q_pad + 2 * rows_pad * q_pad) * np.dtype(dtype).itemsize
                    + 8 * (q_pad + red + rows_pad))
 
-    def _conv(self, xp, w, y, stride, dilation, groups, transposed=False):
+    def _conv(self, xp, w, y, stride, dilation, groups, transposed=False, span=None):
+        """:meth:`Direct._conv` with the positions on the lanes (``span`` is not used: a
+        lane block mixes planes, so no tap can be skipped for all of it)."""
         dtype = xp.dtype
         n_n, cin = xp.shape[:2]
         cout = y.shape[1]

@@ -15,8 +15,8 @@ import numpy as np
 from ..conv_operands import check_shapes, conv_out_shape
 from ..scratch import ScratchBuffers
 
-__all__ = ["scratch", "release_scratch", "embed", "position_offsets", "tap_offsets",
-           "gather_offsets", "padded_offsets", "round_up", "gemm_extents", "padded_elements",
+__all__ = ["scratch", "release_scratch", "embed", "data_span", "tap_window", "tile_tap_limits",
+           "position_offsets", "tap_offsets", "gather_offsets", "padded_offsets", "round_up", "gemm_extents", "padded_elements",
            "shapes_supported", "unpadded_1x1"]
 
 _buffers = ScratchBuffers()
@@ -42,14 +42,91 @@ def embed(x, lo, size, step=(1, 1, 1)):
     out[...] = 0
     src, dst = [slice(None)] * 2, [slice(None)] * 2
     for n, l, sz, s in zip(x.shape[2:], lo, size, step):
-        i0 = 0 if l >= 0 else (-l + s - 1) // s          # first i with l + i*s >= 0
-        i1 = min(n, (sz - 1 - l) // s + 1) if sz - 1 - l >= 0 else 0
+        i0, i1 = _kept(n, l, sz, s)
         if i1 <= i0:
             return out
         src.append(slice(i0, i1))
         dst.append(slice(l + i0 * s, l + (i1 - 1) * s + 1, s))
     out[tuple(dst)] = x[tuple(src)]
     return out
+
+
+def _kept(n, lo, size, step):
+    """``[i0, i1)``: the input indices ``i < n`` whose position ``lo + i*step`` lies in
+    ``[0, size)`` (what :func:`embed` keeps along one axis)."""
+    i0 = 0 if lo >= 0 else (-lo + step - 1) // step          # first i with lo + i*step >= 0
+    i1 = min(n, (size - 1 - lo) // step + 1) if size - 1 - lo >= 0 else 0
+    return i0, max(i0, i1)
+
+
+def data_span(n, lo, size, step=1):
+    """``(first, stop)``: the positions of :func:`embed`'s output along one axis that can hold
+    data (``x``'s cells at ``lo + i*step``; everything outside is zero padding).  An axis with
+    no data gives an empty span ``(0, 0)``."""
+    i0, i1 = _kept(int(n), int(lo), int(size), int(step))
+    if i1 <= i0:
+        return 0, 0
+    return int(lo) + i0 * int(step), int(lo) + (i1 - 1) * int(step) + 1
+
+
+def tap_window(o, k, stride, dilation, span):
+    """``(k0, k1)``: the kernel taps ``k0 <= t < k1`` of output ``o`` along one axis whose
+    input position ``o*stride + t*dilation`` lies in ``span`` = ``(first, stop)`` (the data
+    of the padded operand, :func:`data_span`); the taps outside read only zero padding.
+    ``k0 == k1`` when none is inside."""
+    first, stop = span
+    base = o * stride
+    k0 = max(0, -(-(first - base) // dilation))
+    k1 = min(k, (stop - 1 - base) // dilation + 1) if stop - 1 - base >= 0 else 0
+    return (k0, k1) if k1 > k0 else (0, 0)
+
+
+def tile_tap_limits(n_n, out_sp, kernel, stride, dilation, span, rows):
+    """Reduction limits per micro-tile of the gathered GEMM whose rows are the output
+    positions ``(n, od, oh, ow)`` (``rows`` per tile; the last tile padded by repeating the
+    last position, :func:`padded_offsets`) and whose reduction is ``(channel, kd, kh, kw)``:
+    an int64 array ``[lo_0, hi_0, lo_1, hi_1, ...]`` with, per tile, the window ``[lo, hi)``
+    of the flat tap index ``kd*kH*kW + kh*kW + kw`` within each channel's ``kD*kH*kW`` that
+    covers the depth taps reading data (:func:`tap_window` along depth, the union over the
+    tile's rows; ``span`` is the depth span of the padded operand's data).  Empty when every
+    tile needs every tap (nothing to skip).  Pure and cached per problem: callers must not
+    write to the result."""
+    key = (int(n_n), tuple(int(v) for v in out_sp), tuple(int(v) for v in kernel),
+           int(stride), int(dilation), tuple(int(v) for v in span), int(rows))
+    hit = _LIMITS.get(key)
+    if hit is None:
+        if len(_LIMITS) >= _OFFSETS_MAX:
+            _LIMITS.clear()
+        hit = _LIMITS[key] = _tile_tap_limits(*key)
+    return hit
+
+
+_LIMITS: dict = {}
+
+
+def _tile_tap_limits(n_n, out_sp, kernel, stride, dilation, span, rows):
+    od_n, plane = out_sp[0], out_sp[1] * out_sp[2]
+    k_d, khw = kernel[0], kernel[1] * kernel[2]
+    win = np.array([tap_window(o, k_d, stride, dilation, span) for o in range(od_n)],
+                   dtype=np.int64).reshape(od_n, 2) * khw
+    if od_n == 0 or plane == 0 or n_n == 0 or (np.all(win[:, 0] == 0)
+                                               and np.all(win[:, 1] == k_d * khw)):
+        return np.empty(0, dtype=np.int64)
+    r_n = n_n * od_n * plane
+    r = np.minimum(np.arange(round_up(r_n, rows), dtype=np.int64), r_n - 1)
+    od = (r // plane) % od_n
+    lo = win[od, 0].reshape(-1, rows)
+    hi = win[od, 1].reshape(-1, rows)
+    # rows whose window is empty add nothing to the tile's union
+    empty = lo >= hi
+    lo = np.where(empty, np.iinfo(np.int64).max, lo).min(axis=1)
+    hi = np.where(empty, -1, hi).max(axis=1)
+    none = lo > hi
+    lo[none] = 0
+    hi[none] = 0
+    if np.all(lo == 0) and np.all(hi == k_d * khw):
+        return np.empty(0, dtype=np.int64)
+    return np.stack([lo, hi], axis=1).reshape(-1)
 
 
 def _grid_offsets(extents, steps):

@@ -30,6 +30,26 @@ _JB = 128  # reduction steps per block (A block: _JB * C * itemsize bytes, 32 Ki
 _TB = 128  # tiles per super-block (accumulators: 128 tiles * 16 vectors = 128 KiB, in L2)
 
 
+@njit(cache=True, inline="always")
+def _window(lim, rt, period):
+    """``(lo, hi)``: row tile ``rt``'s tap window within each ``period`` reduction steps
+    (``lim`` holds ``[lo, hi]`` per row tile; empty: every step, ``(0, period)``)."""
+    if lim.size == 0:
+        return 0, period
+    return lim[2 * rt], lim[2 * rt + 1]
+
+
+@njit(cache=True, inline="always")
+def _run(js, j1, lo, hi, period):
+    """``(begin, end, next)``: the reduction steps ``[begin, end)`` of ``[js, j1)`` that lie
+    in the window ``[lo, hi)`` of ``js``'s period (possibly none: ``begin >= end``) and
+    where the next run may start; a full window is one run ``[js, j1)``."""
+    if lo == 0 and hi == period:
+        return js, j1, j1
+    base = js - js % period
+    return max(js, base + lo), min(j1, base + hi), base + period
+
+
 @njit(cache=True)
 def _unpack_tiles(out, dst, n_rt, rows, c, t0, t1, n_real):
     """``dst[n, m, q] = out[m // C, n*Q + q, m % C]`` for the rows of tiles ``[t0, t1)``
@@ -50,7 +70,7 @@ def _unpack_tiles(out, dst, n_rt, rows, c, t0, t1, n_real):
 
 
 @njit(cache=True, fastmath=True)
-def _tiles_4x4(xf, a, out, row_off, red_off, n_rt, t0, t1, dst, n_real):
+def _tiles_4x4(xf, a, out, row_off, red_off, n_rt, t0, t1, dst, n_real, period, lim):
     """Tiles ``[t0, t1)`` (tile ``t``: channel block ``t // n_rt``, rows ``4*(t % n_rt)`` +
     0..3) of ``out[cob, r, :] = sum_j xf[row_off[r] + red_off[j]] * a[cob, j, :]`` (flat
     arrays; ``out`` is ``(n_cob, 4*n_rt, 4*lanes)``, ``a`` is ``(n_cob, J, 4*lanes)``).
@@ -94,24 +114,29 @@ def _tiles_4x4(xf, a, out, row_off, red_off, n_rt, t0, t1, dst, n_real):
                     a30 = vload(out, ob + 3 * c); a31 = vload(out, ob + 3 * c + ln)  # noqa: E702
                     a32 = vload(out, ob + 3 * c + 2 * ln)
                     a33 = vload(out, ob + 3 * c + 3 * ln)
-                ao = (cob * jn + j0) * c
-                for j in range(j0, j1):
-                    o = item_unchecked(red_off, j)
-                    w0 = vload(a, ao); w1 = vload(a, ao + ln)  # noqa: E702
-                    w2 = vload(a, ao + 2 * ln); w3 = vload(a, ao + 3 * ln)  # noqa: E702
-                    ao += c
-                    x = vbcast(xf, b0 + o)
-                    a00 = vfma(x, w0, a00); a01 = vfma(x, w1, a01)  # noqa: E702
-                    a02 = vfma(x, w2, a02); a03 = vfma(x, w3, a03)  # noqa: E702
-                    x = vbcast(xf, b1 + o)
-                    a10 = vfma(x, w0, a10); a11 = vfma(x, w1, a11)  # noqa: E702
-                    a12 = vfma(x, w2, a12); a13 = vfma(x, w3, a13)  # noqa: E702
-                    x = vbcast(xf, b2 + o)
-                    a20 = vfma(x, w0, a20); a21 = vfma(x, w1, a21)  # noqa: E702
-                    a22 = vfma(x, w2, a22); a23 = vfma(x, w3, a23)  # noqa: E702
-                    x = vbcast(xf, b3 + o)
-                    a30 = vfma(x, w0, a30); a31 = vfma(x, w1, a31)  # noqa: E702
-                    a32 = vfma(x, w2, a32); a33 = vfma(x, w3, a33)  # noqa: E702
+                wl, wh = _window(lim, t - cob * n_rt, period)
+                js = j0
+                while js < j1:   # the runs of [j0, j1) inside the tile's tap window
+                    jb, je, jn_ = _run(js, j1, wl, wh, period)
+                    ao = (cob * jn + jb) * c
+                    for j in range(jb, je):
+                        o = item_unchecked(red_off, j)
+                        w0 = vload(a, ao); w1 = vload(a, ao + ln)  # noqa: E702
+                        w2 = vload(a, ao + 2 * ln); w3 = vload(a, ao + 3 * ln)  # noqa: E702
+                        ao += c
+                        x = vbcast(xf, b0 + o)
+                        a00 = vfma(x, w0, a00); a01 = vfma(x, w1, a01)  # noqa: E702
+                        a02 = vfma(x, w2, a02); a03 = vfma(x, w3, a03)  # noqa: E702
+                        x = vbcast(xf, b1 + o)
+                        a10 = vfma(x, w0, a10); a11 = vfma(x, w1, a11)  # noqa: E702
+                        a12 = vfma(x, w2, a12); a13 = vfma(x, w3, a13)  # noqa: E702
+                        x = vbcast(xf, b2 + o)
+                        a20 = vfma(x, w0, a20); a21 = vfma(x, w1, a21)  # noqa: E702
+                        a22 = vfma(x, w2, a22); a23 = vfma(x, w3, a23)  # noqa: E702
+                        x = vbcast(xf, b3 + o)
+                        a30 = vfma(x, w0, a30); a31 = vfma(x, w1, a31)  # noqa: E702
+                        a32 = vfma(x, w2, a32); a33 = vfma(x, w3, a33)  # noqa: E702
+                    js = jn_
                 vstore(out, ob, a00); vstore(out, ob + ln, a01)  # noqa: E702
                 vstore(out, ob + 2 * ln, a02); vstore(out, ob + 3 * ln, a03)  # noqa: E702
                 vstore(out, ob + c, a10); vstore(out, ob + c + ln, a11)  # noqa: E702
@@ -128,7 +153,7 @@ def _tiles_4x4(xf, a, out, row_off, red_off, n_rt, t0, t1, dst, n_real):
 
 
 @njit(cache=True, fastmath=True)
-def _tiles_8x2(xf, a, out, row_off, red_off, n_rt, t0, t1, dst, n_real):
+def _tiles_8x2(xf, a, out, row_off, red_off, n_rt, t0, t1, dst, n_real, period, lim):
     """:func:`_tiles_4x4` with tiles of 8 rows x 2 vectors (``C = 2*lanes``)."""
     ln = vlanes(xf)
     c = 2 * ln
@@ -162,27 +187,32 @@ def _tiles_8x2(xf, a, out, row_off, red_off, n_rt, t0, t1, dst, n_real):
                     a50 = vload(out, ob + 5 * c); a51 = vload(out, ob + 5 * c + ln)  # noqa: E702
                     a60 = vload(out, ob + 6 * c); a61 = vload(out, ob + 6 * c + ln)  # noqa: E702
                     a70 = vload(out, ob + 7 * c); a71 = vload(out, ob + 7 * c + ln)  # noqa: E702
-                ao = (cob * jn + j0) * c
-                for j in range(j0, j1):
-                    o = item_unchecked(red_off, j)
-                    w0 = vload(a, ao); w1 = vload(a, ao + ln)  # noqa: E702
-                    ao += c
-                    x = vbcast(xf, b0 + o); a00 = vfma(x, w0, a00)  # noqa: E702
-                    a01 = vfma(x, w1, a01)
-                    x = vbcast(xf, b1 + o); a10 = vfma(x, w0, a10)  # noqa: E702
-                    a11 = vfma(x, w1, a11)
-                    x = vbcast(xf, b2 + o); a20 = vfma(x, w0, a20)  # noqa: E702
-                    a21 = vfma(x, w1, a21)
-                    x = vbcast(xf, b3 + o); a30 = vfma(x, w0, a30)  # noqa: E702
-                    a31 = vfma(x, w1, a31)
-                    x = vbcast(xf, b4 + o); a40 = vfma(x, w0, a40)  # noqa: E702
-                    a41 = vfma(x, w1, a41)
-                    x = vbcast(xf, b5 + o); a50 = vfma(x, w0, a50)  # noqa: E702
-                    a51 = vfma(x, w1, a51)
-                    x = vbcast(xf, b6 + o); a60 = vfma(x, w0, a60)  # noqa: E702
-                    a61 = vfma(x, w1, a61)
-                    x = vbcast(xf, b7 + o); a70 = vfma(x, w0, a70)  # noqa: E702
-                    a71 = vfma(x, w1, a71)
+                wl, wh = _window(lim, t - cob * n_rt, period)
+                js = j0
+                while js < j1:   # the runs of [j0, j1) inside the tile's tap window
+                    jb, je, jn_ = _run(js, j1, wl, wh, period)
+                    ao = (cob * jn + jb) * c
+                    for j in range(jb, je):
+                        o = item_unchecked(red_off, j)
+                        w0 = vload(a, ao); w1 = vload(a, ao + ln)  # noqa: E702
+                        ao += c
+                        x = vbcast(xf, b0 + o); a00 = vfma(x, w0, a00)  # noqa: E702
+                        a01 = vfma(x, w1, a01)
+                        x = vbcast(xf, b1 + o); a10 = vfma(x, w0, a10)  # noqa: E702
+                        a11 = vfma(x, w1, a11)
+                        x = vbcast(xf, b2 + o); a20 = vfma(x, w0, a20)  # noqa: E702
+                        a21 = vfma(x, w1, a21)
+                        x = vbcast(xf, b3 + o); a30 = vfma(x, w0, a30)  # noqa: E702
+                        a31 = vfma(x, w1, a31)
+                        x = vbcast(xf, b4 + o); a40 = vfma(x, w0, a40)  # noqa: E702
+                        a41 = vfma(x, w1, a41)
+                        x = vbcast(xf, b5 + o); a50 = vfma(x, w0, a50)  # noqa: E702
+                        a51 = vfma(x, w1, a51)
+                        x = vbcast(xf, b6 + o); a60 = vfma(x, w0, a60)  # noqa: E702
+                        a61 = vfma(x, w1, a61)
+                        x = vbcast(xf, b7 + o); a70 = vfma(x, w0, a70)  # noqa: E702
+                        a71 = vfma(x, w1, a71)
+                    js = jn_
                 vstore(out, ob, a00); vstore(out, ob + ln, a01)  # noqa: E702
                 vstore(out, ob + c, a10); vstore(out, ob + c + ln, a11)  # noqa: E702
                 vstore(out, ob + 2 * c, a20); vstore(out, ob + 2 * c + ln, a21)  # noqa: E702
@@ -196,14 +226,16 @@ def _tiles_8x2(xf, a, out, row_off, red_off, n_rt, t0, t1, dst, n_real):
 
 
 @njit(cache=True, parallel=True)
-def run_4x4(xf, a, out, row_off, red_off, n_rt, n_tiles, n_chunks, dst, n_real):
+def run_4x4(xf, a, out, row_off, red_off, n_rt, n_tiles, n_chunks, dst, n_real, period,
+            lim):
     for i in prange(n_chunks):
         _tiles_4x4(xf, a, out, row_off, red_off, n_rt, i * n_tiles // n_chunks,
-                   (i + 1) * n_tiles // n_chunks, dst, n_real)
+                   (i + 1) * n_tiles // n_chunks, dst, n_real, period, lim)
 
 
 @njit(cache=True, parallel=True)
-def run_8x2(xf, a, out, row_off, red_off, n_rt, n_tiles, n_chunks, dst, n_real):
+def run_8x2(xf, a, out, row_off, red_off, n_rt, n_tiles, n_chunks, dst, n_real, period,
+            lim):
     for i in prange(n_chunks):
         _tiles_8x2(xf, a, out, row_off, red_off, n_rt, i * n_tiles // n_chunks,
-                   (i + 1) * n_tiles // n_chunks, dst, n_real)
+                   (i + 1) * n_tiles // n_chunks, dst, n_real, period, lim)
