@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import os
-import time
 
 import numba
 import numpy as np
@@ -31,7 +30,7 @@ from .planner import (fitting_candidates, generation, get_plan, limit_for, run_p
                       set_last_plan, settle, store_plan)
 from .problem import ConvProblem
 from .settings import model_prefilter, online_tuning, policy, similar_factor, tune_mode
-from .timing import rotating_slices, warn_once
+from .timing import rotating_slices, tuning_clock, warn_once
 
 __all__ = ["conv_forward", "conv_backward_data", "conv_backward_filter"]
 
@@ -70,7 +69,8 @@ _SETTINGS = ("DISTTENSOR_CONV_TUNE", "DISTTENSOR_CONV_WORKSPACE_MB",
              "DISTTENSOR_CONV_WORKSPACE_RATIO", "DISTTENSOR_CONV_POLICY",
              "DISTTENSOR_CONV_TUNE_MARGIN", "DISTTENSOR_CONV_TUNE_SIMILAR",
              "DISTTENSOR_CONV_TUNE_PREFILTER", "DISTTENSOR_CONV_TUNE_BUDGET_S",
-             "DISTTENSOR_CONV_TUNE_REPS", "DISTTENSOR_CONV_TUNE_ONLINE")
+             "DISTTENSOR_CONV_TUNE_REPS", "DISTTENSOR_CONV_TUNE_ONLINE",
+             "DISTTENSOR_CONV_TUNE_CLOCK")
 _memo: dict = {}   # (call, settings) -> (plan, algorithms): get_plan's answers, per call shape
 _MEMO_MAX = 512
 
@@ -147,7 +147,8 @@ def _online_call(key, problem, algos, limit, pass_, a, b, extra, geo):
             raise RuntimeError(f"every convolution algorithm failed for {problem}")
         plan = uniform_plan(problem.batch, cand, tuner.fit[cand])
         set_last_plan(plan)
-        t0 = time.perf_counter()
+        clock = tuning_clock()
+        t0 = clock()
         try:
             out = run_plan(plan, algos, pass_, a, b, extra, geo)
         except Exception as err:  # noqa: BLE001 - a failing candidate is not a candidate
@@ -162,7 +163,7 @@ def _online_call(key, problem, algos, limit, pass_, a, b, extra, geo):
                 break
             continue
         with tuner.lock:
-            tuner.record(cand, time.perf_counter() - t0)
+            tuner.record(cand, clock() - t0)
         break
     if tuner.done and tuner.times:
         final = settle(problem, tuner.fit, tuner.times, "benchmark", tuner.note)

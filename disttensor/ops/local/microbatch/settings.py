@@ -20,7 +20,12 @@
   modelled one (and the best of each micro-batch size); ``off`` times them all;
 * ``DISTTENSOR_CONV_TUNE_ONLINE`` (:func:`online_tuning`, default on): on the CPU, a problem
   of at least 2e8 floating-point operations is tuned on its real calls (:mod:`.online`) instead of
-  being timed apart on its half-extent proxy.
+  being timed apart on its half-extent proxy;
+* ``DISTTENSOR_CONV_TUNE_CLOCK`` (:func:`tune_clock`, default ``auto``): what the CPU tuner
+  times candidates by: ``cpu`` (the process's CPU time: what another job taking the core
+  cannot inflate), ``wall``, or ``auto`` (CPU time where the kernels run on one thread:
+  Numba's thread count is 1 and ``OPENBLAS_NUM_THREADS`` or ``OMP_NUM_THREADS`` is 1;
+  otherwise wall time).
 
 Invalid names raise ``ValueError``.
 """
@@ -32,11 +37,12 @@ __all__ = ["PASSES", "POLICIES", "MODES", "UNDIVIDED_MARGIN", "DEFAULT_WORKSPACE
            "DEFAULT_WORKSPACE_RATIO", "tune_mode", "workspace_limit", "workspace_ratio",
            "relative_workspace_limit", "workspace_rule",
            "policy", "budget_s", "reps", "undivided_margin", "similar_factor",
-           "model_prefilter", "online_tuning"]
+           "model_prefilter", "online_tuning", "tune_clock", "CLOCKS"]
 
 PASSES = ("forward", "backward_data", "backward_filter")
 POLICIES = ("powerOfTwo", "all", "undivided")
 MODES = ("benchmark", "heuristic", "off")
+CLOCKS = ("auto", "cpu", "wall")
 UNDIVIDED_MARGIN = 0.10
 DEFAULT_WORKSPACE_MB = 64
 DEFAULT_WORKSPACE_RATIO = 0.5
@@ -142,3 +148,11 @@ def online_tuning() -> bool:
     """``DISTTENSOR_CONV_TUNE_ONLINE`` (default on; ``off``, ``0``, ``no``, ``false``: off)."""
     v = os.environ.get("DISTTENSOR_CONV_TUNE_ONLINE", "on").strip().lower()
     return v not in ("off", "0", "no", "false")
+
+
+def tune_clock() -> str:
+    """``DISTTENSOR_CONV_TUNE_CLOCK`` (default ``auto``): ``auto``, ``cpu`` or ``wall``."""
+    v = os.environ.get("DISTTENSOR_CONV_TUNE_CLOCK", "auto").strip().lower()
+    if v not in CLOCKS:
+        raise ValueError(f"DISTTENSOR_CONV_TUNE_CLOCK must be one of {CLOCKS}, got {v!r}")
+    return v

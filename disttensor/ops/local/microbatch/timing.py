@@ -10,6 +10,7 @@ ranks may time (and so choose) differently.  A candidate that fails is dropped w
 from __future__ import annotations
 
 import math
+import os
 import time
 
 from ....core.warn import warn
@@ -17,7 +18,24 @@ from . import settings
 from .cpu_algorithms import Im2colTiled
 from .problem import ConvProblem
 
-__all__ = ["candidates", "model_times", "measure_times", "rotating_slices", "warn_once"]
+__all__ = ["candidates", "model_times", "measure_times", "rotating_slices", "warn_once",
+           "tuning_clock"]
+
+
+def tuning_clock():
+    """The clock the CPU tuner reads (:func:`~.settings.tune_clock`): ``time.process_time``
+    for ``cpu``, and for ``auto`` where the kernels run on one thread (Numba's thread count
+    is 1 and ``OPENBLAS_NUM_THREADS``, else ``OMP_NUM_THREADS``, is ``1``), else
+    ``time.perf_counter``.  On a shared machine a candidate's wall time counts whatever ran on
+    its core meanwhile, so one timed call (online tuning times each candidate once or twice)
+    can rank a slower algorithm first; the CPU time of a one-thread kernel counts its own work
+    only."""
+    mode = settings.tune_clock()
+    if mode == "auto":
+        import numba
+        blas = os.environ.get("OPENBLAS_NUM_THREADS", os.environ.get("OMP_NUM_THREADS"))
+        mode = "cpu" if numba.get_num_threads() == 1 and blas == "1" else "wall"
+    return time.process_time if mode == "cpu" else time.perf_counter
 
 
 def candidates(problem: ConvProblem, algos: dict, sizes) -> dict:
@@ -73,10 +91,12 @@ def measure_times(problem: ConvProblem, cands: dict, algos: dict, runner, sync=N
     over ``always`` (default: the whole-batch candidates, the undivided baseline) is always
     completed; everything else only while ``budget_s`` lasts (default
     ``DISTTENSOR_CONV_TUNE_BUDGET_S``).  ``sync`` (e.g. a stream synchronize) runs before a
-    clock is read.  A candidate that raises is dropped with a warning."""
+    clock is read; without ``sync`` (the CPU) the clock is :func:`tuning_clock`'s, with it
+    the wall clock.  A candidate that raises is dropped with a warning."""
     budget = settings.budget_s() if budget_s is None else float(budget_s)
     reps = settings.reps() if reps is None else max(1, int(reps))
     t_start = time.perf_counter()
+    clock = time.perf_counter if sync else tuning_clock()   # a device queue: wall time
     order = sorted(cands, key=lambda k: (k[1], k[0]))
     smallest = min((b for _, b in order), default=0)
     if always is None:
@@ -103,12 +123,12 @@ def measure_times(problem: ConvProblem, cands: dict, algos: dict, runner, sync=N
                     if sync:
                         sync()
                 calls = max(1, problem.batch // b)
-                t0 = time.perf_counter()
+                t0 = clock()
                 for _ in range(calls):
                     runner(algos[name], b)
                 if sync:
                     sync()
-                dt = (time.perf_counter() - t0) / calls
+                dt = (clock() - t0) / calls
             except Exception as err:  # noqa: BLE001 - a failing candidate is not a candidate
                 warn_once(("run", name, type(err).__name__),
                            f"conv algorithm {name!r} failed while being timed "
