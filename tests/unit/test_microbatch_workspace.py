@@ -105,13 +105,15 @@ class _Model:
         return self.t * problem.batch
 
 
-def test_online_order_puts_the_model_pick_first_and_again_last():
+def test_online_order_times_every_candidate_twice_model_pick_first_and_last():
     prob = _problem()
     algos = {"fast": _Model(1.0), "ok": _Model(1.5), "slow": _Model(10.0)}
     fit = {(n, b): 0 for n in algos for b in (1, 2, 4)}
     order = online_order(prob, algos, fit, 2.0)
     assert order[0] == order[-1] and order[0][0] == "fast"
     assert {k for k in order} == {(n, b) for n in ("fast", "ok") for b in (1, 2, 4)}
+    half = len(order) // 2
+    assert order[half:] == order[:half][::-1]     # the second round in reverse order
     assert online_order(prob, {"fast": _Model(1.0)}, {("fast", 4): 0}, 2.0) == [("fast", 4)]
 
 
