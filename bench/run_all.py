@@ -63,6 +63,8 @@ JOBS = [
     Job("conv", "conv_bench.py", ["--local", "--quick"], ["--local"], mpi=False,
         threads_per_rank=0),
     Job("microbatch", "microbatch_bench.py", ["--quick"], [], mpi=False, threads_per_rank=0),
+    Job("split_kernels", "split_kernels_bench.py", ["--reps", "15"], ["--reps", "40"],
+        mpi=False),
     # communication
     Job("halo", "halo_bench.py", ["--quick"], [], ranks=(2, 4)),
     Job("redistribute", "redistribute_bench.py", ["--quick"], [], ranks=(2, 4)),

@@ -123,6 +123,7 @@ def main(argv=None):
                 f()
         if i + 1 >= args.warmup and not cpu_entry._tuners:
             break
+    print(f"# plans settled after {i + 1} calls of each pass (online tuning included)")
     plan = {s: plans(c) for s, c in both.items()} if not args.algorithm else None
     keys = list(both["spatial"])
     times = {(s, k): [] for s in both for k in keys}

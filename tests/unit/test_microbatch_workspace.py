@@ -105,28 +105,44 @@ class _Model:
         return self.t * problem.batch
 
 
-def test_online_order_times_every_candidate_twice_model_pick_first_and_last():
+def test_online_order_puts_the_model_pick_first():
     prob = _problem()
     algos = {"fast": _Model(1.0), "ok": _Model(1.5), "slow": _Model(10.0)}
     fit = {(n, b): 0 for n in algos for b in (1, 2, 4)}
     order = online_order(prob, algos, fit, 2.0)
-    assert order[0] == order[-1] and order[0][0] == "fast"
-    assert {k for k in order} == {(n, b) for n in ("fast", "ok") for b in (1, 2, 4)}
-    half = len(order) // 2
-    assert order[half:] == order[:half][::-1]     # the second round in reverse order
+    assert order[0][0] == "fast" and len(order) == len(set(order))
+    assert set(order) == {(n, b) for n in ("fast", "ok") for b in (1, 2, 4)}
     assert online_order(prob, {"fast": _Model(1.0)}, {("fast", 4): 0}, 2.0) == [("fast", 4)]
 
 
 def test_online_tuner_records_per_call_times_and_drops_failures():
-    t = OnlineTuner(4, [("a", 4), ("b", 1), ("c", 2), ("a", 4)])
+    t = OnlineTuner(4, [("a", 4), ("b", 1), ("c", 2)])
     t.record(("a", 4), 2.0)
     assert t.next() == ("b", 1) and t.times == {("a", 4): 2.0}
     t.record(("b", 1), 1.0)                       # 1 s for the batch: 0.25 s per call of 1
     assert t.times[("b", 1)] == 0.25
     t.fail(("c", 2))
+    # second round, reversed, of the candidates within AGAIN (3x) of the best: both
+    assert t.next() == ("b", 1) and not t.done
+    t.record(("b", 1), 1.2)                       # the faster run is kept
     assert t.next() == ("a", 4)
     t.record(("a", 4), 1.5)
     assert t.done and t.times == {("a", 4): 1.5, ("b", 1): 0.25}
+
+
+def test_online_tuner_second_round_only_for_contenders():
+    t = OnlineTuner(4, [("a", 4), ("b", 2), ("c", 1), ("d", 4)], again=3.0)
+    for key, s in ((("a", 4), 1.0), (("b", 2), 2.9), (("c", 1), 3.5), (("d", 4), 0.5)):
+        assert t.next() == key
+        t.record(key, s)
+    # whole-batch seconds a 1.0, b 2.9, c 3.5, d 0.5: within 3x of d are d and a only
+    assert t.order[4:] == [("d", 4), ("a", 4)]
+    t.record(("d", 4), 0.7)
+    t.record(("a", 4), 0.8)
+    assert t.done and t.times[("d", 4)] == 0.5 and t.times[("a", 4)] == 0.8
+    single = OnlineTuner(4, [("a", 4)])
+    single.record(("a", 4), 1.0)
+    assert single.done
 
 
 def test_online_tuning_computes_every_call_and_settles(monkeypatch, tmp_path):

@@ -10,11 +10,11 @@ correct result; the only extra work is running the slower candidates once each.
 
 :func:`online_order` (pure) is the short list: the candidates the cost model puts within
 :func:`~.settings.model_prefilter` of its best (:func:`.planner.prefilter`), best modelled
-time per sample first, then the same candidates again in reverse order: every candidate is
-timed twice and its faster run kept, because a candidate's first run pays one-off costs
-(loading its compiled kernels into the process, growing the scratch buffers to its
-micro-batch: measured 25 ms against 6.5 ms steady for a 32^3 layer), which ranked the best
-algorithm last when each was timed once.  :func:`uniform_plan` (pure) is
+time per sample first.  Once every candidate ran, those whose time is within
+:data:`AGAIN` of the best run a second time, in reverse order, and the faster run of each is
+kept: a candidate's first run pays one-off costs (loading its compiled kernels into the
+process, growing the scratch buffers to its micro-batch: measured 25 ms against 6.5 ms
+steady for a 32^3 layer), which ranked the best algorithm last when each ran once.  :func:`uniform_plan` (pure) is
 the plan one call runs for a candidate.  :class:`OnlineTuner` holds one problem's progress.
 """
 from __future__ import annotations
@@ -26,7 +26,10 @@ from .planner import prefilter
 from .problem import Plan
 from .timing import model_times
 
-__all__ = ["online_order", "uniform_plan", "OnlineTuner"]
+__all__ = ["online_order", "uniform_plan", "OnlineTuner", "AGAIN"]
+
+#: candidates whose first time is within this factor of the best first time run again
+AGAIN = 3.0
 
 
 def online_order(problem, algos: dict, fit: dict, factor: float) -> list:
@@ -34,8 +37,6 @@ def online_order(problem, algos: dict, fit: dict, factor: float) -> list:
     kept = prefilter(problem, algos, fit, factor)
     model = model_times(problem, algos, kept)
     order = sorted(kept, key=lambda k: (model.get(k, math.inf) / k[1], -k[1], k[0]))
-    if len(order) > 1:
-        order += order[::-1]
     return order
 
 
@@ -56,12 +57,13 @@ class OnlineTuner:
     seconds per call of ``b`` samples (``record``'s time times ``b / batch``, the minimum of
     repeated runs)."""
 
-    def __init__(self, batch: int, order: list):
+    def __init__(self, batch: int, order: list, again: float = AGAIN):
         self.batch = int(batch)
         self.order = list(order)
         self.pos = 0
         self.times: dict = {}
         self.lock = threading.Lock()
+        self._again = float(again) if len(self.order) > 1 else 0.0   # 0: no second round
 
     def next(self):
         return self.order[self.pos] if self.pos < len(self.order) else None
@@ -71,11 +73,25 @@ class OnlineTuner:
         self.times[key] = min(self.times.get(key, math.inf), per_call)
         if self.pos < len(self.order) and self.order[self.pos] == key:
             self.pos += 1
+        self._second_round()
 
     def fail(self, key) -> None:
         """Drop ``key`` (it raised): it is neither timed nor run again."""
         self.times.pop(key, None)
         self.order = self.order[:self.pos] + [k for k in self.order[self.pos:] if k != key]
+        self._second_round()
+
+    def _second_round(self) -> None:
+        """At the end of the first round, queue the candidates within ``again`` of the best
+        time per sample once more, in reverse order (each candidate's first run paid its
+        one-off costs)."""
+        if self._again <= 0 or self.pos < len(self.order) or not self.times:
+            return
+        per = {k: t / k[1] for k, t in self.times.items()}
+        best = min(per.values())
+        self.order += [k for k in reversed(self.order) if k in per
+                       and per[k] <= self._again * best]
+        self._again = 0.0
 
     @property
     def done(self) -> bool:
