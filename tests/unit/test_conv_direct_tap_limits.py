@@ -87,3 +87,57 @@ def test_direct_passes_on_halo_blocks_match_reference(algo, case, dtype):
            ref_backward_data(dy, w, xs[2:], s, d, lo, hi, 1), dtype)
     _close(a.backward_filter(x, dy, ws[2:], s, d, lo, hi, 1),
            ref_backward_filter(x, dy, ws[2:], s, d, lo, hi, 1), dtype)
+
+
+@pytest.mark.parametrize("pass_", ["forward", "backward_data"])
+@pytest.mark.parametrize("case", HALO_CASES)
+def test_pass_tap_limits_skip_only_padding_of_the_embedded_operand(pass_, case):
+    """Against the padded operand the pass really builds (ones embedded as the kernels do):
+    every skipped tap of a tile reads only zeros for all its rows, and the first and last
+    kept depth taps read data for some row (no tap with data skipped, none without kept at
+    the window's ends, where ``dy`` is not zero-inserted)."""
+    from disttensor.ops.local.cpu.conv_direct.geometry import (embed, gather_offsets,
+                                                               pass_tap_limits)
+    from disttensor.ops.local.cpu.conv_operands import conv_out_shape
+    xs, ws, s, d, lo, hi = case
+    kernel = ws[2:]
+    out_sp = conv_out_shape(xs[2:], kernel, s, d, lo, hi)
+    if pass_ == "forward":
+        size = tuple(n + a + b for n, a, b in zip(xs[2:], lo, hi))
+        xp = embed(np.ones(xs), lo, size).copy()
+        rows_sp, gs = out_sp, s
+    else:
+        reach = tuple(dd * (k - 1) for dd, k in zip(d, kernel))
+        size = tuple(n + r for n, r in zip(xs[2:], reach))
+        xp = embed(np.ones((xs[0], ws[0]) + out_sp), tuple(r - a for r, a in zip(reach, lo)),
+                   size, s).copy()
+        rows_sp, gs = xs[2:], (1, 1, 1)
+    for rows in (4, 8):
+        lim = pass_tap_limits(pass_, xs, ws, s, d, lo, hi, rows)
+        pos, taps, _ = gather_offsets(xp, kernel, rows_sp, gs, d, 1)
+        flat = xp.reshape(-1)
+        kk = int(np.prod(kernel))
+        khw = kk // kernel[0]
+        n_t = -(-pos.size // rows)
+        win = [(0, kk)] * n_t if lim.size == 0 else [tuple(p) for p in lim.reshape(-1, 2)]
+        for t in range(n_t):
+            r = pos[np.minimum(np.arange(t * rows, (t + 1) * rows), pos.size - 1)]
+            data = flat[r[:, None] + taps[:kk][None, :]].any(axis=0)   # per tap, channel 0
+            a, b = win[t]
+            assert not data[:a].any() and not data[b:].any()
+            # tight at both ends (a zero-inserted dy, stride > 1, has zero planes inside its
+            # span: there only the superset holds)
+            if b > a and lim.size and (pass_ == "forward" or s[0] == 1):
+                assert data[a:a + khw].any() and data[b - khw:b].any()
+
+
+def test_kept_fraction_of_a_halo_block():
+    from disttensor.ops.local.cpu.conv_direct.geometry import kept_fraction, pass_tap_limits
+    x, w = (4, 8, 17, 4, 8), (16, 8, 3, 3, 3)
+    lo, hi = (1, 1, 1), (0, 1, 1)
+    fwd = pass_tap_limits("forward", x, w, (1,) * 3, (1,) * 3, lo, hi, 8)
+    assert kept_fraction(fwd, 27) == pytest.approx((15 + 2 / 3) / 16)
+    bwd = pass_tap_limits("backward_data", x, w, (1,) * 3, (1,) * 3, lo, hi, 8)
+    assert kept_fraction(bwd, 27) == pytest.approx((14 + 2 / 3 + 2 / 3 + 1 / 3) / 17)
+    assert kept_fraction(pass_tap_limits("backward_filter", x, w, (1,) * 3, (1,) * 3, lo, hi,
+                                         8), 27) == 1.0

@@ -2,8 +2,9 @@
 mode; pure functions, no MPI).
 
 :func:`modelled_seconds` is what each variant's ``estimate_seconds`` returns, in the units of
-:mod:`..conv_cost`: padded lanes x padded micro-tile rows x reduction at the register-blocked
-rate, plus moving the operands twice (padding and packing).  :func:`pick` is the shape rule
+:mod:`..conv_cost`: padded lanes x padded micro-tile rows x reduction (less the depth taps the
+micro-tiles skip, :func:`.geometry.pass_tap_limits`) at the register-blocked rate, plus moving
+the operands twice (padding and packing).  :func:`pick` is the shape rule
 that chooses a variant without timing (and breaks the model's ties).
 """
 from __future__ import annotations
@@ -12,7 +13,8 @@ import numpy as np
 
 from ..conv_cost import CALL_S, GEMM_FLOPS, MEM_BW
 from ..conv_operands import conv_out_shape
-from .geometry import gemm_extents, round_up, shapes_supported, unpadded_1x1
+from .geometry import (gemm_extents, kept_fraction, pass_tap_limits, round_up, shapes_supported,
+                       unpadded_1x1)
 
 __all__ = ["modelled_seconds", "pick"]
 
@@ -32,6 +34,11 @@ def modelled_seconds(algo, problem) -> float:
         problem.pass_, problem.x_shape, problem.w_shape, problem.stride, problem.dilation,
         problem.pad_lo, problem.pad_hi, problem.groups, algo.weights_on_rows)
     padded_macs = round_up(max(lanes, 1), c) * round_up(max(rows, 1), algo.rows) * red * zero_ins
+    if not algo.weights_on_rows and problem.pass_ != "backward_filter":
+        # the depth taps each micro-tile skips (they read only zero padding)
+        padded_macs *= kept_fraction(pass_tap_limits(
+            problem.pass_, problem.x_shape, problem.w_shape, problem.stride, problem.dilation,
+            problem.pad_lo, problem.pad_hi, algo.rows), int(np.prod(problem.w_shape[2:])))
     compute = 2.0 * padded_macs * problem.groups / (_DIRECT_OVER_GEMM * GEMM_FLOPS)
     moved = (int(np.prod(problem.x_shape)) + int(np.prod(problem.w_shape))) * item
     seconds = CALL_S + compute + 2.0 * moved / MEM_BW

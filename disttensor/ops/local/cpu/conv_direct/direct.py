@@ -21,8 +21,8 @@ import numpy as np
 
 from ..conv_operands import data_operands, filter_operands, forward_operands
 from .cost import modelled_seconds
-from .geometry import (data_span, embed, gather_offsets, gemm_extents, padded_elements,
-                       padded_offsets, round_up, scratch, shapes_supported, tile_tap_limits)
+from .geometry import (embed, gather_offsets, gemm_extents, padded_elements, padded_offsets,
+                       pass_tap_limits, round_up, scratch, shapes_supported)
 from .packing import pack, pack_columns, pack_flipped, unpack
 
 __all__ = ["Direct", "WeightBroadcast"]
@@ -152,18 +152,18 @@ class Direct:
         size = tuple(n + lo + hi for n, lo, hi in zip(x.shape[2:], pad_lo, pad_hi))
         xp = embed(x, pad_lo, size)
         self._conv(xp, w, y, stride, dilation, groups,
-                   span=data_span(x.shape[2], pad_lo[0], size[0]))
+                   limits=pass_tap_limits("forward", x.shape, w.shape, stride, dilation,
+                                          pad_lo, pad_hi, self.rows))
         return y
 
-    def _conv(self, xp, w, y, stride, dilation, groups, transposed=False, span=None):
+    def _conv(self, xp, w, y, stride, dilation, groups, transposed=False, limits=None):
         """``y = correlate(xp, w)`` over the already padded ``xp`` (no padding left).
         ``transposed``: use the flipped kernel with its channel axes swapped per group
         (``w`` is then the forward convolution's weight), for the backward data pass.
-        ``span``: ``(first, stop)``, the depth planes of ``xp`` that may hold data (the
-        others are zero padding; :func:`.geometry.data_span`): each micro-tile skips the
-        depth taps that read only padding (:func:`.geometry.tile_tap_limits`), which a
-        halo'd block's boundary planes, and the first and last planes of any padded
-        convolution, would otherwise spend a third of their work on."""
+        ``limits`` (:func:`.geometry.pass_tap_limits`): each micro-tile skips the depth taps
+        that read only zero padding, which a halo'd block's boundary planes, and the first
+        and last planes of any padded convolution, would otherwise spend a third of their
+        work on."""
         dtype = xp.dtype
         n_n, cin = xp.shape[:2]
         cout = y.shape[1]
@@ -176,10 +176,6 @@ class Direct:
         kk = taps.size
         xf = xp.reshape(-1)
         yv = y.reshape(n_n, groups, cog, p_n)
-        limits = None
-        if span is not None:
-            limits = tile_tap_limits(n_n, y.shape[2:], w.shape[2:], stride[0], dilation[0],
-                                     span, self.rows)
         period = int(np.prod(w.shape[2:]))
         for g in range(groups):
             a_pk = scratch("a", (n_cob, kk, c), dtype)
@@ -211,8 +207,10 @@ class Direct:
         size = tuple(n + d * (k - 1) for n, k, d in zip(in_spatial, kernel, dilation))
         lo = tuple(d * (k - 1) - p for k, d, p in zip(kernel, dilation, pad_lo))
         dyp = embed(dy, lo, size, stride)
+        x_shape = (n_n, cin) + in_spatial
         self._conv(dyp, w, dx, (1, 1, 1), dilation, groups, transposed=True,
-                   span=data_span(dy.shape[2], lo[0], size[0], stride[0]))
+                   limits=pass_tap_limits("backward_data", x_shape, w.shape, stride, dilation,
+                                          pad_lo, pad_hi, self.rows))
         return dx
 
     def backward_filter(self, x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups=1):
@@ -260,8 +258,8 @@ class WeightBroadcast(Direct):
         return int((padded + red * q_pad + 2 * rows_pad * q_pad) * np.dtype(dtype).itemsize
                    + 8 * (q_pad + red + rows_pad))
 
-    def _conv(self, xp, w, y, stride, dilation, groups, transposed=False, span=None):
-        """:meth:`Direct._conv` with the positions on the lanes (``span`` is not used: a
+    def _conv(self, xp, w, y, stride, dilation, groups, transposed=False, limits=None):
+        """:meth:`Direct._conv` with the positions on the lanes (``limits`` is not used: a
         lane block mixes planes, so no tap can be skipped for all of it)."""
         dtype = xp.dtype
         n_n, cin = xp.shape[:2]

@@ -16,7 +16,7 @@ from ..conv_operands import check_shapes, conv_out_shape
 from ..scratch import ScratchBuffers
 
 __all__ = ["scratch", "release_scratch", "embed", "data_span", "tap_window", "tile_tap_limits",
-           "position_offsets", "tap_offsets", "gather_offsets", "padded_offsets", "round_up", "gemm_extents", "padded_elements",
+           "pass_tap_limits", "kept_fraction", "position_offsets", "tap_offsets", "gather_offsets", "padded_offsets", "round_up", "gemm_extents", "padded_elements",
            "shapes_supported", "unpadded_1x1"]
 
 _buffers = ScratchBuffers()
@@ -102,6 +102,36 @@ def tile_tap_limits(n_n, out_sp, kernel, stride, dilation, span, rows):
 
 
 _LIMITS: dict = {}
+
+
+def pass_tap_limits(pass_, x_shape, w_shape, stride, dilation, pad_lo, pad_hi, rows):
+    """:func:`tile_tap_limits` of the direct kernels' forward or backward data pass (rows of
+    ``rows`` output positions; ``x_shape`` the forward input's, ``w_shape`` the weight's):
+    forward reads the input padded by ``pad_lo`` / ``pad_hi``, backward data the output
+    gradient zero-inserted by the stride and padded by ``dilation*(k-1) - pad_lo`` (as
+    :func:`embed` lays them out).  Empty for backward filter (nothing skipped)."""
+    n_n, in_sp = int(x_shape[0]), tuple(int(v) for v in x_shape[2:])
+    kernel = tuple(int(k) for k in w_shape[2:])
+    s, d, lo, hi = int(stride[0]), int(dilation[0]), int(pad_lo[0]), int(pad_hi[0])
+    if pass_ == "forward":
+        out_sp = conv_out_shape(in_sp, kernel, stride, dilation, pad_lo, pad_hi)
+        span = data_span(in_sp[0], lo, in_sp[0] + lo + hi)
+        return tile_tap_limits(n_n, out_sp, kernel, s, d, span, rows)
+    if pass_ == "backward_data":
+        dy_d = conv_out_shape(in_sp, kernel, stride, dilation, pad_lo, pad_hi)[0]
+        reach = d * (kernel[0] - 1)
+        span = data_span(dy_d, reach - lo, in_sp[0] + reach, s)
+        return tile_tap_limits(n_n, in_sp, kernel, 1, d, span, rows)
+    return np.empty(0, dtype=np.int64)
+
+
+def kept_fraction(limits, period) -> float:
+    """The share of the reduction the micro-tiles run under ``limits``
+    (:func:`tile_tap_limits`; 1.0 when empty)."""
+    if limits.size == 0:
+        return 1.0
+    lim = limits.reshape(-1, 2)
+    return float((lim[:, 1] - lim[:, 0]).mean()) / max(1, int(period))
 
 
 def _tile_tap_limits(n_n, out_sp, kernel, stride, dilation, span, rows):
