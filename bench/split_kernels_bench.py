@@ -66,9 +66,18 @@ def layer_blocks(split: str, size: int, widths, batch: int, rank: int = 0):
     return out
 
 
+class _Fixed:
+    """One :mod:`conv_direct` algorithm behind the entry points' names."""
+
+    def __init__(self, algo):
+        self.conv_forward = algo.forward
+        self.conv_backward_data = algo.backward_data
+        self.conv_backward_filter = algo.backward_filter
+
+
 def cases(split: str, args, rng):
     """``{(layer, pass): call}`` of one split (the operands made once)."""
-    algo = ALGORITHMS[args.algorithm] if args.algorithm else None
+    algo = _Fixed(ALGORITHMS[args.algorithm]) if args.algorithm else None
     out = {}
     for li, (xs, ws, lo, hi, ys) in enumerate(layer_blocks(split, args.size, args.widths,
                                                            args.batch, args.rank)):
@@ -155,8 +164,7 @@ def main(argv=None):
     print(f"  step total: spatial {a * 1e3:.3f} ms, samples {b * 1e3:.3f} ms, ratio {a / b:.3f}, "
           f"difference {(a - b) * 1e3:+.3f} ms")
     case = f"cosmoflow {args.size}^3 step ({how})"
-    record("split_kernels", case, "spatial_over_samples", a / b, "x", target=1.02,
-           better="lower")
+    record("split_kernels", case, "spatial_over_samples", a / b, "x", better="lower")
     record("split_kernels", case, "spatial_minus_samples_ms", (a - b) * 1e3, "ms",
            better="lower")
 
