@@ -4,8 +4,44 @@ so single-process benchmarks run in environments without it (e.g. one with PyTor
 comparison)."""
 from __future__ import annotations
 
+import os
 import statistics
 import time
+
+IDLE_SPIN_NS = 2_000_000
+"""The idle-sleep shim's spin budget the step benchmarks run with (:func:`spin_before_sleep`)."""
+
+
+def spin_before_sleep(budget_ns: int = IDLE_SPIN_NS) -> int:
+    """Give the MPICH idle-sleep shim (``build/libmpi_idle_sleep.so``, preloaded by
+    ``bench/run_all.py``) a spin budget for this process: an MPI wait keeps polling (yielding
+    the core to any other runnable thread) for ``budget_ns`` before it sleeps, instead of
+    sleeping ~55 us after 16 idle polls.  Call it before ``mpi4py.MPI`` is imported (the shim
+    reads ``DISTTENSOR_MPI_IDLE_SPIN_NS`` once).  Set only where the launcher put no more
+    ranks on this machine than it has cores (``MPI_LOCALNRANKS`` or ``PMI_SIZE``; one rank
+    per core, so a spinning rank takes no core from a rank it waits for) and the variable is
+    not set already (the caller's choice wins).  Why: a 2-rank step meets its partner a dozen
+    times; with the shim's default each meeting where the partner is a little late costs a
+    timer wake-up (~55 us and a context switch), about 1 ms per step of an 8^3 CosmoFlow
+    (``bench/README.md``, ``step_floor_bench.py``), which users, who run without the shim,
+    do not pay.  A rank sitting a case out spins at most ``budget_ns`` per wait, then sleeps.
+    Returns the budget in force (0: none)."""
+    name = "DISTTENSOR_MPI_IDLE_SPIN_NS"
+    if name in os.environ:
+        try:
+            return int(os.environ[name])
+        except ValueError:
+            return 0
+    ranks = next((os.environ[v] for v in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE",
+                                          "PMI_SIZE") if os.environ.get(v)), "1")
+    try:
+        oversubscribed = int(ranks) > (os.cpu_count() or 1)
+    except ValueError:
+        oversubscribed = True
+    if oversubscribed:
+        return 0
+    os.environ[name] = str(int(budget_ns))
+    return int(budget_ns)
 
 
 def timed(fn) -> float:
