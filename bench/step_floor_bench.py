@@ -31,12 +31,13 @@ allocates and frees during one steady-state step (tracemalloc peak above what th
 keeps).  Run with one thread per rank (set here if unset).  PyTorch is a peer for comparison
 only; without it the torch case and the ratios are skipped.
 
-MPI waits: under ``bench/run_all.py`` the ranks run with the idle-sleep shim
-(``build/libmpi_idle_sleep.so``), which lets the rank sitting out the 1-rank and PyTorch cases
-give its core away; this script gives it a 2 ms spin budget (``DISTTENSOR_MPI_IDLE_SPIN_NS``,
-:func:`_timing.spin_before_sleep`, where ranks do not outnumber cores), so that the dozen
-meetings of a 2-rank step do not each end in a ~55 us sleep, which users, running without the
-shim, never pay (``bench/README.md``).
+MPI waits: the rank sitting out the 1-rank and PyTorch cases sleeps outside MPI
+(:func:`_timing.quiet_wait`); under ``bench/run_all.py`` the ranks run with the idle-sleep
+shim (``build/libmpi_idle_sleep.so``), which this script gives a 2 ms spin budget
+(``DISTTENSOR_MPI_IDLE_SPIN_NS``, :func:`_timing.spin_before_sleep`, where ranks do not
+outnumber cores), so that the dozen meetings of a 2-rank step do not each end in a ~55 us
+sleep, which users, running without the shim, never pay (``bench/README.md``, "MPI waits in
+the benchmarks").
 """
 from __future__ import annotations
 

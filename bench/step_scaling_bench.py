@@ -14,12 +14,13 @@ One training step = forward, loss, backward, gradient sums
   bottom (64, 64) (the widths 16, 32, 64), 1 input channel, 3 classes, batch-norm statistics
   over the whole batch, cross-entropy loss, at ``--unet-size``^3 (default 32).
 
-Cases per model (one thread per rank, set here if unset; run with the repository's
-``build/libmpi_idle_sleep.so`` preloaded so that a rank sitting a case out costs no core,
-which ``bench/run_all.py`` does; this script gives that shim a 2 ms spin budget where ranks do
-not outnumber cores, ``_timing.spin_before_sleep``: a wait polls for up to 2 ms before it
-sleeps, so a 2-rank step's meetings do not each end in a ~55 us sleep that users, running
-without the shim, never pay; the CPU-time figures then count that polling as work):
+Cases per model (one thread per rank, set here if unset; a rank sitting a case out sleeps
+outside MPI, ``_timing.quiet_wait``; under ``bench/run_all.py`` the ranks run with the
+repository's ``build/libmpi_idle_sleep.so`` preloaded, which this script gives a 2 ms spin
+budget where ranks do not outnumber cores, ``_timing.spin_before_sleep``: a wait polls for up
+to 2 ms before it sleeps, so a 2-rank step's meetings do not each end in a ~55 us sleep that
+users, running without the shim, never pay; the CPU-time figures then count that polling as
+work):
 ``1``: rank 0 alone on a one-rank grid over ``COMM_SELF`` (rank 1 waits); ``spatial``: grid
 ``(1, 2, 1, 1)`` (depth split); ``samples``: grid ``(2, 1, 1, 1)``; ``torch1``/``torch2``:
 the same model in PyTorch on rank 0 with 1 and 2 intra-op threads (the other rank waits;
