@@ -77,7 +77,7 @@ JOBS = [
     Job("simulator", "simulator_bench.py", ["--quick"], [], mpi=False, threads_per_rank=0),
     Job("train", "train_bench.py", ["--size", "16", "--widths", "8,16", "--reps", "3"], [],
         ranks=(2,)),
-    Job("step_floor", "step_floor_bench.py", ["--reps", "40"], ["--reps", "200"], ranks=(2,)),
+    Job("step_floor", "step_floor_bench.py", ["--reps", "150"], ["--reps", "400"], ranks=(2,)),
     # training features
     Job("pipeline", "pipeline_bench.py", ["--models", "cosmoflow", "--steps", "3"], [],
         ranks=(2,)),
