@@ -4,8 +4,45 @@ so single-process benchmarks run in environments without it (e.g. one with PyTor
 comparison)."""
 from __future__ import annotations
 
+import os
 import statistics
 import time
+
+IDLE_SPIN_NS = 2_000_000
+"""The idle-sleep shim's spin budget the step benchmarks run with (:func:`spin_before_sleep`)."""
+
+
+def spin_before_sleep(budget_ns: int = IDLE_SPIN_NS) -> int:
+    """Give the MPICH idle-sleep shim (``build/libmpi_idle_sleep.so``, preloaded by
+    ``bench/run_all.py``) a spin budget for this process: an MPI wait keeps polling (as MPICH does
+    without the shim) for ``budget_ns`` before it yields and sleeps, instead of sleeping
+    ~55 us after 16 idle polls.  Call it before ``mpi4py.MPI`` is imported (the shim
+    reads ``DISTTENSOR_MPI_IDLE_SPIN_NS`` once).  Set only where the launcher put no more
+    ranks on this machine than it has cores (``MPI_LOCALNRANKS`` or ``PMI_SIZE``; one rank
+    per core, so a spinning rank takes no core from a rank it waits for) and the variable is
+    not set already (the caller's choice wins).  Why: a 2-rank step meets its partner a dozen
+    times; with the shim's default each meeting where the partner is a little late costs a
+    timer wake-up (~55 us and a context switch), about 1 ms per step of an 8^3 CosmoFlow
+    (``bench/README.md``, ``step_floor_bench.py``), which users, who run without the shim,
+    do not pay.  Any longer wait polls for ``budget_ns``, then sleeps.
+    Returns the budget in force (0: none).  (:func:`wall_and_cpu` makes a rank that sits a
+    case out wait outside MPI, so the budget is spent in the timed steps' own waits.)"""
+    name = "DISTTENSOR_MPI_IDLE_SPIN_NS"
+    if name in os.environ:
+        try:
+            return int(os.environ[name])
+        except ValueError:
+            return 0
+    ranks = next((os.environ[v] for v in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE",
+                                          "PMI_SIZE") if os.environ.get(v)), "1")
+    try:
+        oversubscribed = int(ranks) > (os.cpu_count() or 1)
+    except ValueError:
+        oversubscribed = True
+    if oversubscribed:
+        return 0
+    os.environ[name] = str(int(budget_ns))
+    return int(budget_ns)
 
 
 def timed(fn) -> float:
@@ -19,11 +56,24 @@ def timed(fn) -> float:
     return comm.allreduce(dt_, op=MPI.MAX)
 
 
+def quiet_wait(comm, nap: float = 2e-4) -> None:
+    """Wait until every rank of ``comm`` is here without waiting inside MPI: a non-blocking
+    barrier tested every ``nap`` seconds, asleep in between.  A rank that sits a timed case
+    out (the other rank's 1-rank or PyTorch case) waits here instead of in MPI, where MPICH
+    polls (and the idle-sleep shim polls within its spin budget, then wakes every ~55 us):
+    it leaves the cores to the case being timed, PyTorch's second thread included."""
+    req = comm.Ibarrier()
+    while not req.Test():
+        time.sleep(nap)
+
+
 def wall_and_cpu(fns: dict, cpu: dict, walls: dict | None = None):
     """A ``compare`` timer for the functions ``fns`` (name -> function, called collectively
     on COMM_WORLD): returns the slowest rank's wall seconds of one call, after a barrier, and
     appends the CPU seconds summed over the ranks to ``cpu[name]`` (the work, insensitive to
-    other jobs taking the cores) and, when given, the wall seconds to ``walls[name]``."""
+    other jobs taking the cores) and, when given, the wall seconds to ``walls[name]``.  After
+    the call the ranks meet in :func:`quiet_wait`, so a rank with nothing to do in a case
+    sleeps while the others are timed."""
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
     owner = {id(f): name for name, f in fns.items()}
@@ -33,6 +83,7 @@ def wall_and_cpu(fns: dict, cpu: dict, walls: dict | None = None):
         c0, t0 = time.process_time(), time.perf_counter()
         fn()
         spent, used = time.perf_counter() - t0, time.process_time() - c0
+        quiet_wait(comm)  # (a rank sitting the case out sleeps here, off the cores)
         cpu[owner[id(fn)]].append(comm.allreduce(used, op=MPI.SUM))
         spent = comm.allreduce(spent, op=MPI.MAX)
         if walls is not None:

@@ -8,8 +8,9 @@
 ``scripts/bench.sh`` wraps this with the set-up (MPI, .venv, matplotlib, PyTorch as a peer).
 
 Each benchmark runs as its own process (under ``mpiexec -n N`` for the MPI ones, with the
-MPICH idle-sleep shim when it is built, see scripts/test.sh) under a timeout; a benchmark that
-fails or times out is reported in the summary and the others still run.  Benchmarks append
+MPICH idle-sleep shim when it is built, see scripts/test.sh; the 2-rank step benchmarks give
+it a spin budget themselves, bench/README.md "MPI waits in the benchmarks") under a timeout;
+a benchmark that fails or times out is reported in the summary and the others still run.  Benchmarks append
 their figures to ``$DISTTENSOR_BENCH_CSV`` through ``bench/_results.py``; this script points
 that variable at ``<out>/results.csv`` (started afresh), keeps each run's output in
 ``<out>/logs/``, and writes:
@@ -79,7 +80,7 @@ JOBS = [
     Job("simulator", "simulator_bench.py", ["--quick"], [], mpi=False, threads_per_rank=0),
     Job("train", "train_bench.py", ["--size", "16", "--widths", "8,16", "--reps", "3"], [],
         ranks=(2,)),
-    Job("step_floor", "step_floor_bench.py", ["--reps", "40"], ["--reps", "200"], ranks=(2,)),
+    Job("step_floor", "step_floor_bench.py", ["--reps", "150"], ["--reps", "400"], ranks=(2,)),
     # training features
     Job("pipeline", "pipeline_bench.py", ["--models", "cosmoflow", "--steps", "3"], [],
         ranks=(2,)),

@@ -7,7 +7,8 @@ training step) on 1..N ranks, overlap on and off, in one process run.
 Run it with one thread per rank (``NUMBA_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 OMP_NUM_THREADS=1``, set here if unset) so that the figures are about ranks, not threads,
 and on a machine with an MPI that does not busy-poll (the repository's
-``build/libmpi_idle_sleep.so`` preload): ranks that sit out a case wait in an all-reduce.
+``build/libmpi_idle_sleep.so`` preload, its default: no spin budget here, 3-4 ranks share 2
+cores): ranks that sit out a case wait asleep outside MPI (``_timing.quiet_wait``).
 The conv cases run twice: with one fixed local kernel (``DISTTENSOR_CONV_TUNE=off``: the same
 algorithm on every block, so the figure measures the distribution: halo copies, messages,
 agreement, load balance; the 0.9 target is recorded on this one), then with the kernels as

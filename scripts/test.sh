@@ -61,6 +61,8 @@ export OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THRE
 # ran in 10.5-11 s instead of 50-56 s (pytest time, same machine, same load).  It is built
 # here with cc and handed to the ranks only (mpiexec -genv LD_PRELOAD), for test runs; without
 # a C compiler or with DISTTENSOR_MPI_IDLE_SLEEP=0 the tests run without it (correct, slower).
+# Its spin budget DISTTENSOR_MPI_IDLE_SPIN_NS stays at 0 here (oversubscribed: a polling rank
+# would take turns from the rank it waits for); the 2-rank step benchmarks set one.
 # (The numbers were taken while other MPI jobs shared the machine, hence the ranges.)
 
 STEP_NAMES=()

@@ -162,6 +162,22 @@ def _distarray_type():
     return _DistArray
 
 
+_LATE_TYPES = None  # (DistArray, Distribution, ProcessGrid), resolved on first use
+
+
+def _late_types() -> tuple:
+    """The core classes :func:`token` tells apart, imported once (an import statement in
+    :func:`token` itself cost ~1 us per argument and nesting level: a call's digest went
+    through it a dozen times)."""
+    global _LATE_TYPES
+    if _LATE_TYPES is None:
+        from .array import DistArray
+        from .distribution import Distribution
+        from .grid import ProcessGrid
+        _LATE_TYPES = (DistArray, Distribution, ProcessGrid)
+    return _LATE_TYPES
+
+
 def token(value):
     """A hashable, rank-independent description of ``value`` for agreement: equal on two ranks
     exactly when the two values count as the same argument of a collective call.
@@ -187,14 +203,15 @@ def token(value):
         return value
     if isinstance(value, float):
         return ("float", repr(value))  # exact; -0.0 != 0.0 and nan == nan, as for a repr
-    from .array import DistArray
+    if t is tuple or t is list:  # (a shape, axes, a geometry: ints are their own tokens)
+        return (t.__name__,) + (tuple(value) if all(type(v) is int for v in value)
+                                else tuple(token(v) for v in value))
+    DistArray, Distribution, ProcessGrid = _LATE_TYPES or _late_types()
     if isinstance(value, DistArray):
         return ("DistArray", value.distribution, value.grid.dims, value.halo,
                 value.dtype.str, value.device)
-    from .distribution import Distribution
     if isinstance(value, Distribution):
         return value
-    from .grid import ProcessGrid
     if isinstance(value, ProcessGrid):
         return ("ProcessGrid", value.dims, value.periods)
     if isinstance(value, (tuple, list)):

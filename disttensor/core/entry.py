@@ -12,7 +12,6 @@ ranks compare.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import numbers
 import threading
@@ -56,21 +55,25 @@ def collective_entry(fn):
     return wrapper
 
 
-@contextlib.contextmanager
-def nested():
+class nested:
     """Run a block as if one entry point deeper (see :func:`collective_entry`): the
     :func:`agreed` blocks inside it skip their argument agreement.  For helpers that an entry
     point calls *after* its own agreed block, with arguments derived from the agreed ones
     (the halo of a window op, say), so that one op call agrees once."""
-    _NESTING.depth += 1
-    try:
-        yield
-    finally:
+    __slots__ = ()
+
+    def __enter__(self):
+        _NESTING.depth += 1
+
+    def __exit__(self, et, ev, tb):
         _NESTING.depth -= 1
+        return False
 
 
-@contextlib.contextmanager
-def agreed(comm, call: str, /, *, rank_local: bool = False, **args):
+# The blocks below are context-manager classes rather than generator functions: a training
+# step enters some 40 of them, and a generator-based one costs ~2 us more per use.
+
+class agreed:
     """The validation block of a collective entry point ``call`` over ``comm``.
 
     In the outermost entry point (see :func:`collective_entry`) this is
@@ -82,22 +85,37 @@ def agreed(comm, call: str, /, *, rank_local: bool = False, **args):
     with agreement :func:`~disttensor.core.agreement.disabled`, the block runs plainly, since its
     checks depend only on agreed, replicated metadata; with ``rank_local=True`` (checks that
     read rank-local data, such as a local block's shape) failures are still agreed."""
-    multi = comm is not None and comm.size > 1
-    if multi and _NESTING.depth <= 1 and agreement.enabled():
-        pending = agreement.take_pending(comm)
-        if pending is not None:  # calls deferred over comm are agreed with this one
-            args["calls before"] = pending
-        with collective(comm, call, **args):
-            yield
-    elif multi and rank_local:
-        with collective(comm):
-            yield
-    else:
-        yield
+    __slots__ = ("_comm", "_call", "_rank_local", "_args", "_inner")
+
+    def __init__(self, comm, call: str, /, *, rank_local: bool = False, **args):
+        self._comm, self._call, self._rank_local, self._args = comm, call, rank_local, args
+        self._inner = None
+
+    def __enter__(self):
+        comm = self._comm
+        if comm is None or comm.size <= 1:
+            return
+        if _NESTING.depth <= 1 and agreement.enabled():
+            args = self._args
+            pending = agreement.take_pending(comm)
+            if pending is not None:  # calls deferred over comm are agreed with this one
+                args["calls before"] = pending
+            self._inner = collective(comm, self._call, **args)
+        elif self._rank_local:
+            self._inner = collective(comm)
+        else:
+            return
+        self._inner.__enter__()
+
+    def __exit__(self, et, ev, tb):
+        inner = self._inner
+        if inner is None:
+            return False
+        self._inner = None
+        return inner.__exit__(et, ev, tb)
 
 
-@contextlib.contextmanager
-def deferrable(comm, call: str, /, **args):
+class deferrable:
     """The validation block of a collective entry point ``call`` that moves no data (each rank
     computes on its own block; no message, no collective): like :func:`agreed`, but where
     agreement may be deferred (:func:`~disttensor.core.agreement.deferring`, the default on
@@ -110,21 +128,36 @@ def deferrable(comm, call: str, /, **args):
     (activations with a hyper-parameter, dense layers, flatten on the sample axis, the
     gradient of a reduced loss).  The caller must ensure the call moves no data: the decision
     is taken per rank from the operands' layouts, as for the elementwise calls."""
-    multi = comm is not None and comm.size > 1
-    if not multi or _NESTING.depth > 1 or not agreement.enabled():
-        yield
-        return
-    if not agreement.deferring():
-        with agreed(comm, call, **args):
-            yield
-        return
-    try:
-        yield
-    except Exception as err:  # noqa: BLE001 - raised on every rank by the agreed call
-        with agreed(comm, call, **args):
-            raise err
-        raise
-    agreement.defer(comm, call, tuple((k, agreement.token(v)) for k, v in args.items()))
+    __slots__ = ("_comm", "_call", "_args", "_mode")
+
+    def __init__(self, comm, call: str, /, **args):
+        self._comm, self._call, self._args = comm, call, args
+        self._mode = None  # None: plain block; True: deferred; else the agreed block
+
+    def __enter__(self):
+        comm = self._comm
+        if comm is None or comm.size <= 1 or _NESTING.depth > 1 or not agreement.enabled():
+            self._mode = None
+        elif agreement.deferring():
+            self._mode = True
+        else:
+            self._mode = agreed(comm, self._call, **self._args)
+            self._mode.__enter__()
+
+    def __exit__(self, et, ev, tb):
+        mode, self._mode = self._mode, None
+        if mode is None:
+            return False
+        if mode is not True:
+            return mode.__exit__(et, ev, tb)
+        if et is None:
+            agreement.defer(self._comm, self._call,
+                            tuple((k, agreement.token(v)) for k, v in self._args.items()))
+            return False
+        if issubclass(et, Exception):  # raised on every rank by the agreed call
+            with agreed(self._comm, self._call, **self._args):
+                raise ev
+        return False
 
 
 LOCAL_FAILURE = "rank-local failure"
@@ -132,8 +165,7 @@ LOCAL_FAILURE = "rank-local failure"
 call failed (:func:`failure_deferred`): the ranks that meet it raise that rank's error."""
 
 
-@contextlib.contextmanager
-def failure_deferred(comm, call: str, /):
+class failure_deferred:
     """Rank-local work that an entry point ``call`` runs *after* its agreement (a local kernel
     on data its agreed halo exchange brought): it raises on every rank if it raised on one,
     without the failure-only all-reduce of ``comm.collective(comm)`` where agreement may be
@@ -144,21 +176,34 @@ def failure_deferred(comm, call: str, /):
     where every rank raises this rank's error (type and message, as ``collective`` does; the
     lowest such rank's).  Nested in another entry point, or eager, it is
     ``collective(comm)`` (one all-reduce)."""
-    multi = comm is not None and comm.size > 1
-    if not multi:
-        yield
-        return
-    if _NESTING.depth > 1 or not agreement.deferring():
-        with collective(comm):
-            yield
-        return
-    try:
-        yield
-    except Exception as err:  # noqa: BLE001 - raised on every rank by the next agreement
-        with agreed(comm, call, **{LOCAL_FAILURE: True}):
-            raise err
-        raise
-    agreement.defer(comm, call, ())
+    __slots__ = ("_comm", "_call", "_mode")
+
+    def __init__(self, comm, call: str, /):
+        self._comm, self._call, self._mode = comm, call, None
+
+    def __enter__(self):
+        comm = self._comm
+        if comm is None or comm.size <= 1:
+            self._mode = None
+        elif _NESTING.depth > 1 or not agreement.deferring():
+            self._mode = collective(comm)
+            self._mode.__enter__()
+        else:
+            self._mode = True
+
+    def __exit__(self, et, ev, tb):
+        mode, self._mode = self._mode, None
+        if mode is None:
+            return False
+        if mode is not True:
+            return mode.__exit__(et, ev, tb)
+        if et is None:
+            agreement.defer(self._comm, self._call, ())
+            return False
+        if issubclass(et, Exception):  # raised on every rank by the next agreement
+            with agreed(self._comm, self._call, **{LOCAL_FAILURE: True}):
+                raise ev
+        return False
 
 
 def canon(v):

@@ -37,6 +37,7 @@ import os
 import numpy as np
 from mpi4py import MPI
 
+from ..core import agreement
 from ..core.backend import array_module, to_host
 from ..core.comm import collective
 from ..core.watchdog import waiting
@@ -369,8 +370,15 @@ class GradientReducer:
         where it was unused contribute zeros); one that got none on any rank (unused in
         forward everywhere, or frozen with ``requires_grad_(False)``) keeps its ``.grad``
         (``None`` after ``zero_grad``), so optimizers skip it.  Which is which is decided
-        by a "used" flag per parameter summed in the bucket's own all-reduce."""
+        by a "used" flag per parameter summed in the bucket's own all-reduce.
+
+        First the calls deferred over the grid during the step are agreed
+        (:func:`~disttensor.core.agreement.settle`, one small all-reduce over the grid): a
+        call that moves no data and failed on one rank only (that rank agrees at once and
+        waits over the grid) is raised here on every rank, instead of the others waiting on
+        the buckets' communicator for sums that rank never starts."""
         self.armed = False
+        agreement.settle(self.grid.cart)
         for b in self.buckets:
             b.missing = 0  # parameters backward never reached keep their zeroed segments
         self._start_ready()

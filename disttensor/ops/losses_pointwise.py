@@ -17,8 +17,14 @@ mean over no element is NaN).
 
 Collective: the ranks agree on the arrays' metadata and the options; one fused local kernel
 per rank (``ops/local/cpu/losses.py``, ``ops/local/gpu/losses.py``) and one all-reduce of
-``[loss sum, inputs out of range]``.  The backward gives the gradient in ``x`` (and, for the
-losses of ``x - target``, minus it for the target) and sends no message.
+``[loss sum, inputs out of range]`` over the ranks holding different parts of ``x``.  Where
+there are none (``x`` whole on every rank, as a model's output after a spatial ``flatten`` on
+a grid that does not split the samples) and the target and a DistArray ``weight`` are laid
+out like ``x``, the forward moves no data: its agreement is deferred to the next agreement
+over the grid (:func:`~disttensor.core.entry.deferrable`), and its kernel and range check
+raise on every rank if they raise on one (:func:`~disttensor.core.entry.failure_deferred`).
+The backward gives the gradient in ``x`` (and, for the losses of ``x - target``, minus it for
+the target) and sends no message.
 """
 from __future__ import annotations
 
@@ -28,7 +34,7 @@ import numpy as np
 
 from ..core.array import DistArray
 from ..core.comm import allreduce
-from ..core.entry import agreed, collective_entry, deferrable
+from ..core.entry import agreed, collective_entry, deferrable, failure_deferred
 from ._losses import aligned, check_distarray, check_reduction, incoming, reduced
 from ._spatial import array_key, meaning, param_comm
 from .local import kernels_for
@@ -92,6 +98,38 @@ def _check_param(name: str, param, what: str) -> float:
     return p
 
 
+def _moves_no_data(x, target, weight) -> bool:
+    """Whether the forward sends nothing (decided per rank from the layouts): every rank holds
+    all of ``x`` it sums (no split grid axis of extent > 1) and no operand is redistributed."""
+    if not (isinstance(x, DistArray) and isinstance(target, DistArray)):
+        return False
+    dims = x.grid.dims
+    if any(g is not None and dims[g] > 1 for g in x.split):
+        return False
+    aligned_ = [target] + ([weight] if isinstance(weight, DistArray) else [])
+    return all(a.distribution == x.distribution and a.grid is x.grid for a in aligned_)
+
+
+def _loss_total(name: str, x: DistArray, target: DistArray, p: float, weight, pos_weight,
+                comm, what: str):
+    """``(loss per element, target block, weight block, pos_weight block, sum)``: the kernel on
+    this rank's block and ``[loss sum, inputs out of range]`` summed over ``comm`` (``None``:
+    this rank's block is all of it, no message)."""
+    w, pw = _block_of(weight, x), _block_of(pos_weight, x)
+    k = kernels_for(x.local)
+    xp = x.xp
+    t = aligned(target, x).local
+    loss = k.pointwise_loss_forward(name, x.local, t, p, w, pw)
+    bad = ((x.local < 0) | (x.local > 1)).sum() if name == "bce" else xp.zeros(())
+    part = xp.stack([loss.sum(), xp.asarray(bad, dtype=xp.float64)])
+    total = part if comm is None else allreduce(comm, part, "sum")
+    total = [float(v) for v in (total.get() if hasattr(total, "get") else total)]
+    if total[1] > 0:
+        raise ValueError(f"{what}: all elements of the input should be between 0 and 1 "
+                         f"({int(total[1])} are not)")
+    return loss, t, w, pw, total[0]
+
+
 @collective_entry
 def pointwise_loss_forward(name: str, x: DistArray, target: DistArray, reduction: str = "mean",
                            param: float = 1.0, weight=None, pos_weight=None):
@@ -99,7 +137,9 @@ def pointwise_loss_forward(name: str, x: DistArray, target: DistArray, reduction
     docstring.  Returns ``(loss, saved)``."""
     what = f"{name}_loss" if name in POINTWISE_LOSSES else "loss"
     dist_w = weight if isinstance(weight, DistArray) else None
-    with agreed(x.grid.cart, f"{what}_forward", name=name, x=x, target=target,
+    local = _moves_no_data(x, target, weight)
+    gate = deferrable if local else agreed  # (deferred when no data moves)
+    with gate(x.grid.cart, f"{what}_forward", name=name, x=x, target=target,
                 reduction=reduction, param=meaning(float, param),
                 weight=dist_w if dist_w is not None else array_key(weight),
                 pos_weight=array_key(pos_weight)):
@@ -124,23 +164,18 @@ def pointwise_loss_forward(name: str, x: DistArray, target: DistArray, reduction
             raise ValueError(f"{what}: weight is an option of the BCE losses only")
         _check_broadcast(weight, x, "weight", what)
         _check_broadcast(pos_weight, x, "pos_weight", what)
-    w, pw = _block_of(weight, x), _block_of(pos_weight, x)
-    k = kernels_for(x.local)
-    xp = x.xp
-    t = aligned(target, x).local
-    loss = k.pointwise_loss_forward(name, x.local, t, p, w, pw)
-    bad = ((x.local < 0) | (x.local > 1)).sum() if name == "bce" else xp.zeros(())
-    part = xp.stack([loss.sum(), xp.asarray(bad, dtype=xp.float64)])
-    total = allreduce(param_comm(x), part, "sum")
-    total = [float(v) for v in (total.get() if hasattr(total, "get") else total)]
-    if total[1] > 0:
-        raise ValueError(f"{what}: all elements of the input should be between 0 and 1 "
-                         f"({int(total[1])} are not)")
+    if local:  # (a failure on one rank raises its error on every rank, at the next agreement)
+        with failure_deferred(x.grid.cart, f"{what}_forward"):
+            loss, t, w, pw, total = _loss_total(name, x, target, p, weight, pos_weight, None,
+                                                what)
+    else:
+        loss, t, w, pw, total = _loss_total(name, x, target, p, weight, pos_weight,
+                                            param_comm(x), what)
     scale = 1.0 / x.size if reduction == "mean" and x.size else 1.0
     saved = PointwiseLossSaved(name, x, t, p, w, pw, reduction, scale)
     if reduction == "none":
         return DistArray(loss.astype(x.dtype), x.distribution, x.grid), saved
-    return reduced(total[0], x.size, reduction), saved
+    return reduced(total, x.size, reduction), saved
 
 
 @collective_entry

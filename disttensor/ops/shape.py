@@ -7,13 +7,15 @@
 * :func:`flatten_forward`: ``(N, C, *S) -> (N, C*prod(S))`` with the sample axis split as in
   the input and every other axis whole: the spatial blocks are gathered (redistributed) over
   the spatial grid axes, whose ranks then hold replicas.  The backward is the redistribution
-  back (the global array is unchanged by a redistribution, so its gradient is too).
+  back (the global array is unchanged by a redistribution, so its gradient is too), which
+  moves no data: each rank's gradient block is a slice of the replica it holds.
 * :func:`dense_forward`: ``y = x @ w.T + b`` on ``(N, F)`` blocks with the features whole;
   ``dw``/``db`` are summed over the ranks holding different samples (replicas count once).
 
 Every entry point agrees on its arguments (the arrays' metadata, the weight's shape) before any
-message, the local ones (dense, flatten without a redistribution) too: they set the output's
-global metadata, which a rank-dependent argument would make inconsistent.  Those move no data,
+message, the local ones (dense, flatten without a redistribution, flatten's backward) too: they
+set the output's global metadata, which a rank-dependent argument would make inconsistent.
+Those move no data,
 so their agreement is deferred to the next agreement over the grid
 (:func:`~disttensor.core.entry.deferrable`): no all-reduce of their own.
 """
@@ -139,20 +141,30 @@ def flatten_forward(x: DistArray):
     return DistArray(flat, fd, x.grid), FlattenSaved(d, gathered, fd)
 
 
+@functools.lru_cache(maxsize=256)
+def _block_in_gathered(gathered: Distribution, x_dist: Distribution, rank: int) -> tuple:
+    """Index of ``rank``'s block of ``x_dist`` in its block of ``gathered`` (which holds it:
+    the same sample range, every other axis whole), what the redistribution from ``gathered``
+    back to ``x_dist`` keeps on each rank without a message."""
+    g, b = gathered.rank_box(rank), x_dist.rank_box(rank)  # (gathered: _flatten_dists)
+    return tuple(slice(a0 - g0, a1 - g0) for a0, a1, g0 in zip(b.start, b.stop, g.start))
+
+
 @collective_entry
 def flatten_backward(saved: FlattenSaved, dy: DistArray) -> DistArray:
     """Gradient with respect to the flatten input (collective: the ranks agree on ``dy``'s
-    metadata; redistributed back when the forward gathered)."""
-    local = _same_blocks(saved.gathered, saved.x_dist)
-    gate = deferrable if local else agreed  # (deferred when no data moves)
-    with gate(dy.grid.cart, "flatten_backward", dy=dy, x=saved.x_dist):
+    metadata).  No data moves, even where the forward gathered: every rank holds the whole
+    gradient of its samples and keeps the slice of its input block (the redistribution back,
+    whose plan sends nothing), so the agreement is deferred."""
+    with deferrable(dy.grid.cart, "flatten_backward", dy=dy, x=saved.x_dist):
         if saved.out_dist is not None:
             check_gradient_layout(dy, saved.out_dist, "flatten")
     g = saved.gathered
     loc = dy.local.reshape((dy.local.shape[0],) + g.shape[1:])
-    if local:
+    if _same_blocks(g, saved.x_dist):
         return DistArray(loc, saved.x_dist, dy.grid)
-    return DistArray(loc, g, dy.grid).redistribute(distribution=saved.x_dist)
+    part = loc[_block_in_gathered(g, saved.x_dist, dy.grid.cart.rank)]
+    return DistArray(array_module(part).ascontiguousarray(part), saved.x_dist, dy.grid)
 
 
 @dataclass

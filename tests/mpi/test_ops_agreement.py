@@ -23,6 +23,7 @@ import disttensor as dt
 from disttensor import ops
 from disttensor.core import agreement
 from disttensor.ops.local import kernels_for
+from disttensor.ops.losses_pointwise import pointwise_loss_forward
 from checks import different_calls, in_step, last_rank_only, mismatch  # noqa: F401
 from conftest import assert_all_ranks
 
@@ -305,6 +306,54 @@ def test_loss_arguments_differ():
     in_step("losses")
 
 
+@two_ranks
+def test_deferred_flatten_backward_and_whole_loss_differ():
+    """The calls that move no data only where every rank holds all they need (flatten's
+    backward after a gather, a loss of an array whole on every rank) are agreed with the next
+    agreement: a rank-dependent argument raises there, on every rank; a loss whose range check
+    fails on one rank only raises that rank's error on every rank."""
+    x = ncw()
+    f, gsaved = ops.flatten_forward(x)  # gathered
+    with mismatch("flatten_backward", "dy"):  # raises on the last rank: agreed there
+        ops.flatten_backward(gsaved, last_rank_only(rank_dependent(f.shape, (0, None)), f))
+        next_agreement()
+    xr, tr = ncw(split=(None, None, None)), ncw(split=(None, None, None), seed=1)
+    with mismatch("mse_loss_forward", "reduction"):
+        pointwise_loss_forward("mse", xr, tr, last_rank_only("sum", "mean"))
+        next_agreement()
+    p = rank_dependent(xr.shape, (None,) * 3, fill=last_rank_only(2.0, 0.5))
+    suffix = "" if RANK == SIZE - 1 else rf" \(raised on rank {SIZE - 1}\)"
+    with pytest.raises(ValueError, match=rf"between 0 and 1 \(\d+ are not\){suffix}$"):
+        pointwise_loss_forward("bce", p, tr * 0.0)  # fails on the last rank only
+        next_agreement()
+    in_step("deferred whole")
+
+
+@two_ranks
+def test_gradient_reducer_meets_a_deferred_failure():
+    """A training step whose calls after a failure all move no data (a dense model on samples
+    every rank holds whole): the loss's range check fails on the last rank only, which waits
+    over the grid; the others meet it when the gradient reducer agrees the step's deferred
+    calls at the end of backward (not in a wait for buckets that rank never starts): every
+    rank raises its error."""
+    from disttensor import nn
+    from disttensor.autograd import Tensor
+    lin = nn.Linear(4, 4)
+    lin.weight.data[...] = np.eye(4)
+    lin.bias.data[...] = 0.0
+    # (overlap=False: no bucket starts before the end of backward, so none is left in flight
+    # on the ranks that raise; with overlap the ranks raise alike)
+    net = nn.DistributedDataParallel(lin, grid1(), overlap=False)
+    x = rank_dependent((3, 4), (None, None), fill=last_rank_only(5.0, 0.5)).astype("float32")
+    t = dt.from_global(np.zeros((3, 4), np.float32), grid=grid1(), split=(None, None))
+    suffix = "" if RANK == SIZE - 1 else rf" \(raised on rank {SIZE - 1}\)"
+    with pytest.raises(ValueError, match=rf"between 0 and 1 \(\d+ are not\){suffix}$"):
+        loss = nn.functional.binary_cross_entropy(net(Tensor(x)), Tensor(t))
+        loss.backward()
+    in_step("reducer settles")
+    net.reducer.release()
+
+
 def test_loss_reduction_sum():
     """``reduction='sum'``: the sum over the elements / voxels; its gradient is the mean's times
     the count."""
@@ -346,6 +395,8 @@ def test_one_agreement_per_entry_point(counted):
     bn, bsaved = ops.batch_norm_forward(x, g, b, np.zeros(4), np.ones(4))
     u, usaved = ops.upsample_forward(x, 2, "linear")
     f, fsaved = ops.flatten_forward(xs)
+    fg, gsaved = ops.flatten_forward(x)  # (x split along W: gathered)
+    xr = ncw(split=(None, None, None))  # whole on every rank: a loss of it sums nothing
     w = RNG.standard_normal((3, f.shape[1]))
     d, dsaved = ops.dense_forward(f, w)
     _, msaved = ops.mse_forward(x, x)
@@ -388,11 +439,15 @@ def test_one_agreement_per_entry_point(counted):
         ("flatten_forward", lambda: ops.flatten_forward(xs), []),  # (no gather: deferred)
         ("flatten_forward, gather", lambda: ops.flatten_forward(x), ["flatten_forward"]),
         ("flatten_backward", lambda: ops.flatten_backward(fsaved, f), []),
+        ("flatten_backward after a gather", lambda: ops.flatten_backward(gsaved, fg), []),
+        # (each rank keeps its slice of the replica: no data moves, deferred)
         ("dense_forward", lambda: ops.dense_forward(f, w), []),
         ("dense_backward", lambda: ops.dense_backward(dsaved, d), ["dense_backward"]),
         ("dense_backward, no sums", lambda: ops.dense_backward(dsaved, d, reduce=False), []),
         ("concat_channels", lambda: ops.concat_channels([x, x]), ["concat_channels"]),
         ("mse_forward", lambda: ops.mse_forward(x, x), ["mse_forward"]),
+        ("mse_loss_forward, whole on every rank",
+         lambda: pointwise_loss_forward("mse", xr, xr), []),
         ("mse_backward", lambda: ops.mse_backward(msaved), []),
     ]
     for name, fn, want in cases:
