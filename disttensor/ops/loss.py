@@ -89,9 +89,10 @@ def mse_backward(saved: MSESaved, dloss: float = 1.0) -> DistArray:
     data moves, so the agreement is deferred to the next one over the grid)."""
     x = saved.x
     with deferrable(x.grid.cart, "mse_backward", x=x, dloss=meaning(float, dloss)):
-        dloss = float(dloss)
-    g = (x.local - saved.t.local.astype(x.dtype, copy=False)) * (2.0 * dloss * saved.scale)
-    return DistArray(g.astype(x.dtype, copy=False), x.distribution, x.grid)
+        dloss = float(dloss)  # the arithmetic inside too: a failure on one rank agrees at once
+        g = (x.local - saved.t.local.astype(x.dtype, copy=False)) * (2.0 * dloss * saved.scale)
+        g = g.astype(x.dtype, copy=False)
+    return DistArray(g, x.distribution, x.grid)
 
 
 @dataclass
