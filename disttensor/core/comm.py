@@ -24,7 +24,7 @@ from .watchdog import waiting
 
 __all__ = ["CollectiveError", "collective", "check_same", "any_true", "mpi_type",
            "allreduce", "host_staging", "cuda_aware_mpi", "private_comm",
-           "PieceExchange", "copy_into", "copier", "fill_zero"]
+           "PieceExchange", "copy_into", "copier", "fill_zero", "zero_filler"]
 
 
 class CollectiveError(RuntimeError):
@@ -337,6 +337,18 @@ def copier(dst, src):
                 return functools.partial(np.copyto, _as_runs(dst, k), _as_runs(src, k))
         return functools.partial(np.copyto, dst, src)
     return functools.partial(copy_into, dst, src)
+
+
+def zero_filler(a):
+    """A function of one ignored argument doing :func:`fill_zero` ``(a)``, the merged-run view
+    made once (for a view zeroed many times, as :func:`copier`)."""
+    if type(a) is np.ndarray and a.ndim and not a.flags.c_contiguous and not a.dtype.hasobject:
+        k = _trailing_run_axis(a)
+        if k < a.ndim and math.prod(a.shape[k:]) > 1:
+            v = _as_runs(a, k)
+            zero = np.zeros((), dtype=v.dtype)
+            return lambda value: v.__setitem__(Ellipsis, zero)
+    return lambda value: fill_zero(a)
 
 
 def fill_zero(a) -> None:

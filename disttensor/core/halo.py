@@ -38,7 +38,7 @@ from functools import lru_cache
 import numpy as np
 from mpi4py import MPI
 
-from .comm import PieceExchange, copier, copy_into, fill_zero, private_comm
+from .comm import PieceExchange, copier, copy_into, private_comm, zero_filler
 from .distribution import Distribution, coords_to_rank
 from .plans import CommPlan, halo_plan
 
@@ -78,7 +78,7 @@ def _zero_fill(v):
     ``memset`` for a large contiguous one (measured ~3x faster than ``ndarray.fill`` at
     256 KiB: all-zero bytes are 0 in every numeric dtype), ``fill`` for a small one (a ctypes
     call costs more below ~32 KiB), the run merging of :func:`disttensor.core.comm.fill_zero` for
-    a strided one."""
+    a strided one (its merged view made once, :func:`disttensor.core.comm.zero_filler`)."""
     if type(v) is np.ndarray and v.flags.c_contiguous and not v.dtype.hasobject:
         if v.nbytes >= 32768:
             addr, n, memset = v.ctypes.data, v.nbytes, ctypes.memset
@@ -88,7 +88,7 @@ def _zero_fill(v):
             if v.dtype.itemsize % np.dtype(ut).itemsize == 0:
                 return flat.view(ut).fill
         return v.fill
-    return lambda value: fill_zero(v)
+    return zero_filler(v)
 
 
 class HaloExchange:

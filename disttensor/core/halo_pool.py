@@ -63,7 +63,9 @@ class Slot:
         self.buffer = np.empty(tuple(lo + n + hi for (lo, hi), n in zip(halo, block)),
                                dtype=dtype)
         self._dist, self._grid, self._halo = dist, grid, halo
-        with nested():  # the window op agreed on everything its halo derives from
+        # made by this rank alone (the pool's choices are rank-local), so never agreed, at
+        # any depth: the window op agreed on everything its halo derives from
+        with nested(), nested():
             self.exchange = HaloExchange(DistArray(self.buffer, dist, grid, halo), boundary,
                                          persistent=True).prepare()
         self._refs = _refcount(self)
