@@ -87,8 +87,8 @@ def main() -> None:
             med = statistics.median(ts) * 1e6
             print(f"  {name:8s} CPU us per call of every layer: median {med:.1f} "
                   f"(range {min(ts) * 1e6:.1f}-{max(ts) * 1e6:.1f})")
-            record("halo_call", f"{name} {args.layers} n{COMM.size}", "cpu_us_per_step", med,
-                   "us")
+            record("halo_call", f"{name} {args.layers}", "cpu_us_per_step", med, "us",
+                   better="lower", ranks=COMM.size)
 
 
 if __name__ == "__main__":
