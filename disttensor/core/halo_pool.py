@@ -27,7 +27,8 @@ Bounds: :data:`PER_LAYOUT` slots per layout (then :func:`acquire` returns ``None
 caller makes a fresh buffer and a one-shot exchange), :data:`MAX_SLOTS` in all (the least
 recently used layout is dropped first).  NumPy buffers only (``None`` for GPU blocks: their
 kernels run asynchronously, after the last reference may have gone).  :func:`clear` drops
-every slot (their memory and requests are freed with them).
+every slot (their memory and requests are freed with them) and the reverse exchanges cached
+by :func:`disttensor.core.halo.reverse_window`.
 """
 from __future__ import annotations
 
@@ -36,10 +37,11 @@ import threading
 from collections import OrderedDict
 
 import numpy as np
+from mpi4py import MPI
 
 from .array import DistArray
 from .entry import nested
-from .halo import HaloExchange
+from .halo import HaloExchange, clear_caches
 
 __all__ = ["Slot", "acquire", "clear", "PER_LAYOUT", "MAX_SLOTS", "pooled_slots"]
 
@@ -124,6 +126,26 @@ def pooled_slots() -> int:
 
 
 def clear() -> None:
-    """Drop every slot (arrays handed out stay valid: they hold their buffers)."""
+    """Drop every slot and the cached reverse exchanges of
+    :func:`disttensor.core.halo.reverse_window` (arrays handed out stay valid: they hold their
+    buffers; the persistent requests are freed with their exchanges).  Also run when MPI is
+    finalized."""
     with _lock:
         _slots.clear()
+    clear_caches()
+
+
+def _clear_at_finalize() -> None:
+    """Free the pooled exchanges' requests while MPI is still up: an attribute on
+    ``MPI_COMM_SELF`` is deleted at the start of ``MPI_Finalize`` (as
+    :mod:`disttensor.core.comm` frees its datatypes)."""
+    try:
+        if MPI.Is_finalized() or not MPI.Is_initialized():
+            return
+        keyval = MPI.Comm.Create_keyval(delete_fn=lambda comm, key, val: clear())
+        MPI.COMM_SELF.Set_attr(keyval, None)
+    except Exception:  # pragma: no cover - an MPI without attribute callbacks
+        pass
+
+
+_clear_at_finalize()
