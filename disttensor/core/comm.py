@@ -10,20 +10,20 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import math
 from functools import lru_cache
 
 import numpy as np
 from mpi4py import MPI
 
 from .backend import array_module, to_host
+from .copies import copier, copy_into, fill_zero, zero_filler
 from . import profiler as _profiler
 from . import watchdog as _watchdog
 from .watchdog import waiting
 
 __all__ = ["CollectiveError", "collective", "check_same", "any_true", "mpi_type",
            "allreduce", "host_staging", "cuda_aware_mpi", "private_comm",
-           "PieceExchange", "copy_into", "fill_zero"]
+           "PieceExchange", "copy_into", "copier", "fill_zero", "zero_filler"]
 
 
 class CollectiveError(RuntimeError):
@@ -289,52 +289,6 @@ def private_comm(comm: MPI.Comm, purpose: str) -> MPI.Comm:
     return c
 
 
-# -- fast strided copies -----------------------------------------------------------------------
-def _trailing_run_axis(a: np.ndarray) -> int:
-    """Smallest ``k`` such that axes ``k..ndim-1`` of ``a`` form one contiguous run."""
-    k, expected = a.ndim, a.itemsize
-    while k > 0 and (a.shape[k - 1] == 1 or a.strides[k - 1] == expected):
-        expected *= a.shape[k - 1]
-        k -= 1
-    return k
-
-
-def _as_runs(a: np.ndarray, k: int) -> np.ndarray:
-    """View of ``a`` whose axes ``k..`` (contiguous) are one void element each."""
-    run = math.prod(a.shape[k:])
-    merged = np.lib.stride_tricks.as_strided(a, shape=a.shape[:k] + (run,),
-                                             strides=a.strides[:k] + (a.itemsize,))
-    return merged.view(np.dtype((np.void, run * a.itemsize)))
-
-
-def copy_into(dst, src) -> None:
-    """``dst[...] = src`` for arrays of the same shape and dtype, fast for strided boxes.
-
-    NumPy's copy loops over the innermost axis; when that is a short contiguous run (a halo
-    face of width 3 along the last axis: 3 elements per row), the per-row overhead dominates
-    (measured 5x slower than needed).  Here the trailing axes contiguous in both arrays are
-    merged into one void element, so the loop runs once per run with a fixed-size memcpy."""
-    if (type(dst) is np.ndarray and type(src) is np.ndarray and dst.shape == src.shape
-            and dst.dtype == src.dtype and not dst.dtype.hasobject and dst.ndim
-            and not (dst.flags.c_contiguous and src.flags.c_contiguous)):
-        k = max(_trailing_run_axis(dst), _trailing_run_axis(src))
-        if k < dst.ndim and math.prod(dst.shape[k:]) > 1:
-            np.copyto(_as_runs(dst, k), _as_runs(src, k))
-            return
-    dst[...] = src
-
-
-def fill_zero(a) -> None:
-    """``a[...] = 0``, fast for strided boxes (see :func:`copy_into`)."""
-    if type(a) is np.ndarray and a.ndim and not a.flags.c_contiguous and not a.dtype.hasobject:
-        k = _trailing_run_axis(a)
-        if k < a.ndim and math.prod(a.shape[k:]) > 1:
-            v = _as_runs(a, k)
-            v[...] = np.zeros((), dtype=v.dtype)
-            return
-    a[...] = np.zeros((), dtype=a.dtype) if type(a) is np.ndarray else 0
-
-
 # -- point-to-point exchange of array pieces ---------------------------------------------------
 def _c_contiguous(a) -> bool:
     return bool(a.flags.c_contiguous)
@@ -372,13 +326,18 @@ class PieceExchange:
     object (or by :meth:`free`); a :meth:`finish` that failed inside MPI drops them, and the
     next :meth:`start` makes new ones.
 
+    ``packed=True`` (CPU) moves every piece through scratch, contiguous ones too, so the
+    persistent requests are bound to the scratch alone and :meth:`rebind` can point the
+    exchange at new arrays of the same pieces (a cached exchange serving every call of one
+    layout, :func:`disttensor.core.halo.reverse_window`).
+
     Contract: every rank named as a peer makes the matching :meth:`start`/:meth:`finish` pair
     the same number of times (collective over the peers, like the ``Isend``/``Irecv`` it
     replaces); :meth:`start` while an exchange is in flight raises ``RuntimeError`` and leaves
     the one in flight intact."""
 
     def __init__(self, comm: MPI.Comm, sends, recvs, accumulate: bool = False,
-                 persistent: bool = True):
+                 persistent: bool = True, packed: bool = False):
         self.comm = comm
         self.accumulate = accumulate
         self.sends = [(int(p), int(t), v) for p, t, v in sends if v.size]
@@ -387,26 +346,60 @@ class PieceExchange:
         self.xp = array_module(views[0]) if views else np
         self.gpu = self.xp is not np
         self.staged = self.gpu and not cuda_aware_mpi()
+        self.packed = bool(packed) and not self.gpu
         self._send_scratch = [self._scratch(v, recv=False) for _, _, v in self.sends]
         self._recv_scratch = [self._scratch(v, recv=True) for _, _, v in self.recvs]
-        # what start() packs and finish() unpacks, listed once
-        self._pack = [(s, v) for (_, _, v), s in zip(self.sends, self._send_scratch)
-                      if s is not None]
-        self._unpack = [(v, s) for (_, _, v), s in zip(self.recvs, self._recv_scratch)
-                        if s is not None]
         self.persistent = bool(persistent) and not self.gpu
+        self._bind_views()
         self._preqs: list | None = None
         self._reqs: list = []
         self._keep: list = []
         self._active = False
 
+    def _bind_views(self) -> None:
+        """List once what start() packs and finish() unpacks; a persistent exchange (its views
+        copied many times) also makes its copy functions once (:func:`copier`)."""
+        self._pack = [(s, v) for (_, _, v), s in zip(self.sends, self._send_scratch)
+                      if s is not None]
+        self._unpack = [(v, s) for (_, _, v), s in zip(self.recvs, self._recv_scratch)
+                        if s is not None]
+        self._packers = [copier(s, v) for s, v in self._pack] \
+            if self.persistent and not self.packed else None
+        self._unpackers = [copier(v, s) for v, s in self._unpack] \
+            if self.persistent and not self.packed and not self.accumulate else None
+
     def _scratch(self, v, recv: bool):
         if self.staged:  # page-locked, made once per exchange and reused by every start()
             import cupyx
             return cupyx.empty_pinned(v.shape, dtype=v.dtype)
-        if _c_contiguous(v) and not (recv and self.accumulate):
+        if _c_contiguous(v) and not (recv and self.accumulate) and not self.packed:
             return None
         return self.xp.empty(v.shape, dtype=v.dtype)
+
+    def rebind(self, sends=None, recvs=None) -> "PieceExchange":
+        """Point a ``packed=True`` exchange at new views (not while one is in flight):
+        ``sends`` and ``recvs`` list one view per piece kept at construction (the non-empty
+        ones), in order, each of the shape and dtype of the one it replaces (unchecked: the
+        caller derives them from the same recipe).  The peers, tags, scratch and persistent
+        requests stay.  ``None`` for both lets go of the views (so a cached exchange keeps no
+        array of its last call alive); rebind before the next :meth:`start`."""
+        if not self.packed or self._active:
+            raise RuntimeError("rebind() needs an idle exchange made with packed=True")
+        if sends is None and recvs is None:
+            self._pack, self._unpack = [], []
+            self.sends = [(p, t, None) for p, t, _ in self.sends]
+            self.recvs = [(p, t, None) for p, t, _ in self.recvs]
+            return self
+        self.sends = [(p, t, v) for (p, t, _), v in zip(self.sends, sends)]
+        self.recvs = [(p, t, v) for (p, t, _), v in zip(self.recvs, recvs)]
+        self._bind_views()
+        return self
+
+    def prepare(self) -> "PieceExchange":
+        """Make the persistent requests now rather than at the first :meth:`start`."""
+        if self.persistent and self._preqs is None:
+            self._preqs = self._persistent_requests()
+        return self
 
     @property
     def nbytes_sent(self) -> int:
@@ -514,6 +507,10 @@ class PieceExchange:
                 self._unpack_received()
 
     def _pack_pieces(self) -> None:
+        if self._packers is not None:
+            for f in self._packers:
+                f()
+            return
         for s, v in self._pack:
             copy_into(s, v)
 
@@ -528,6 +525,9 @@ class PieceExchange:
         elif self.accumulate:
             for v, s in self._unpack:
                 v += s
+        elif self._unpackers is not None:
+            for f in self._unpackers:
+                f()
         else:
             for v, s in self._unpack:
                 copy_into(v, s)

@@ -38,7 +38,7 @@ from functools import lru_cache
 import numpy as np
 from mpi4py import MPI
 
-from .comm import PieceExchange, copy_into, fill_zero, private_comm
+from .comm import PieceExchange, copier, copy_into, private_comm, zero_filler
 from .distribution import Distribution, coords_to_rank
 from .plans import CommPlan, halo_plan
 
@@ -78,7 +78,7 @@ def _zero_fill(v):
     ``memset`` for a large contiguous one (measured ~3x faster than ``ndarray.fill`` at
     256 KiB: all-zero bytes are 0 in every numeric dtype), ``fill`` for a small one (a ctypes
     call costs more below ~32 KiB), the run merging of :func:`disttensor.core.comm.fill_zero` for
-    a strided one."""
+    a strided one (its merged view made once, :func:`disttensor.core.comm.zero_filler`)."""
     if type(v) is np.ndarray and v.flags.c_contiguous and not v.dtype.hasobject:
         if v.nbytes >= 32768:
             addr, n, memset = v.ctypes.data, v.nbytes, ctypes.memset
@@ -88,7 +88,7 @@ def _zero_fill(v):
             if v.dtype.itemsize % np.dtype(ut).itemsize == 0:
                 return flat.view(ut).fill
         return v.fill
-    return lambda value: fill_zero(v)
+    return zero_filler(v)
 
 
 class HaloExchange:
@@ -135,6 +135,7 @@ class HaloExchange:
         p = self.plan
         self._zero = [_zero_fill(buf[box.slices()]) for box in p.zero]
         self._local = [(buf[d.slices()], buf[s.slices()]) for s, d in p.local]
+        self._copies = [copier(d, s) for d, s in self._local]
         self._forward: PieceExchange | None = None
         self._reverse: PieceExchange | None = None
         self._mode: str | None = None
@@ -160,6 +161,12 @@ class HaloExchange:
                 accumulate=True, persistent=self.persistent)
         return self._reverse
 
+    def prepare(self) -> "HaloExchange":
+        """Make the forward exchange's views, scratch and persistent requests now rather than
+        at the first exchange (local, no message)."""
+        self._engine(reverse=False).prepare()
+        return self
+
     def free(self) -> None:
         """Free the persistent MPI requests now (they are also freed with the object)."""
         for e in (self._forward, self._reverse):
@@ -182,8 +189,8 @@ class HaloExchange:
         self._mode = "forward"
         for fill in self._zero:
             fill(0)
-        for d, s in self._local:
-            copy_into(d, s)
+        for copy in self._copies:
+            copy()
         return self
 
     def end(self) -> None:
@@ -212,8 +219,8 @@ class HaloExchange:
             raise RuntimeError("halo exchange already in progress; call end() first")
         for fill in self._zero:
             fill(0)
-        for d, s in self._local:
-            copy_into(d, s)
+        for copy in self._copies:
+            copy()
         (self._forward or self._engine(reverse=False)).run()
 
     # -- adjoint ----------------------------------------------------------------------------------
@@ -262,39 +269,105 @@ def reverse_window(window, read_start, x_dist: Distribution, grid, halo, periodi
     window; the messages are then those of the reverse exchange (same private communicator,
     peers, tags and contents: cells outside the window have zero gradient), so ranks taking
     this path and ranks taking the other one match.  Collective over the grid's ranks (like
-    the reverse exchange); no agreement (the caller agreed)."""
+    the reverse exchange); no agreement (the caller agreed).
+
+    Everything but the data is cached per layout (:func:`_reverse_recipe`: the slices, the
+    scratch and the persistent requests of the messages), so a call of a training step's
+    steady state binds the cached exchange to this call's arrays and posts it."""
     if type(window) is not np.ndarray:
         return None
+    r = _reverse_recipe(x_dist, grid, tuple(tuple(h) for h in halo), tuple(periodic),
+                        tuple(read_start), window.shape, window.dtype)
+    if r is None:
+        return None
+    block, covered, own, local, sends, recvs, ex = r
+    out = np.empty(block, dtype=window.dtype) if covered else \
+        np.zeros(block, dtype=window.dtype)
+    if ex is not None:
+        if ex._active:  # (left in flight by a failure: a one-shot exchange instead)
+            ex = _reverse_exchange(grid, sends, recvs, window, out, persistent=False)
+        else:
+            ex.rebind([window[sl] for _, _, sl in sends],
+                      [out[sl] for _, _, sl in recvs])
+        ex.start()
+    try:
+        if own is not None:
+            copy_into(out[own[0]], window[own[1]])
+        for dst, src in local:
+            out[dst] += window[src]
+    finally:
+        if ex is not None:
+            ex.finish()
+            if ex.packed:
+                ex.rebind()   # keep no array of this call alive
+    return out
+
+
+def _reverse_exchange(grid, sends, recvs, window, out, persistent=True):
+    """The reverse exchange of :func:`reverse_window`: pieces of ``window`` to the peers,
+    pieces of ``out`` accumulated from them (``sends``/``recvs``: ``(peer, tag, slices)``)."""
+    return PieceExchange(private_comm(grid.cart, "halo"),
+                         [(p, t, window[sl]) for p, t, sl in sends],
+                         [(p, t, out[sl]) for p, t, sl in recvs],
+                         accumulate=True, persistent=persistent, packed=persistent)
+
+
+_REVERSE_RECIPES: dict = {}
+_REVERSE_RECIPES_MAX = 256
+
+
+def _reverse_recipe(x_dist, grid, halo, periodic, r0, shape, dtype):
+    """What :func:`reverse_window` does for one layout, made once: ``None`` where its fast
+    path does not apply, else ``(block, covered, own, local, sends, recvs, exchange)``:
+    the owned block's shape, whether the window covers it (else zeros first), the slices
+    ``(out, window)`` of the owned part and of each local (periodic) piece, the slices of the
+    non-empty message pieces (window: sent, out: received) and their cached
+    ``packed=True`` :class:`PieceExchange` (``None`` without messages)."""
+    key = (x_dist, grid, halo, periodic, r0, tuple(shape), np.dtype(dtype).str)
+    hit = _REVERSE_RECIPES.get(key, _MISSING)
+    if hit is not _MISSING:
+        return hit
     comm = grid.cart
     lo = tuple(h[0] for h in halo)
-    hi = tuple(h[1] for h in halo)
-    p = plan(x_dist, comm.rank, lo, hi, tuple(periodic))
+    p = plan(x_dist, comm.rank, lo, tuple(h[1] for h in halo), periodic)
     block = x_dist.block_shape(grid.coords)
-    r0 = tuple(read_start)
-    r1 = tuple(a + n for a, n in zip(r0, window.shape))
-    if not all(_inside(t.box, r0, r1) for t in p.recvs) or \
-            not all(_inside(d, r0, r1) for _, d in p.local):
-        return None
-    own0, own1 = lo, tuple(a + n for a, n in zip(lo, block))
-    c0 = tuple(max(a, b) for a, b in zip(own0, r0))
-    c1 = tuple(min(a, b) for a, b in zip(own1, r1))
-    covered = all(a == o and b == e for a, b, o, e in zip(c0, c1, own0, own1))
-    out = np.empty(block, dtype=window.dtype) if covered else np.zeros(block, dtype=window.dtype)
-    ex = None
-    if comm.size > 1 and (p.recvs or p.sends):
-        pcomm = private_comm(comm, "halo")
-        ex = PieceExchange(
-            pcomm, [(t.peer, t.tag + _REVERSE_TAG, window[_shifted(t.box, r0)]) for t in p.recvs],
-            [(t.peer, t.tag + _REVERSE_TAG, out[_shifted(t.box, lo)]) for t in p.sends],
-            accumulate=True, persistent=False).start()
-    if all(b > a for a, b in zip(c0, c1)):
-        copy_into(out[tuple(slice(a - o, b - o) for a, b, o in zip(c0, c1, own0))],
-                  window[tuple(slice(a - r, b - r) for a, b, r in zip(c0, c1, r0))])
-    for sbox, dbox in p.local:
-        out[_shifted(sbox, lo)] += window[_shifted(dbox, r0)]
-    if ex is not None:
-        ex.finish()
-    return out
+    r1 = tuple(a + n for a, n in zip(r0, shape))
+    recipe = None
+    if all(_inside(t.box, r0, r1) for t in p.recvs) and \
+            all(_inside(d, r0, r1) for _, d in p.local):
+        own0, own1 = lo, tuple(a + n for a, n in zip(lo, block))
+        c0 = tuple(max(a, b) for a, b in zip(own0, r0))
+        c1 = tuple(min(a, b) for a, b in zip(own1, r1))
+        covered = all(a == o and b == e for a, b, o, e in zip(c0, c1, own0, own1))
+        own = (tuple(slice(a - o, b - o) for a, b, o in zip(c0, c1, own0)),
+               tuple(slice(a - r, b - r) for a, b, r in zip(c0, c1, r0))) \
+            if all(b > a for a, b in zip(c0, c1)) else None
+        local = tuple((_shifted(sbox, lo), _shifted(dbox, r0)) for sbox, dbox in p.local)
+        sends = recvs = ()
+        ex = None
+        if comm.size > 1 and (p.recvs or p.sends):
+            # (the messages of the reverse exchange: a received halo piece goes back)
+            sends = tuple((t.peer, t.tag + _REVERSE_TAG, _shifted(t.box, r0))
+                          for t in p.recvs if t.box.size)
+            recvs = tuple((t.peer, t.tag + _REVERSE_TAG, _shifted(t.box, lo))
+                          for t in p.sends if t.box.size)
+            if sends or recvs:
+                ex = _reverse_exchange(grid, sends, recvs, np.empty(shape, dtype),
+                                       np.empty(block, dtype)).prepare().rebind()
+        recipe = (block, covered, own, local, sends, recvs, ex)
+    if len(_REVERSE_RECIPES) >= _REVERSE_RECIPES_MAX:
+        _REVERSE_RECIPES.clear()
+    _REVERSE_RECIPES[key] = recipe
+    return recipe
+
+
+_MISSING = object()
+
+
+def clear_caches() -> None:
+    """Drop the cached reverse-window exchanges (their scratch and persistent requests are
+    freed with them)."""
+    _REVERSE_RECIPES.clear()
 
 
 # -- filling the halo beyond the global boundary (reflect, nearest, constant) -------------------

@@ -21,16 +21,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
+
 from ..core import agreement as _agreement
 from ..core.array import DistArray
 from ..core.entry import canon, nested
 from ..core.distribution import Distribution
+from ..core import halo_pool
 from ..core.halo import HaloExchange
 from .window import AxisWindow
 
 __all__ = ["WindowPlan", "window_plan", "Region", "overlap_regions", "check_layout",
-           "halo_input", "begin_halo_input", "halo_boundary", "halo_gradient", "lift", "unlift",
-           "lift3", "with_channels", "check_gradient_layout", "param_comm", "spatial_windows",
+           "halo_input", "begin_halo_input", "halo_boundary", "halo_gradient",
+           "zero_halo_buffer", "lift", "unlift", "lift3", "with_channels", "check_gradient_layout", "param_comm", "spatial_windows",
            "meaning", "check_extents", "array_key"]
 
 
@@ -270,12 +273,14 @@ def halo_input(x: DistArray, plan: WindowPlan) -> DistArray:
     Call it from inside a collective entry point, after that entry point's agreed block
     agreed on ``x`` and the window geometry the plan derives from: the halo buffer and the
     exchange then add no agreement all-reduce of their own (:func:`disttensor.core.entry.nested`;
-    one op call agrees once)."""
+    one op call agrees once).  The buffer and its exchange come from the pool of
+    :mod:`disttensor.core.halo_pool` where one of the layout is free (made once per layout,
+    persistent requests), else they are made for this call."""
     if not plan.needs_exchange:
         return x
     with nested():
-        xh = x if x.halo == plan.halo else x.with_halo(plan.halo)
-        HaloExchange(xh, halo_boundary(plan), persistent=False).exchange()
+        xh, ex = _halo_copy(x, plan)
+        ex.exchange()
     return xh
 
 
@@ -284,8 +289,44 @@ def begin_halo_input(x: DistArray, plan: WindowPlan):
     ``end()`` on the exchange before reading halo cells (collective; same precondition as
     :func:`halo_input`)."""
     with nested():
-        xh = x if x.halo == plan.halo else x.with_halo(plan.halo)
-        return xh, HaloExchange(xh, halo_boundary(plan), persistent=False).begin()
+        xh, ex = _halo_copy(x, plan)
+        return xh, ex.begin()
+
+
+def _periodic(plan: WindowPlan, ndim: int) -> tuple:
+    return plan.periodic or (False,) * ndim
+
+
+def _halo_copy(x: DistArray, plan: WindowPlan):
+    """``(x copied into a buffer with the plan's halo, that buffer's exchange, not
+    started)``: a pooled buffer where the layout has a free one (NumPy blocks), else a new
+    one (``x`` itself when it has the plan's halo already)."""
+    if x.halo == plan.halo:
+        return x, HaloExchange(x, halo_boundary(plan), persistent=False)
+    if type(x.local) is np.ndarray:
+        got = halo_pool.acquire(x.distribution, x.grid, plan.halo, _periodic(plan, x.ndim),
+                                x.dtype)
+        if got is not None:
+            np.copyto(got[0].local, x.local)
+            return got
+    xh = x.with_halo(plan.halo)
+    return xh, HaloExchange(xh, halo_boundary(plan), persistent=False)
+
+
+def zero_halo_buffer(x_dist: Distribution, grid, plan: WindowPlan, dtype, xp=np):
+    """``(g, exchange)``: a DistArray of distribution ``x_dist`` with the plan's halo, all
+    zero, and its exchange (for gradients sent back with ``exchange.reverse*``; pooled as in
+    :func:`halo_input` for NumPy).  Local."""
+    if xp is np:
+        got = halo_pool.acquire(x_dist, grid, plan.halo, _periodic(plan, x_dist.ndim), dtype)
+        if got is not None:
+            got[0].buffer.fill(0)
+            return got
+    block = x_dist.block_shape(grid.coords)
+    g = DistArray(xp.zeros(tuple(lo + n + hi for (lo, hi), n in zip(plan.halo, block)),
+                           dtype=dtype), x_dist, grid, plan.halo)
+    with nested():
+        return g, HaloExchange(g, halo_boundary(plan), persistent=False)
 
 
 def halo_boundary(plan: WindowPlan):
@@ -302,25 +343,27 @@ def halo_gradient(local_grad, x_dist: Distribution, grid, plan: WindowPlan) -> D
     halo-free DistArray with distribution ``x_dist``."""
     from ..core.backend import array_module
     xp = array_module(local_grad)
+    if plan.has_output and plan.needs_exchange:
+        # straight from the window's gradient: no zero halo'd buffer, one copy of the block
+        # (its exchange cached per layout, see reverse_window)
+        from ..core.halo import reverse_window
+        out = reverse_window(local_grad, tuple(sl.start or 0 for sl in plan.read), x_dist,
+                             grid, plan.halo, _periodic(plan, x_dist.ndim))
+        if out is not None:
+            return DistArray(out, x_dist, grid)
     block = x_dist.block_shape(grid.coords)
     buf_shape = tuple(lo + n + hi for (lo, hi), n in zip(plan.halo, block))
     if not plan.needs_exchange and plan.has_output and tuple(local_grad.shape) == buf_shape:
         return DistArray(local_grad, x_dist, grid)  # the read window is the whole block
-    if plan.has_output and plan.needs_exchange:
-        # straight from the window's gradient: no zero halo'd buffer, one copy of the block
-        from ..core.halo import reverse_window
-        out = reverse_window(local_grad, tuple(sl.start or 0 for sl in plan.read), x_dist,
-                             grid, plan.halo, plan.periodic or (False,) * x_dist.ndim)
-        if out is not None:
-            return DistArray(out, x_dist, grid)
-    buf = xp.zeros(buf_shape, dtype=local_grad.dtype)
-    if plan.has_output:
-        buf[plan.read] = local_grad
     if not plan.needs_exchange:
+        buf = xp.zeros(buf_shape, dtype=local_grad.dtype)
+        if plan.has_output:
+            buf[plan.read] = local_grad
         return DistArray(buf, x_dist, grid)
-    g = DistArray(buf, x_dist, grid, plan.halo)
-    with nested():  # the caller agreed on everything the plan derives from
-        HaloExchange(g, halo_boundary(plan), persistent=False).reverse()
+    g, ex = zero_halo_buffer(x_dist, grid, plan, local_grad.dtype, xp)
+    if plan.has_output:
+        g.buffer[plan.read] = local_grad
+    ex.reverse()
     return DistArray(xp.ascontiguousarray(g.local), x_dist, grid)
 
 

@@ -39,17 +39,16 @@ from functools import lru_cache
 import numpy as np
 
 from ..core.array import DistArray
-from ..core.entry import agreed, canon, collective_entry, deferrable, failure_deferred, nested
+from ..core.entry import agreed, canon, collective_entry, deferrable, failure_deferred
 from ..core.comm import allreduce, collective
 from ..core.distribution import Distribution
-from ..core.halo import HaloExchange
 from ..core.progress import Progress, overlap_mode
 from .local import kernels_for
 from .window import normalize_padding, normalize_tuple
 from ._spatial import (WindowPlan, array_key, begin_halo_input, check_extents,
-                       check_gradient_layout, check_layout, halo_boundary, halo_gradient,
-                       halo_input, lift, lift3, meaning, overlap_regions, param_comm,
-                       spatial_windows, unlift, window_plan, with_channels)
+                       check_gradient_layout, check_layout, halo_gradient, halo_input, lift,
+                       lift3, meaning, overlap_regions, param_comm, spatial_windows, unlift,
+                       window_plan, with_channels, zero_halo_buffer)
 
 __all__ = ["conv", "conv_forward", "conv_backward", "conv_transpose", "conv_transpose_forward",
            "conv_transpose_backward", "ConvSaved"]
@@ -265,9 +264,10 @@ def _windowed_backward_data(saved: "ConvSaved", dy_local, grid, local=None) -> D
             with collective(grid.cart):
                 local = _backward_data_local(saved, dy_local)
         return halo_gradient(local, saved.x_dist, grid, plan)
-    block = saved.x_dist.block_shape(grid.coords)
     dtype = np.result_type(dy_local.dtype, saved.w.dtype)
-    buf = xp.zeros(tuple(lo + n + hi for (lo, hi), n in zip(plan.halo, block)), dtype=dtype)
+    # a zero halo'd buffer and its exchange (pooled per layout on CPU)
+    g, ex = zero_halo_buffer(saved.x_dist, grid, plan, dtype, xp)
+    buf = g.buffer
     interior, shells = regions
     err = None
     try:
@@ -275,9 +275,7 @@ def _windowed_backward_data(saved: "ConvSaved", dy_local, grid, local=None) -> D
             buf[r.read] += run(dy_local[r.out], r.read, r.pad_lo, r.pad_hi)
     except Exception as e:  # noqa: BLE001 - agreed on below, after the exchange completes
         err = e
-    g = DistArray(buf, saved.x_dist, grid, plan.halo)
-    with nested():  # the entry point agreed on everything the plan derives from
-        ex = HaloExchange(g, halo_boundary(plan), persistent=False).reverse_begin()
+    ex.reverse_begin()
     try:
         if err is None and interior is not None:
             with Progress(ex.test, saved.overlap) as prog:

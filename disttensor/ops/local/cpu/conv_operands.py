@@ -7,7 +7,8 @@ asymmetric); the output extent per axis is ``(n + lo + hi - dilation*(k-1) - 1) 
 
 ``forward_operands``, ``data_operands`` and ``filter_operands`` check one pass's operands
 (``ValueError`` for inconsistent shapes, ``TypeError`` for other dtypes) and return them
-C-contiguous in their common float dtype with the geometry as int tuples; the im2col
+C-contiguous in their common float dtype (the input may keep its strides where the caller
+copies it anyway) with the geometry as int tuples; the im2col
 (:mod:`.conv_im2col`), direct (:mod:`.conv_direct`) and planned
 (:mod:`disttensor.ops.local.microbatch`) entry points all use them, so malformed input raises
 the same errors whichever algorithm runs.
@@ -90,18 +91,24 @@ def _ints(*tuples) -> tuple:
 _INTS: dict = {}
 
 
-def _common_float(a, b):
-    """``(a, b, dtype)``: both operands C-contiguous in their common float dtype."""
+def _common_float(a, b, strided_a: bool = False):
+    """``(a, b, dtype)``: both operands C-contiguous in their common float dtype
+    (``strided_a``: ``a`` only in that dtype, with its strides where it has it already)."""
     dtype = float_dtype(a, b)
-    return np.ascontiguousarray(a, dtype=dtype), np.ascontiguousarray(b, dtype=dtype), dtype
+    a = (a if a.dtype == dtype else a.astype(dtype)) if strided_a else \
+        np.ascontiguousarray(a, dtype=dtype)
+    return a, np.ascontiguousarray(b, dtype=dtype), dtype
 
 
-def forward_operands(x, w, stride, dilation, pad_lo, pad_hi, groups):
+def forward_operands(x, w, stride, dilation, pad_lo, pad_hi, groups, strided_x: bool = False):
     """The checked operands of a forward call, shared by every CPU algorithm:
     ``(x, w, dtype, (stride, dilation, pad_lo, pad_hi), out_spatial)`` with ``x`` and ``w``
-    C-contiguous in their common float dtype and the geometry as int tuples."""
+    C-contiguous in their common float dtype and the geometry as int tuples.
+    ``strided_x=True`` leaves ``x`` with its strides (a window of a halo'd buffer) for a
+    caller that copies it anyway (the direct kernels pad it into scratch; the micro-batch
+    planner hands it on to an algorithm that makes its own operands)."""
     check_shapes(x.shape, w.shape, groups)
-    x, w, dtype = _common_float(x, w)
+    x, w, dtype = _common_float(x, w, strided_x)
     geo = _ints(stride, dilation, pad_lo, pad_hi)
     return x, w, dtype, geo, _out_shape(x.shape[2:], w.shape[2:], geo)
 
@@ -119,10 +126,12 @@ def data_operands(dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, groups):
     return dy, w, dtype, in_spatial, geo
 
 
-def filter_operands(x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups):
+def filter_operands(x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups,
+                    strided_x: bool = False):
     """The checked operands of a backward-filter call: ``(x, dy, dtype, kernel, geo,
-    out_spatial)`` (``dy`` must be ``(N, Cout) + out_spatial``)."""
-    x, dy, dtype = _common_float(x, dy)
+    out_spatial)`` (``dy`` must be ``(N, Cout) + out_spatial``; ``strided_x`` as in
+    :func:`forward_operands`)."""
+    x, dy, dtype = _common_float(x, dy, strided_x)
     kernel, = _ints(kernel)
     geo = _ints(stride, dilation, pad_lo, pad_hi)
     n_n, cin = x.shape[:2]

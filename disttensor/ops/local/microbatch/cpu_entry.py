@@ -182,7 +182,8 @@ def conv_forward(x, w, stride, dilation, pad_lo, pad_hi, groups=1):
     """:func:`..cpu.conv_im2col.conv_forward`'s contract, through the micro-batch planner."""
     if tune_mode() == "off":
         return conv_im2col.conv_forward(x, w, stride, dilation, pad_lo, pad_hi, groups)
-    x, w, dtype, geo, _ = forward_operands(x, w, stride, dilation, pad_lo, pad_hi, groups)
+    x, w, dtype, geo, _ = forward_operands(x, w, stride, dilation, pad_lo, pad_hi, groups,
+                                           strided_x=True)   # (each algorithm's own operands)
     geo = geo + (groups,)
     if x.size == 0 or w.size == 0:
         return conv_im2col.conv_forward(x, w, *geo)
@@ -211,7 +212,7 @@ def conv_backward_filter(x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups
         return conv_im2col.conv_backward_filter(x, dy, kernel, stride, dilation, pad_lo,
                                                 pad_hi, groups)
     x, dy, dtype, kernel, geo, _ = filter_operands(x, dy, kernel, stride, dilation, pad_lo,
-                                                   pad_hi, groups)
+                                                   pad_hi, groups, strided_x=True)
     geo = geo + (groups,)
     if x.size == 0 or dy.size == 0:
         return conv_im2col.conv_backward_filter(x, dy, kernel, *geo)

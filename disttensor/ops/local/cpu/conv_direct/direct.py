@@ -51,7 +51,7 @@ def _filter_operands(x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups):
     """``(dw, None)`` with the all-zero filter gradient when there is nothing to reduce (an
     empty operand), else ``(None, f)`` with the :class:`_FilterOperands` ``f``."""
     x, dy, dtype, kernel, (stride, dilation, pad_lo, pad_hi), out_sp = filter_operands(
-        x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups)
+        x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups, strided_x=True)  # (embedded)
     n_n, cin = x.shape[:2]
     cout = dy.shape[1]
     cg, cog = cin // groups, cout // groups
@@ -140,7 +140,7 @@ class Direct:
         """``y[n, co] = sum_{ci in group(co), k} w[co, ci, k] * xpad[n, ci, o*stride +
         k*dilation]`` (the contract of :func:`..conv_im2col.conv_forward`)."""
         x, w, dtype, (stride, dilation, pad_lo, pad_hi), out_sp = forward_operands(
-            x, w, stride, dilation, pad_lo, pad_hi, groups)
+            x, w, stride, dilation, pad_lo, pad_hi, groups, strided_x=True)  # (embedded)
         n_n = x.shape[0]
         cout = w.shape[0]
         y = np.empty((n_n, cout) + out_sp, dtype=dtype)
