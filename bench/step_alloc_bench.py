@@ -9,7 +9,9 @@ overhead-floor model (widths 2,2, dense 128,64, batch 2), otherwise widths 16,32
 dense 64,32, batch 4; on 1 rank, or 2 ranks with the depth split (grid ``(1, 2, 1, 1)``,
 through :class:`disttensor.nn.DistributedDataParallel`).  Configurations
 (``DISTTENSOR_BUFFER_POOL`` / ``DISTTENSOR_MALLOC_TUNING``): ``neither`` (off/off), ``pool``
-(on/off), ``malloc`` (off/on), ``both`` (on/on, the default).
+(on/off), ``malloc`` (off/on), ``both`` (on/on, the default); with ``--baseline PYTHON``
+also ``baseline``: the same worker run by another checkout's interpreter (its own
+disttensor, e.g. the tree before this work), in the same rounds.
 
 Per configuration, size and rank count (median over the rounds, range beside): the step's
 wall time (slowest rank), its CPU time and its system CPU time summed over the ranks (page
@@ -90,14 +92,18 @@ def worker(size: int, steps: int) -> None:
         print("RESULT " + json.dumps(total), flush=True)
 
 
-def run_config(name: str, size: int, ranks: int, steps: int) -> dict:
-    pool, tuning = CONFIGS[name]
-    env = dict(os.environ, DISTTENSOR_BUFFER_POOL=pool, DISTTENSOR_MALLOC_TUNING=tuning)
+def run_config(name: str, size: int, ranks: int, steps: int, baseline: str | None) -> dict:
+    pool, tuning = CONFIGS.get(name, ("on", "on"))
+    env = dict(os.environ, DISTTENSOR_BUFFER_POOL=pool, DISTTENSOR_MALLOC_TUNING=tuning,
+               PYTHONDONTWRITEBYTECODE="1")
     for v in ("NUMBA_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
         env.setdefault(v, "1")
-    cmd = [shutil.which("mpiexec") or "mpiexec", "-n", str(ranks), sys.executable, "-m",
+    python = baseline if name == "baseline" else sys.executable
+    cwd = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(python)))) \
+        if name == "baseline" else None
+    cmd = [shutil.which("mpiexec") or "mpiexec", "-n", str(ranks), python, "-m",
            "mpi4py", os.path.abspath(__file__), "--worker", str(size), "--steps", str(steps)]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=cwd)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
     if out.returncode or not lines:
         raise SystemExit(f"{name} {size}^3 on {ranks} ranks failed:\n{out.stderr[-3000:]}")
@@ -111,6 +117,8 @@ def main() -> None:
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--baseline", default=None, help="another checkout's .venv/bin/python: "
+                    "adds the case 'baseline' (that tree's disttensor)")
     ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker is not None:
@@ -118,13 +126,13 @@ def main() -> None:
         return
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from _results import record
-    names = [c for c in args.configs.split(",") if c]
+    names = [c for c in args.configs.split(",") if c] + (["baseline"] if args.baseline else [])
     for size in (int(s) for s in args.sizes.split(",")):
         for ranks in (int(r) for r in args.ranks.split(",")):
             seen = {n: [] for n in names}
             for i in range(args.rounds):
                 for n in names[i % len(names):] + names[:i % len(names)]:
-                    seen[n].append(run_config(n, size, ranks, args.steps))
+                    seen[n].append(run_config(n, size, ranks, args.steps, args.baseline))
             label = (f"cosmoflow {size}^3 " + ("widths 2,2 batch 2" if size == 8 else
                                                "widths 16,32,64,128 batch 4") +
                      f" adam, {ranks} rank{'s' if ranks > 1 else ''}")
