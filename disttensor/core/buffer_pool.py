@@ -16,15 +16,19 @@ that makes the pool invisible to NumPy and PyTorch semantics.  Memory a caller r
 through a raw pointer (``ctypes`` addresses) is not protected, as with any allocator.
 
 Sizes are rounded up to a class (powers of two split in four: at most 25% more than asked);
-requests below ``min_bytes`` go straight to ``np.empty`` (the C library's small-block free
-lists serve them faster than a Python-level pool).  The pool holds at most ``limit_bytes``:
-a request that would pass it first drops idle buffers of other classes, then, if that is not
-enough, is served by ``np.empty`` outside the pool.  :meth:`BufferPool.release` drops every
-idle buffer.  Host (NumPy) memory only: CuPy arrays have CuPy's own memory pool.
+requests below ``min_bytes`` go straight to ``np.empty``.  The shared pool :data:`POOL`
+takes only what glibc would map afresh on each use: 32 MiB and more where the malloc settings
+of :mod:`disttensor.core.malloc_tuning` are in force (smaller blocks are then reused from the
+heap at no cost, and measured, pooling them as well made steps fault more, not less), 256 KiB
+and more where they are not.  The pool holds at most ``limit_bytes``: a request that would
+pass it first drops idle buffers of other classes, then, if that is not enough, is served by
+``np.empty`` outside the pool.  :meth:`BufferPool.release` drops every idle buffer.  Host
+(NumPy) memory only: CuPy arrays have CuPy's own memory pool.
 
-Settings (read once, when the shared pool :data:`POOL` is made):
+Settings (read once, when :data:`POOL` is made):
 ``DISTTENSOR_BUFFER_POOL`` ``on`` (default) / ``off`` (every request is a plain ``np.empty``);
-``DISTTENSOR_BUFFER_POOL_LIMIT`` bytes (default 2 GiB, floats such as ``4e9`` accepted).
+``DISTTENSOR_BUFFER_POOL_LIMIT`` bytes (default 2 GiB, floats such as ``4e9`` accepted);
+``DISTTENSOR_BUFFER_POOL_MIN`` bytes, the smallest request pooled (default above).
 
 Local (no MPI); thread-safe (one lock around the search of a class).
 """
@@ -36,6 +40,8 @@ import sys
 import threading
 
 import numpy as np
+
+from . import malloc_tuning as _malloc_tuning
 
 __all__ = ["BufferPool", "POOL", "empty", "size_class", "DEFAULT_LIMIT", "DEFAULT_MIN_BYTES"]
 
@@ -169,6 +175,14 @@ def _limit_from_env() -> int:
     return DEFAULT_LIMIT if not v else int(float(v))
 
 
+def _min_from_env() -> int:
+    v = os.environ.get("DISTTENSOR_BUFFER_POOL_MIN")
+    if v:
+        return int(float(v))
+    tuned = _malloc_tuning.tune_malloc() == "applied"
+    return _malloc_tuning.MMAP_BYTES if tuned else DEFAULT_MIN_BYTES
+
+
 def _enabled_from_env() -> bool:
     v = os.environ.get("DISTTENSOR_BUFFER_POOL", "on").strip().lower()
     if v in ("", "on", "1", "true", "yes"):
@@ -178,7 +192,8 @@ def _enabled_from_env() -> bool:
     raise ValueError(f"DISTTENSOR_BUFFER_POOL must be 'on' or 'off', got {v!r}")
 
 
-POOL = BufferPool(limit_bytes=_limit_from_env(), enabled=_enabled_from_env())
+POOL = BufferPool(limit_bytes=_limit_from_env(), min_bytes=_min_from_env(),
+                  enabled=_enabled_from_env())
 
 
 def empty(shape, dtype=np.float64) -> np.ndarray:

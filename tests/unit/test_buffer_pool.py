@@ -145,6 +145,12 @@ def test_env_switches(monkeypatch):
     assert not bp._enabled_from_env()
     monkeypatch.setenv("DISTTENSOR_BUFFER_POOL_LIMIT", "3e6")
     assert bp._limit_from_env() == 3_000_000
+    monkeypatch.setenv("DISTTENSOR_BUFFER_POOL_MIN", "4096")
+    assert bp._min_from_env() == 4096
+    monkeypatch.delenv("DISTTENSOR_BUFFER_POOL_MIN")
+    # by default the pool takes what glibc would map afresh: 32 MiB up under the settings
+    want = mt.MMAP_BYTES if mt.tune_malloc() == "applied" else bp.DEFAULT_MIN_BYTES
+    assert bp._min_from_env() == want
 
 
 @pytest.mark.parametrize("env, skipped", [
