@@ -107,11 +107,14 @@ class BufferPool:
         """An uninitialised C-contiguous array like ``np.empty(shape, dtype)``, backed by a
         pooled buffer when it is at least ``min_bytes`` (see the module docstring)."""
         dtype = np.dtype(dtype)
-        shape = (int(shape),) if isinstance(shape, (int, np.integer)) else \
-            tuple(int(s) for s in shape)
-        nbytes = math.prod(shape) * dtype.itemsize
-        if not self.enabled or nbytes < self.min_bytes or dtype.hasobject:
+        try:                            # (the common case, a tuple of ints, costs least)
+            nbytes = math.prod(shape) * dtype.itemsize
+        except TypeError:
+            shape = (int(shape),)
+            nbytes = shape[0] * dtype.itemsize
+        if nbytes < self.min_bytes or not self.enabled or dtype.hasobject:
             return np.empty(shape, dtype=dtype)
+        shape = tuple(int(s) for s in shape)
         cls = size_class(nbytes)
         buf = self._take(cls)
         if buf is None:

@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+from disttensor.nn import optim
 from disttensor.nn.optim import SGD, Adam, AdamW
 
 
@@ -48,9 +49,15 @@ def run(case, dtype, plain, steps=4):
     return [np.asarray(p.data) for p in params], opt
 
 
+@pytest.fixture
+def scratch_for_all(monkeypatch):
+    """The scratch path for parameters of any size (by default only from 4096 elements)."""
+    monkeypatch.setattr(optim, "_SCRATCH_MIN_SIZE", 1)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_scratch_path_is_bit_identical(case, dtype):
+def test_scratch_path_is_bit_identical(case, dtype, scratch_for_all):
     got, opt = run(case, dtype, plain=False)
     want, ref = run(case, dtype, plain=True)
     for a, b in zip(got, want):
@@ -67,7 +74,18 @@ def test_scratch_path_is_bit_identical(case, dtype):
                           "momentum_buffer"} for v in sd["state"].values())
 
 
-def test_adam_matches_float64_reference():
+def test_small_parameters_take_the_plain_path():
+    _, opt = run("adam", np.float32, plain=False, steps=1)
+    assert "_scratch_buffers" not in opt.__dict__       # all under 4096 elements
+    big = Param(np.ones(optim._SCRATCH_MIN_SIZE, np.float32))
+    big.grad = np.full(big.data.shape, 0.5, np.float32)
+    opt = Adam([big], lr=0.1)
+    opt.step()
+    assert opt.__dict__.get("_scratch_buffers")           # a large one takes the scratch
+    np.testing.assert_allclose(big.data, 0.9, rtol=1e-6)   # first Adam step: lr * sign
+
+
+def test_adam_matches_float64_reference(scratch_for_all):
     got, _ = run("adam", np.float64, plain=False, steps=3)
     rng = np.random.default_rng(5)
     ps = [rng.standard_normal(s) for s in SHAPES]
