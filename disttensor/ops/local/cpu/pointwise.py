@@ -12,8 +12,10 @@ Contract shared by every function here:
   float64 and costs a few float32 ulp at most);
 * per-channel parameters (``scale``, ``mean``, ``gamma``, ...) are ``(C,)`` arrays of any
   float dtype (converted to float64, which is tiny);
-* results are new C-contiguous arrays; no temporary as large as the input is made, except
-  that a non-C-contiguous input is first copied to C order (once);
+* results are new C-contiguous arrays (large ones are views of buffers of
+  :mod:`disttensor.core.buffer_pool`, never handed out again while referenced); no temporary
+  as large as the input is made, except that a non-C-contiguous input is first copied to C
+  order (once);
 * empty inputs (any zero extent) are fine.
 
 The fused loops are Numba ``@njit(parallel=True, cache=True)`` kernels (``fastmath`` off, so
