@@ -1,8 +1,8 @@
 """Training steps with op outputs from the host buffer pool (disttensor.core.buffer_pool,
 every size pooled here) give bit-for-bit the losses and parameters of the same steps without
-the pool, on one rank and on a depth split of all the ranks; a forward output the user holds
-(an activation's, from the pool) keeps its values while later steps reuse the pool; the losses follow a float64 one-rank
-reference of the same model (the pool adds nothing to the arithmetic)."""
+the pool, on one rank and on a depth split of all the ranks; an activation output the user
+holds (a pooled array) keeps its values while later steps reuse the pool; the losses follow a
+float64 one-rank reference of the same model (the pool adds nothing to the arithmetic)."""
 from __future__ import annotations
 
 import numpy as np
