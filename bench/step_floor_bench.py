@@ -28,7 +28,8 @@ PyTorch's own median by 1.4-2.1 ms between runs, hits both sides of each ratio),
 seconds of a step summed over the ranks taking part, the status all-reduces (argument
 agreement and failure checks) per steady-state step, counted through :func:`disttensor.core.agreement.status_allreduce`, and the bytes NumPy
 allocates and frees during one steady-state step (tracemalloc peak above what the step
-keeps).  Run with one thread per rank (set here if unset).  PyTorch is a peer for comparison
+keeps) and the minor page faults of one steady-state step (``getrusage``; the largest rank).
+Run with one thread per rank (set here if unset).  PyTorch is a peer for comparison
 only; without it the torch case and the ratios are skipped.
 
 MPI waits: the rank sitting out the 1-rank and PyTorch cases sleeps outside MPI
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import sys
 import time
@@ -173,6 +175,15 @@ def transient_bytes(fn) -> int:
     return max(0, peak - max(cur, base))
 
 
+def faults_per_step(fn, steps: int = 10) -> float:
+    """Minor page faults of this process per call of ``fn`` (after a warm call)."""
+    fn()
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(steps):
+        fn()
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / steps
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", type=int, default=8)
@@ -219,6 +230,8 @@ def main() -> None:
                                 else 0.0, op=MPI.MAX) for n in names}
     alloc = {n: COMM.allreduce(transient_bytes(fns[n]) if n in cases else 0, op=MPI.MAX)
              for n in names}
+    faults = {n: COMM.allreduce(faults_per_step(fns[n]) if n in cases else 0.0, op=MPI.MAX)
+              for n in names}
     if rank != 0:
         return
     load = os.getloadavg()[0]
@@ -236,7 +249,10 @@ def main() -> None:
         record("step_floor", f"{desc}, {n}", "step_s", med[n], "s", better="lower", ranks=ranks)
         record("step_floor", f"{desc}, {n}", "cpu_s", c, "s", better="lower", ranks=ranks)
         if n != "torch":
-            line += f"  agreements/step {counts[n]:5.1f}  transient {alloc[n] / 1024:7.1f} KiB"
+            line += (f"  agreements/step {counts[n]:5.1f}  transient {alloc[n] / 1024:7.1f} KiB"
+                     f"  faults/step {faults[n]:6.1f}")
+            record("step_floor", f"{desc}, {n}", "faults_per_step", faults[n], "",
+                   better="lower", ranks=ranks)
             record("step_floor", f"{desc}, {n}", "agreements_per_step", counts[n], "",
                    better="lower", ranks=ranks)
             record("step_floor", f"{desc}, {n}", "transient_bytes", alloc[n], "B",

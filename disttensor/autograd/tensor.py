@@ -29,6 +29,7 @@ import contextlib
 import heapq
 import itertools
 import numbers
+import sys
 import threading
 
 import numpy as np
@@ -420,11 +421,54 @@ def _accumulate(acc, g):
     return acc + g
 
 
-def _add_into_grad(t: Tensor, g) -> None:
+def _refs(a) -> int:
+    return sys.getrefcount(a)
+
+
+def _base_refs(a) -> int:
+    return sys.getrefcount(a.base)
+
+
+def _calibrate() -> tuple[int, int]:
+    probe = np.empty(4).reshape(2, 2)
+    return _refs(probe), _base_refs(probe)
+
+
+# what _refs reads for an array held by one local variable of its caller and nothing else,
+# and what _base_refs reads for the base of such a view held by nothing but the view
+# (measured, not assumed)
+_SOLE, _SOLE_BASE = _calibrate()
+
+
+def _owned_host(a, holders: int = 0) -> bool:
+    """Whether ``a`` is a NumPy array whose memory nothing reaches but ``a`` itself, and that
+    nothing references but one local variable of the caller and ``holders`` other known
+    holders (the refcount rule of :mod:`disttensor.core.buffer_pool`): it owns its memory,
+    or it is a view of an array that owns it and that nothing else references."""
+    if type(a) is not np.ndarray or _refs(a) != _SOLE + 1 + holders:
+        return False
+    base = a.base
+    if base is None:
+        return True
+    ok = type(base) is np.ndarray and base.base is None
+    del base
+    return ok and _base_refs(a) == _SOLE_BASE
+
+
+def _add_into_grad(t: Tensor, g, owned: bool = False) -> None:
+    """``t.grad = g`` (a copy, unless ``owned``: the array is the caller's alone) or
+    ``t.grad + g``; a NumPy ``t.grad`` that nothing but ``t`` references takes the sum in place
+    (the same arithmetic, no new array; a ``.grad`` the user holds is never changed)."""
     if t.grad is None:
-        t.grad = g.copy() if hasattr(g, "copy") else g
-    else:
-        t.grad = _accumulate(t.grad, g)
+        t.grad = g if owned else (g.copy() if hasattr(g, "copy") else g)
+        return
+    acc = t.grad
+    if (type(g) is np.ndarray and _owned_host(acc, holders=1) and acc.dtype == g.dtype
+            and acc.shape == g.shape):
+        acc += g
+        return
+    del acc
+    t.grad = _accumulate(t.grad, g)
 
 
 def queue_post_backward(key, callback) -> None:
@@ -518,22 +562,28 @@ def _step(node, key, nodes, grads, pending, ready, retain_graph) -> None:
         # input tensors, hence their values) frees activations as backward passes them
         node.backward = None
         node.parents = ()
-    for p, pg in zip(parents, pgrads):
+    pgrads = list(pgrads)   # emptied as it goes: a leaf's gradient then has no other holder
+    for i, p in enumerate(parents):
+        pg, pgrads[i] = pgrads[i], None
         if p is None:
             continue
         pkey = id(p.node) if p.node is not None else id(p)
         if pg is not None:
             grads[pkey] = _accumulate(grads.get(pkey), pg)
+        pg = None
         pending[pkey] -= 1
         if pending[pkey]:
             continue
         if p.node is None:
-            _finish_leaf(p, grads.pop(pkey, None))
+            leaf_grad = grads.pop(pkey, None)
+            owned = _owned_host(leaf_grad)  # (its own statement: no stack reference)
+            _finish_leaf(p, leaf_grad, owned)
+            leaf_grad = None
         else:
             heapq.heappush(ready, (-p.node.seq, pkey))
 
 
-def _finish_leaf(t: Tensor, g) -> None:
+def _finish_leaf(t: Tensor, g, owned: bool = False) -> None:
     """Every contribution to leaf ``t`` in this pass is in (``g`` ``None``: none carried a
     gradient; hooks still hear of it, so a reducer waiting for ``t`` is never left waiting).
     The tensor's own gradient hooks (:meth:`Tensor.register_hook`) run first."""
@@ -541,8 +591,9 @@ def _finish_leaf(t: Tensor, g) -> None:
     if hooks and g is not None:
         from .hooks import run_tensor_hooks
         g = run_tensor_hooks(hooks.values(), g)
+        owned = False                   # a hook may keep the array
     for hook in t._ready_hooks:
         if hook(t, g):
             return
     if g is not None:
-        _add_into_grad(t, g)
+        _add_into_grad(t, g, owned)

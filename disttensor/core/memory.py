@@ -90,3 +90,10 @@ def check_gather_size(call: str, *xs, what: str = "the gather path would replica
         raise ValueError(f"{call}: {what} {total} bytes {where}, more than "
                          f"DISTTENSOR_GATHER_LIMIT={lim} bytes (raise the variable, or "
                          "reduce or slice the array first)")
+
+
+# glibc keeps freed blocks below 32 MiB for reuse instead of trimming and remapping them
+# every training step (core/malloc_tuning.py; DISTTENSOR_MALLOC_TUNING=off leaves it alone)
+from . import malloc_tuning as _malloc_tuning  # noqa: E402
+
+_malloc_tuning.tune_malloc()

@@ -30,6 +30,8 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from ....core import buffer_pool as _pool
+
 from .pointwise import _BLOCK, _as3d, _data, _flat, _same_shape
 
 __all__ = ["POINTWISE_ACTIVATIONS", "pointwise_activation_forward",
@@ -181,7 +183,7 @@ def pointwise_activation_forward(name, x, beta=1.0, threshold=20.0):
     ``beta``/``threshold``: softplus's, ignored by the others)."""
     op = _op(name)
     x = _any_float("x", x)
-    y = np.empty(x.shape, dtype=x.dtype)
+    y = _pool.empty(x.shape, x.dtype)
     _fwd_kernel(_flat(x), y.reshape(-1), op, float(beta), float(threshold), _BLOCK)
     return y
 
@@ -191,7 +193,7 @@ def pointwise_activation_backward(name, dy, x, beta=1.0, threshold=20.0):
     op = _op(name)
     dy, x = _any_float("dy", dy), _any_float("x", x)
     _same_shape("x", x, "dy", dy)
-    dx = np.empty(dy.shape, dtype=dy.dtype)
+    dx = _pool.empty(dy.shape, dy.dtype)
     _bwd_kernel(_flat(dy), _flat(x), dx.reshape(-1), op, float(beta), float(threshold),
                 _BLOCK)
     return dx
@@ -257,7 +259,7 @@ def prelu_forward(x, weight):
     """``x if x > 0 else weight[c] * x`` (``weight``: 1 value, or one per channel of an
     ``(N, C, *spatial)`` ``x``)."""
     x, x3, w = _prelu_operands(x, weight)
-    y = np.empty(x.shape, dtype=x.dtype)
+    y = _pool.empty(x.shape, x.dtype)
     _prelu_fwd_kernel(x3, w, y.reshape(x3.shape), _BLOCK)
     return y
 
@@ -269,7 +271,7 @@ def prelu_backward(dy, x, weight):
     x, x3, w = _prelu_operands(x, weight)
     dy = _any_float("dy", dy)
     _same_shape("dy", dy, "x", x)
-    dx = np.empty(dy.shape, dtype=dy.dtype)
+    dx = _pool.empty(dy.shape, dy.dtype)
     part = _prelu_bwd_kernel(np.ascontiguousarray(dy).reshape(x3.shape), x3, w,
                              dx.reshape(x3.shape), _BLOCK)
     return dx, part.sum(axis=(0, 2))

@@ -30,6 +30,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from ....core import buffer_pool as _pool
+
 __all__ = ["row_moments", "rows_backward_sums", "rows_backward_apply", "ln_forward_apply",
            "ln_backward_sums", "ln_backward_apply"]
 
@@ -201,7 +203,7 @@ def rows_backward_apply(dy, x, a, m, b, d):
     float64, returned in ``dy.dtype``; ``a``, ``m``, ``b``, ``d`` have ``R`` values."""
     dy, x = _pair(dy, x)
     R = x.shape[0]
-    dx = np.empty(dy.shape, dtype=dy.dtype)
+    dx = _pool.empty(dy.shape, dy.dtype)
     _rows_bwd_kernel(dy, x, _vec("a", a, R), _vec("m", m, R), _vec("b", b, R),
                      _vec("d", d, R), dx, _BLOCK)
     return dx
@@ -308,7 +310,7 @@ def ln_forward_apply(x, mean, invstd, gamma, beta):
     ``(R, L)`` view; ``mean``/``invstd`` have ``R`` values, ``gamma``/``beta`` ``L``."""
     x = _rows("x", x)
     R, L = x.shape
-    y = np.empty(x.shape, dtype=x.dtype)
+    y = _pool.empty(x.shape, x.dtype)
     _ln_fwd_kernel(x, _vec("mean", mean, R), _vec("invstd", invstd, R),
                    _params("gamma", gamma, L), _params("beta", beta, L), y, _BLOCK)
     return y
@@ -335,7 +337,7 @@ def ln_backward_apply(dy, x, mean, invstd, gamma, mean_dyg, mean_dyg_xhat):
     whole (globally reduced) row."""
     dy, x = _pair(dy, x)
     R, L = x.shape
-    dx = np.empty(dy.shape, dtype=dy.dtype)
+    dx = _pool.empty(dy.shape, dy.dtype)
     _ln_bwd_kernel(dy, x, _vec("mean", mean, R), _vec("invstd", invstd, R),
                    _params("gamma", gamma, L), _vec("mean_dyg", mean_dyg, R),
                    _vec("mean_dyg_xhat", mean_dyg_xhat, R), dx, _BLOCK)

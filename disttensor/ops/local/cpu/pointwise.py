@@ -12,8 +12,10 @@ Contract shared by every function here:
   float64 and costs a few float32 ulp at most);
 * per-channel parameters (``scale``, ``mean``, ``gamma``, ...) are ``(C,)`` arrays of any
   float dtype (converted to float64, which is tiny);
-* results are new C-contiguous arrays; no temporary as large as the input is made, except
-  that a non-C-contiguous input is first copied to C order (once);
+* results are new C-contiguous arrays (large ones are views of buffers of
+  :mod:`disttensor.core.buffer_pool`, never handed out again while referenced); no temporary
+  as large as the input is made, except that a non-C-contiguous input is first copied to C
+  order (once);
 * empty inputs (any zero extent) are fine.
 
 The fused loops are Numba ``@njit(parallel=True, cache=True)`` kernels (``fastmath`` off, so
@@ -30,6 +32,8 @@ import math
 
 import numpy as np
 from numba import njit, prange
+
+from ....core import buffer_pool as _pool
 
 __all__ = [
     "channel_sums", "bn_forward_apply", "channel_sums_backward", "bn_backward_apply",
@@ -229,7 +233,7 @@ def bn_forward_apply(x, scale, shift):
     x = _data("x", x)
     x3 = _as3d(x)
     c = x3.shape[1]
-    y = np.empty(x.shape, dtype=x.dtype)
+    y = _pool.empty(x.shape, x.dtype)
     _affine_kernel(x3, _chan("scale", scale, c), _chan("shift", shift, c),
                    y.reshape(x3.shape), _BLOCK)
     return y
@@ -260,7 +264,7 @@ def bn_backward_apply(dy, x, mean, invstd, gamma, mean_dy, mean_dy_xhat):
     ``mean_dy_xhat`` are the (globally reduced) per-channel means of ``dy`` and ``dy*xhat``."""
     dy, x3, c, mean, invstd = _bn_backward_operands(dy, x, mean, invstd)
     coef = _chan("gamma", gamma, c) * invstd
-    dx = np.empty(dy.shape, dtype=dy.dtype)
+    dx = _pool.empty(dy.shape, dy.dtype)
     _bn_bwd_kernel(_as3d(dy), x3, mean, invstd, coef, _chan("mean_dy", mean_dy, c),
                    _chan("mean_dy_xhat", mean_dy_xhat, c), dx.reshape(x3.shape), _BLOCK)
     return dx
@@ -357,7 +361,7 @@ def activation_forward(name, x, alpha=None):
     names raise ``ValueError``."""
     op, alpha = _act_args(name, alpha)
     x = _data("x", x)
-    y = np.empty(x.shape, dtype=x.dtype)
+    y = _pool.empty(x.shape, x.dtype)
     if name == "tanh":                   # NumPy's SIMD tanh beats a scalar libm loop
         np.tanh(x, out=y)
         return y
@@ -377,7 +381,7 @@ def activation_backward(name, dy, x, y, alpha=None):
     y = _data("y", y)
     _same_shape("x", x, "dy", dy)
     _same_shape("y", y, "dy", dy)
-    dx = np.empty(dy.shape, dtype=dy.dtype)
+    dx = _pool.empty(dy.shape, dy.dtype)
     _act_bwd_kernel(_flat(dy), _flat(x), _flat(y), dx.reshape(-1), op, alpha, _BLOCK)
     return dx
 
@@ -458,7 +462,7 @@ def _softmax_bwd_kernel(dy, y, dx, block):
 def _softmax(x, log: bool):
     x = _data("x", x)
     x3 = _as3d(x)
-    y = np.empty(x.shape, dtype=x.dtype)
+    y = _pool.empty(x.shape, x.dtype)
     _softmax_kernel(x3, y.reshape(x3.shape), _SBLOCK, log)
     return y
 
@@ -481,6 +485,6 @@ def softmax_channels_backward(dy, y):
     y = _data("y", y)
     _same_shape("dy", dy, "y", y)
     y3 = _as3d(y)
-    dx = np.empty(dy.shape, dtype=dy.dtype)
+    dx = _pool.empty(dy.shape, dy.dtype)
     _softmax_bwd_kernel(_as3d(dy), y3, dx.reshape(y3.shape), _SBLOCK)
     return dx
