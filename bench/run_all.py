@@ -11,9 +11,9 @@ Each benchmark runs as its own process (under ``mpiexec -n N`` for the MPI ones,
 MPICH idle-sleep shim when it is built, see scripts/test.sh; the 2-rank step benchmarks give
 it a spin budget themselves, bench/README.md "MPI waits in the benchmarks") under a timeout;
 a benchmark that fails or times out is reported in the summary and the others still run.
-Benchmarks append their figures to ``$DISTTENSOR_BENCH_CSV`` through ``bench/_results.py``; this script points
-that variable at ``<out>/results.csv`` (started afresh), keeps each run's output in
-``<out>/logs/``, and writes:
+Benchmarks append their figures to ``$DISTTENSOR_BENCH_CSV`` through ``bench/_results.py``;
+this script points that variable at ``<out>/results.csv`` (started afresh), keeps each
+run's output in ``<out>/logs/``, and writes:
 
 ``results.csv``       every figure (bench, case, metric, value, unit, target, better, ranks,
                       device)

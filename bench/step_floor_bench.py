@@ -28,8 +28,8 @@ PyTorch's own median by 1.4-2.1 ms between runs, hits both sides of each ratio),
 seconds of a step summed over the ranks taking part, the status all-reduces (argument
 agreement and failure checks) per steady-state step, counted through
 :func:`disttensor.core.agreement.status_allreduce`, the bytes NumPy allocates and frees during
-one steady-state step (tracemalloc peak above what the step keeps) and the minor page faults of one steady-state step (``getrusage``; the largest rank).
-Run with one thread per rank (set here if unset).  PyTorch is a peer for comparison
+one steady-state step (tracemalloc peak above what the step keeps) and the minor page
+faults of one steady-state step (``getrusage``; the largest rank).  Run with one thread per rank (set here if unset).  PyTorch is a peer for comparison
 only; without it the torch case and the ratios are skipped.
 
 MPI waits: the rank sitting out the 1-rank and PyTorch cases sleeps outside MPI
