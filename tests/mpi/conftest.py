@@ -95,7 +95,7 @@ def counted(monkeypatch) -> list:
     orig = agreement.status_allreduce
 
     def counting(comm, failed, dig):
-        calls.append(agreement.current_call()[0] if dig is not None else None)
+        calls.append((agreement.current_call() or (None,))[0] if dig is not None else None)
         return orig(comm, failed, dig)
     monkeypatch.setattr(agreement, "status_allreduce", counting)
     return calls

@@ -484,6 +484,43 @@ def test_kernel_failure_after_the_halo_raises_on_every_rank(counted):
     in_step("kernel failure")
 
 
+@two_ranks
+def test_failure_before_a_reverse_halo_raises_on_every_rank(counted):
+    """A convolution backward that sends a reverse halo agrees before the exchange moves data,
+    also where everything it agrees was agreed by its forward: a rank may wait in an
+    at-once agreement of an earlier call (a deferred call that failed there, here a
+    ``leaky_relu`` backward given a gradient laid out differently on the last rank), and only
+    an agreement of the others meets it (a backward that went straight to its exchange would
+    wait for that rank's halo: a hang).  And the backward's own local kernels, which run
+    before the exchange, have their failure agreed in that same all-reduce: every rank raises
+    it, one status all-reduce each."""
+    x = ncw()
+    y, saved = ops.conv_forward(x, W3, padding=1, overlap=False)
+    dy = ops.conv_forward(x, W3, padding=1, overlap=False)[0]
+    n = y.shape[2]
+    bad = rank_dependent(y.shape, (None, None, 0),
+                         [None, None, last_rank_only((n,) + (0,) * (SIZE - 1), None)])
+    counted.clear()
+    with mismatch("activation_backward", "dy"):
+        g = ops.activation_backward("leaky_relu", last_rank_only(bad, dy), y, y, 0.1)
+        ops.conv_backward(saved, g, need_dw=False)  # the last rank does not get here
+    assert_all_ranks(COMM, len(counted) == 1, f"status all-reduces {counted}")
+    in_step("failure before the reverse halo")
+    k = kernels_for(x.local)
+    for kernel in ("conv_backward_data", "conv_backward_filter"):
+        suffix = "" if RANK == SIZE - 1 else rf" \(raised on rank {SIZE - 1}\)"
+        counted.clear()
+        with pytest.MonkeyPatch.context() as mp:
+            if RANK == SIZE - 1:
+                def fail(*args, _name=kernel, **kwargs):
+                    raise MemoryError(f"{_name} ran out")
+                mp.setattr(k, kernel, fail)
+            with pytest.raises(MemoryError, match=rf"^{kernel} ran out{suffix}$"):
+                ops.conv_backward(saved, dy, reduce=False)
+        assert_all_ranks(COMM, counted == ["conv_backward"], f"{kernel}: {counted}")
+    in_step("backward kernel failure")
+
+
 def test_no_message_with_agreement_off_for_local_ops(counted):
     """With agreement disabled, the ops that move no data make no message at all."""
     x = ncw()
