@@ -10,18 +10,18 @@ hyper-parameter (``leaky_relu``, ``elu``: a slope that differed between ranks wo
 inconsistent global array silently) and dropout (probability, seed and stream; its mask is a
 collective random draw anyway) agree on their arguments, forward and backward: dropout with one
 small all-reduce, the activations (which move no data) deferred to the next agreement over the
-grid (:func:`~disttensor.core.entry.deferrable`), so that they cost no all-reduce.
-``relu``, ``sigmoid``, ``tanh`` and the channel softmax take nothing but the input,
-whose metadata the op that produced it agreed on, and send no message: they make none, which
-keeps a training step's agreement cost down.
+grid (:func:`~disttensor.core.entry.deferrable`), so that they cost no all-reduce.  ``relu``,
+``sigmoid`` and ``tanh`` take nothing but the input and defer likewise, on the arrays alone:
+a gradient laid out differently on one rank, or a kernel failing there, then raises on every
+rank at the next agreement instead of on that rank alone.  The channel softmax takes nothing
+but the input, whose metadata the op that produced it agreed on, and makes no agreement.
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 from ..core.array import DistArray
-from ..core.entry import agreed, collective_entry, deferrable
+from ..core.entry import agreed, canon, collective_entry, deferrable
 from ..random import Generator
 from .local import kernels_for
 from ._spatial import check_gradient_layout, check_layout, meaning
@@ -38,24 +38,26 @@ HYPER_PARAMETERS = ("leaky_relu", "elu")  # the activations that agree on their 
 
 
 def _agreed(comm, call: str, name, alpha, **arrays):
-    """The agreed validation block of an activation with a hyper-parameter, a plain block for
-    the others.  A name that differs between ranks so that only some agree is still caught:
-    their all-reduce meets the others' next agreement, which names both calls."""
+    """The deferred agreement block of an activation: on its name, its hyper-parameter (for
+    those that have one) and the arrays' metadata.  No all-reduce of its own: it rides on
+    the next agreement over the grid, and a rank whose block raises agrees at once, so the
+    failure raises on every rank."""
     if name in HYPER_PARAMETERS:
         return deferrable(comm, call, name=name,
-                      alpha=meaning(lambda a: None if a is None else float(a), alpha), **arrays)
-    return contextlib.nullcontext()
+                          alpha=meaning(lambda a: None if a is None else float(a), alpha),
+                          **arrays)
+    return deferrable(comm, call, name=canon(name), **arrays)
 
 
 @collective_entry
 def activation_forward(name: str, x: DistArray, alpha=None) -> DistArray:
     """``name`` in :data:`ACTIVATIONS` applied elementwise (``alpha``: negative slope of
-    ``leaky_relu``, default 0.01; scale of ``elu``, default 1.0).  No data moves; collective
-    for ``leaky_relu`` and ``elu`` only, to agree on ``alpha``."""
+    ``leaky_relu``, default 0.01; scale of ``elu``, default 1.0).  No data moves; the
+    agreement on the name, ``alpha`` and ``x``'s metadata is deferred to the next one."""
     with _agreed(x.grid.cart, "activation_forward", name, alpha, x=x):
         if name not in ACTIVATIONS:
             raise ValueError(f"unknown activation {name!r}; choose one of {ACTIVATIONS}")
-    y = kernels_for(x.local).activation_forward(name, x.local, alpha)
+        y = kernels_for(x.local).activation_forward(name, x.local, alpha)
     return DistArray(y, x.distribution, x.grid)
 
 
@@ -63,11 +65,12 @@ def activation_forward(name: str, x: DistArray, alpha=None) -> DistArray:
 def activation_backward(name: str, dy: DistArray, x: DistArray, y: DistArray, alpha=None
                         ) -> DistArray:
     """Gradient with respect to ``x`` of ``activation_forward(name, x)`` (PyTorch's
-    conventions at the kinks: relu'(0) = 0, leaky_relu'(0) = alpha).  Collective for
-    ``leaky_relu`` and ``elu`` only (agreement on ``alpha`` and ``dy``'s metadata)."""
+    conventions at the kinks: relu'(0) = 0, leaky_relu'(0) = alpha).  No data moves; the
+    agreement on the name, ``alpha`` and ``dy``'s metadata is deferred to the next one."""
     with _agreed(dy.grid.cart, "activation_backward", name, alpha, dy=dy):
         check_gradient_layout(dy, x.distribution, name)
-    dx = kernels_for(dy.local).activation_backward(name, dy.local, x.local, y.local, alpha)
+        dx = kernels_for(dy.local).activation_backward(name, dy.local, x.local, y.local,
+                                                       alpha)
     return DistArray(dx, x.distribution, x.grid)
 
 

@@ -224,9 +224,9 @@ def test_activation_arguments_differ():
     with mismatch("activation_backward", "alpha"):
         ops.activation_backward("leaky_relu", y, x, y, last_rank_only(0.2, 0.1))
         next_agreement()
-    # relu records nothing, leaky_relu defers its agreement: a rank taking leaky_relu instead
-    # meets the others in the next agreement (a pooling that exchanges a halo), and all raise
-    with different_calls("activation_forward", "pool_forward"):
+    # relu and leaky_relu both defer their agreement: a rank taking leaky_relu instead is
+    # found out at the next agreement (a pooling that exchanges a halo), and all raise
+    with mismatch("activation_forward", "name"):
         if RANK == SIZE - 1:
             ops.leaky_relu(x, 0.1)
         else:
@@ -501,10 +501,12 @@ def test_failure_before_a_reverse_halo_raises_on_every_rank(counted):
     bad = rank_dependent(y.shape, (None, None, 0),
                          [None, None, last_rank_only((n,) + (0,) * (SIZE - 1), None)])
     counted.clear()
-    with mismatch("activation_backward", "dy"):
-        g = ops.activation_backward("leaky_relu", last_rank_only(bad, dy), y, y, 0.1)
-        ops.conv_backward(saved, g, need_dw=False)  # the last rank does not get here
-    assert_all_ranks(COMM, len(counted) == 1, f"status all-reduces {counted}")
+    for name in ("leaky_relu", "relu"):  # (relu, with no hyper-parameter, defers as well)
+        counted.clear()
+        with mismatch("activation_backward", "dy"):
+            g = ops.activation_backward(name, last_rank_only(bad, dy), y, y, 0.1)
+            ops.conv_backward(saved, g, need_dw=False)  # the last rank does not get here
+        assert_all_ranks(COMM, len(counted) == 1, f"{name}: status all-reduces {counted}")
     in_step("failure before the reverse halo")
     k = kernels_for(x.local)
     for kernel in ("conv_backward_data", "conv_backward_filter"):
