@@ -115,7 +115,35 @@ class agreed:
         return inner.__exit__(et, ev, tb)
 
 
-class deferrable:
+class _DeferringBlock:
+    """What :class:`deferrable` and :class:`failure_deferred` share on exit: ``_mode`` None
+    (a plain block), ``True`` (deferred: on success the call is recorded with
+    :func:`~disttensor.core.agreement.defer`, on an exception this rank agrees at once with
+    :meth:`_failure_args`, so the error is raised on every rank) or an inner block to exit."""
+    __slots__ = ()
+
+    def _deferred_args(self) -> tuple:
+        raise NotImplementedError
+
+    def _failure_args(self) -> dict:
+        raise NotImplementedError
+
+    def __exit__(self, et, ev, tb):
+        mode, self._mode = self._mode, None
+        if mode is None:
+            return False
+        if mode is not True:
+            return mode.__exit__(et, ev, tb)
+        if et is None:
+            agreement.defer(self._comm, self._call, self._deferred_args())
+            return False
+        if issubclass(et, Exception):  # raised on every rank by the agreed call
+            with agreed(self._comm, self._call, **self._failure_args()):
+                raise ev
+        return False
+
+
+class deferrable(_DeferringBlock):
     """The validation block of a collective entry point ``call`` that moves no data (each rank
     computes on its own block; no message, no collective): like :func:`agreed`, but where
     agreement may be deferred (:func:`~disttensor.core.agreement.deferring`, the default on
@@ -144,20 +172,11 @@ class deferrable:
             self._mode = agreed(comm, self._call, **self._args)
             self._mode.__enter__()
 
-    def __exit__(self, et, ev, tb):
-        mode, self._mode = self._mode, None
-        if mode is None:
-            return False
-        if mode is not True:
-            return mode.__exit__(et, ev, tb)
-        if et is None:
-            agreement.defer(self._comm, self._call,
-                            tuple((k, agreement.token(v)) for k, v in self._args.items()))
-            return False
-        if issubclass(et, Exception):  # raised on every rank by the agreed call
-            with agreed(self._comm, self._call, **self._args):
-                raise ev
-        return False
+    def _deferred_args(self) -> tuple:
+        return tuple((k, agreement.token(v)) for k, v in self._args.items())
+
+    def _failure_args(self) -> dict:
+        return self._args
 
 
 LOCAL_FAILURE = "rank-local failure"
@@ -165,7 +184,7 @@ LOCAL_FAILURE = "rank-local failure"
 call failed (:func:`failure_deferred`): the ranks that meet it raise that rank's error."""
 
 
-class failure_deferred:
+class failure_deferred(_DeferringBlock):
     """Rank-local work that an entry point ``call`` runs *after* its agreement (a local kernel
     on data its agreed halo exchange brought): it raises on every rank if it raised on one,
     without the failure-only all-reduce of ``comm.collective(comm)`` where agreement may be
@@ -191,19 +210,11 @@ class failure_deferred:
         else:
             self._mode = True
 
-    def __exit__(self, et, ev, tb):
-        mode, self._mode = self._mode, None
-        if mode is None:
-            return False
-        if mode is not True:
-            return mode.__exit__(et, ev, tb)
-        if et is None:
-            agreement.defer(self._comm, self._call, ())
-            return False
-        if issubclass(et, Exception):  # raised on every rank by the next agreement
-            with agreed(self._comm, self._call, **{LOCAL_FAILURE: True}):
-                raise ev
-        return False
+    def _deferred_args(self) -> tuple:
+        return ()
+
+    def _failure_args(self) -> dict:
+        return {LOCAL_FAILURE: True}
 
 
 def canon(v):
