@@ -14,6 +14,7 @@ through it).
 """
 from __future__ import annotations
 
+import contextlib
 
 import numpy as np
 import pytest
@@ -460,6 +461,21 @@ def test_one_agreement_per_entry_point(counted):
     in_step("one agreement")
 
 
+@contextlib.contextmanager
+def kernel_fails_on_last_rank(k, kernel: str):
+    """The block calls an op whose local kernel ``kernel`` (of the kernel set ``k``) raises
+    ``MemoryError`` on the last rank only; every rank must raise it (the others naming the
+    rank it was raised on)."""
+    suffix = "" if RANK == SIZE - 1 else rf" \(raised on rank {SIZE - 1}\)"
+    with pytest.MonkeyPatch.context() as mp:
+        if RANK == SIZE - 1:
+            def fail(*args, **kwargs):
+                raise MemoryError(f"{kernel} ran out")
+            mp.setattr(k, kernel, fail)
+        with pytest.raises(MemoryError, match=rf"^{kernel} ran out{suffix}$"):
+            yield
+
+
 @two_ranks
 def test_kernel_failure_after_the_halo_raises_on_every_rank(counted):
     """A convolution or pooling kernel that fails on one rank after the halo exchange (which
@@ -470,16 +486,10 @@ def test_kernel_failure_after_the_halo_raises_on_every_rank(counted):
     cases = [("conv_forward", lambda: ops.conv_forward(x, W3, padding=1, overlap=False)),
              ("pool_forward", lambda: ops.pool_forward(x, "max", 3, 1, 1))]
     for kernel, call in cases:
-        suffix = "" if RANK == SIZE - 1 else rf" \(raised on rank {SIZE - 1}\)"
         counted.clear()
-        with pytest.MonkeyPatch.context() as mp:
-            if RANK == SIZE - 1:
-                def fail(*args, _name=kernel, **kwargs):
-                    raise MemoryError(f"{_name} ran out")
-                mp.setattr(k, kernel, fail)
-            with pytest.raises(MemoryError, match=rf"^{kernel} ran out{suffix}$"):
-                y, _ = call()   # returns on the ranks whose kernel ran
-                ops.mse_forward(y, y)  # their next agreement over the grid meets the failure
+        with kernel_fails_on_last_rank(k, kernel):
+            y, _ = call()   # returns on the ranks whose kernel ran
+            ops.mse_forward(y, y)  # their next agreement over the grid meets the failure
         assert_all_ranks(COMM, len(counted) == 2, f"{kernel}: all-reduces {counted}")
     in_step("kernel failure")
 
@@ -510,15 +520,9 @@ def test_failure_before_a_reverse_halo_raises_on_every_rank(counted):
     in_step("failure before the reverse halo")
     k = kernels_for(x.local)
     for kernel in ("conv_backward_data", "conv_backward_filter"):
-        suffix = "" if RANK == SIZE - 1 else rf" \(raised on rank {SIZE - 1}\)"
         counted.clear()
-        with pytest.MonkeyPatch.context() as mp:
-            if RANK == SIZE - 1:
-                def fail(*args, _name=kernel, **kwargs):
-                    raise MemoryError(f"{_name} ran out")
-                mp.setattr(k, kernel, fail)
-            with pytest.raises(MemoryError, match=rf"^{kernel} ran out{suffix}$"):
-                ops.conv_backward(saved, dy, reduce=False)
+        with kernel_fails_on_last_rank(k, kernel):
+            ops.conv_backward(saved, dy, reduce=False)
         assert_all_ranks(COMM, counted == ["conv_backward"], f"{kernel}: {counted}")
     in_step("backward kernel failure")
 
