@@ -93,12 +93,7 @@ def tile_tap_limits(n_n, out_sp, kernel, stride, dilation, span, rows):
     write to the result."""
     key = (int(n_n), tuple(int(v) for v in out_sp), tuple(int(v) for v in kernel),
            int(stride), int(dilation), tuple(int(v) for v in span), int(rows))
-    hit = _LIMITS.get(key)
-    if hit is None:
-        if len(_LIMITS) >= _OFFSETS_MAX:
-            _LIMITS.clear()
-        hit = _LIMITS[key] = _tile_tap_limits(*key)
-    return hit
+    return _memo(_LIMITS, key, _tile_tap_limits)
 
 
 _LIMITS: dict = {}
@@ -191,16 +186,22 @@ def gather_offsets(xp, kernel, out_sp, stride, dilation, groups):
     key = (tuple(int(v) for v in xp.shape), tuple(int(v) for v in kernel),
            tuple(int(v) for v in out_sp), tuple(int(v) for v in stride),
            tuple(int(v) for v in dilation), int(groups))
-    hit = _OFFSETS.get(key)
-    if hit is None:
-        if len(_OFFSETS) >= _OFFSETS_MAX:
-            _OFFSETS.clear()
-        hit = _OFFSETS[key] = _gather_offsets(*key)
-    return hit
+    return _memo(_OFFSETS, key, _gather_offsets)
 
 
 _OFFSETS: dict = {}
 _OFFSETS_MAX = 256  # problems whose tables are kept (a network has a few per layer)
+
+
+def _memo(cache: dict, key: tuple, make):
+    """``make(*key)``, kept in ``cache`` (emptied when it holds :data:`_OFFSETS_MAX`
+    problems)."""
+    hit = cache.get(key)
+    if hit is None:
+        if len(cache) >= _OFFSETS_MAX:
+            cache.clear()
+        hit = cache[key] = make(*key)
+    return hit
 
 
 def _gather_offsets(shape, kernel, out_sp, stride, dilation, groups):
