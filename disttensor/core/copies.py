@@ -4,13 +4,14 @@ pieces): local, no MPI.
 NumPy's copy loops over the innermost axis; when that is a short contiguous run (a halo face
 of width 3 along the last axis: 3 elements per row), the per-row overhead dominates (measured
 5x slower than needed).  Here the trailing axes contiguous in both arrays are merged into one
-void element, so the loop runs once per run with a fixed-size memcpy.  Only where the runs lie
-within the last axis (a box cut along it): where they span several trailing axes (a box cut
-along an outer axis: a depth face, the owned part of a depth window), NumPy merges those axes
-itself and its own copy is the faster one (2-4x on such boxes of 16-64 KiB, the merging's
-views alone costing some 8 us a copy).  :func:`copier` and :func:`zero_filler` make the merged
-views once, for views copied or zeroed many times (a persistent exchange's pieces).
-Re-exported by :mod:`disttensor.core.comm`.
+void element, so the loop runs once per run with a fixed-size memcpy.  :func:`copy_into`
+(one copy) merges only where the runs lie within the last axis (a box cut along it): where
+they span several trailing axes (a box cut along an outer axis: a depth face, the owned part
+of a depth window), NumPy merges those axes itself and its own copy is the faster one (2-4x on
+such boxes of 16-512 KiB, the merged views alone costing some 8 us a copy).
+:func:`copier` and :func:`zero_filler` make the merged views once, for views copied or zeroed
+many times (a persistent exchange's pieces), where the void copy is as fast or faster on any
+box.  Re-exported by :mod:`disttensor.core.comm`.
 """
 from __future__ import annotations
 
@@ -78,8 +79,10 @@ def copier(dst, src):
     if (type(dst) is np.ndarray and type(src) is np.ndarray and dst.shape == src.shape
             and dst.dtype == src.dtype and not dst.dtype.hasobject and dst.ndim):
         if not (dst.flags.c_contiguous and src.flags.c_contiguous):
-            k = _merged_axis(dst, src)
-            if k is not None:
+            # (made once: the merged views cost nothing per copy, and the void copy beats
+            # NumPy's own loop on short runs whichever axis cuts the box)
+            k = max(_trailing_run_axis(dst), _trailing_run_axis(src))
+            if k < dst.ndim and math.prod(dst.shape[k:]) > 1:
                 return functools.partial(np.copyto, _as_runs(dst, k), _as_runs(src, k))
         return functools.partial(np.copyto, dst, src)
     return functools.partial(copy_into, dst, src)
