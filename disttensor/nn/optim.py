@@ -91,32 +91,55 @@ class _ParamState(MutableMapping):
         return len(self._d)
 
 
-# parameters smaller than this take the plain expressions: their temporaries come from the
-# C library's free lists at less cost than the scratch bookkeeping (measured on 8^3 steps)
-_SCRATCH_MIN_SIZE = 4096
-
-
 def _in_place_ok(d, grad) -> bool:
-    """Whether the update may run on scratch buffers: a NumPy parameter of at least
-    ``_SCRATCH_MIN_SIZE`` elements and a NumPy gradient of its shape and dtype (anything else,
-    CuPy arrays included, takes the plain expressions; both give the same bits)."""
-    return (type(d) is np.ndarray and d.size >= _SCRATCH_MIN_SIZE
-            and type(grad) is np.ndarray and grad.dtype == d.dtype and grad.shape == d.shape)
+    """Whether the update may run on scratch buffers: a NumPy parameter and a NumPy gradient
+    of its shape and dtype (anything else, CuPy arrays and ndarray subclasses included, takes
+    the plain expressions; both give the same bits).  Every size: with its views kept per
+    shape and its coefficients in 0-d arrays of the parameter's dtype, the scratch path is
+    no slower than the plain expressions even on parameters of a few elements."""
+    return (type(d) is np.ndarray and type(grad) is np.ndarray and grad.dtype == d.dtype
+            and grad.shape == d.shape)
 
 
 def _scratch(opt, slot: str, like) -> np.ndarray:
     """A scratch array shaped like ``like`` from ``opt``'s buffers (one per slot and dtype,
     grown to the largest parameter seen; valid until the next request of the slot).  Not
-    part of the state: ``state_dict`` never sees them."""
-    bufs = opt.__dict__.get("_scratch_buffers")
-    if bufs is None:
-        bufs = opt._scratch_buffers = {}
-    key = (slot, like.dtype.str)
-    buf = bufs.get(key)
+    part of the state: ``state_dict`` never sees them.  The view for each shape is kept, so
+    a steady step makes no array here."""
+    key = (slot, like.shape, like.dtype)
+    try:
+        return opt._scratch_views[key]
+    except AttributeError:
+        opt._scratch_views, opt._scratch_buffers = {}, {}
+    except KeyError:
+        pass
+    views, bufs = opt._scratch_views, opt._scratch_buffers
+    bkey = (slot, like.dtype.str)
+    buf = bufs.get(bkey)
     n = like.size
     if buf is None or buf.size < n:
-        buf = bufs[key] = np.empty(max(n, 1), dtype=like.dtype)
-    return buf[:n].reshape(like.shape)
+        buf = bufs[bkey] = np.empty(max(n, 1), dtype=like.dtype)
+        for k in [k for k in views if k[0] == slot and k[2] == like.dtype]:
+            del views[k]                 # (views of the outgrown buffer)
+    v = views[key] = buf[:n].reshape(like.shape)
+    return v
+
+
+def _coefficients(opt, dtype, *values) -> tuple:
+    """``values`` (Python numbers) as 0-d arrays of ``dtype``, kept by ``opt`` and refilled
+    at each call: a NumPy operation with such an operand makes no array of its own (a Python
+    float operand becomes a new 0-d array, and another one cast to the array's dtype, in every
+    call) and gives the same bits (a weak Python float is cast to ``dtype`` the same way)."""
+    key = (dtype, len(values))
+    try:
+        arrs = opt._coefficient_arrays[key]
+    except (AttributeError, KeyError):
+        if "_coefficient_arrays" not in opt.__dict__:
+            opt._coefficient_arrays = {}
+        arrs = opt._coefficient_arrays[key] = tuple(np.zeros((), dtype) for _ in values)
+    for z, v in zip(arrs, values):
+        z[()] = v
+    return arrs
 
 
 def _check_real(name: str, v, *, low: float | None = 0.0, message: str | None = None) -> float:
@@ -387,25 +410,27 @@ class SGD(Optimizer):
         """The update above on NumPy arrays with every temporary in the optimizer's scratch
         buffers (the same operations in the same order: bit-identical results)."""
         work = _scratch(self, "work", d)
+        momentum = g["momentum"]
+        wd, damp, lr, mom = _coefficients(self, d.dtype, g["weight_decay"],
+                                          1 - g["dampening"], g["lr"], momentum)
         if g["maximize"]:
             grad = np.negative(grad, out=_scratch(self, "grad", d))
         if g["weight_decay"] != 0:
-            np.multiply(d, g["weight_decay"], out=work)
+            np.multiply(d, wd, out=work)
             grad = np.add(grad, work, out=_scratch(self, "grad", d))
-        momentum = g["momentum"]
         if momentum != 0:
             buf = state.get("momentum_buffer")
             if buf is None:
                 buf = state["momentum_buffer"] = grad.copy()
             else:
-                buf *= momentum
-                buf += np.multiply(grad, 1 - g["dampening"], out=work)
+                buf *= mom
+                buf += np.multiply(grad, damp, out=work)
             if g["nesterov"]:
-                np.multiply(buf, momentum, out=work)
+                np.multiply(buf, mom, out=work)
                 grad = np.add(grad, work, out=_scratch(self, "grad", d))
             else:
                 grad = buf
-        d -= np.multiply(grad, g["lr"], out=work)
+        d -= np.multiply(grad, lr, out=work)
 
 
 class Adam(Optimizer):
@@ -489,29 +514,31 @@ class Adam(Optimizer):
         lr, (beta1, beta2), eps, wd = g["lr"], g["betas"], g["eps"], g["weight_decay"]
         t = state["step"]
         work = _scratch(self, "work", d)
+        c_decay, c_wd, c_b1, c_1b1, c_b2, c_1b2, c_bc2, c_eps, c_step = _coefficients(
+            self, d.dtype, 1 - lr * wd, wd, beta1, 1 - beta1, beta2, 1 - beta2,
+            math.sqrt(1 - beta2 ** t), eps, lr / (1 - beta1 ** t))
         if g["maximize"]:
             grad = np.negative(grad, out=_scratch(self, "grad", d))
         if wd != 0:
             if self._decoupled:
-                d *= 1 - lr * wd
+                d *= c_decay
             else:
                 g2 = _scratch(self, "grad", d)
-                np.multiply(d, wd, out=work)
+                np.multiply(d, c_wd, out=work)
                 grad = np.add(grad, work, out=g2)
         m, v = state["exp_avg"], state["exp_avg_sq"]
-        m *= beta1
-        m += np.multiply(grad, 1 - beta1, out=work)
-        v *= beta2
+        m *= c_b1
+        m += np.multiply(grad, c_1b1, out=work)
+        v *= c_b2
         np.multiply(grad, grad, out=work)
-        v += np.multiply(work, 1 - beta2, out=work)
+        v += np.multiply(work, c_1b2, out=work)
         if g["amsgrad"]:
             v = np.maximum(state["max_exp_avg_sq"], v, out=state["max_exp_avg_sq"])
         denom = np.sqrt(v, out=_scratch(self, "denom", d))
-        denom /= math.sqrt(1 - beta2 ** t)
-        denom += eps
-        step_size = lr / (1 - beta1 ** t)
+        denom /= c_bc2
+        denom += c_eps
         np.divide(m, denom, out=work)
-        d -= np.multiply(work, step_size, out=work)
+        d -= np.multiply(work, c_step, out=work)
 
 
 class AdamW(Adam):
