@@ -34,7 +34,7 @@ import threading
 
 import numpy as np
 
-from ..core import profiler as _profiler
+from ..core import buffer_pool as _pool, profiler as _profiler
 from ..core.array import DistArray
 from ..core.backend import array_module
 
@@ -404,7 +404,8 @@ def param_share(t: Tensor | None, g, grid=None, partial_axes=None):
     keep = () if partial_axes is None else tuple(partial_axes)
     if all(c == 0 for a, c in enumerate(grid.coords) if a not in keep):
         return g
-    return array_module(g).zeros_like(g)
+    return _pool.zeros(g.shape, g.dtype) if type(g) is np.ndarray else \
+        array_module(g).zeros_like(g)     # (NumPy: recycled, a steady step makes no array)
 
 
 def _accumulate(acc, g):

@@ -43,7 +43,7 @@ import numpy as np
 
 from . import malloc_tuning as _malloc_tuning
 
-__all__ = ["BufferPool", "POOL", "SMALL", "empty", "size_class", "DEFAULT_LIMIT",
+__all__ = ["BufferPool", "POOL", "SMALL", "empty", "zeros", "size_class", "DEFAULT_LIMIT",
            "DEFAULT_MIN_BYTES", "DEFAULT_SMALL_LIMIT", "Recycler"]
 
 DEFAULT_LIMIT = 2 << 30
@@ -307,3 +307,10 @@ def empty(shape, dtype=np.float64) -> np.ndarray:
     if type(shape) is tuple:
         return SMALL.empty(shape, np.dtype(dtype))
     return POOL.empty(shape, dtype)
+
+
+def zeros(shape: tuple, dtype=np.float64) -> np.ndarray:
+    """``np.zeros(shape, dtype)`` from the shared pool (:func:`empty`, then filled)."""
+    out = empty(shape, dtype)
+    out.fill(0)
+    return out

@@ -30,7 +30,7 @@ from ..core import buffer_pool as _pool
 from ..core.array import DistArray
 from ..core.entry import agreed, collective_entry, deferrable
 from ..core.backend import array_module
-from ..core.comm import allreduce
+from ..core.comm import allreduce_owned
 from ..core.distribution import Distribution
 from ._spatial import array_key, check_gradient_layout, param_comm, with_channels
 
@@ -167,6 +167,10 @@ def flatten_backward(saved: FlattenSaved, dy: DistArray) -> DistArray:
     if _same_blocks(g, saved.x_dist):
         return DistArray(loc, saved.x_dist, dy.grid)
     part = loc[_block_in_gathered(g, saved.x_dist, dy.grid.cart.rank)]
+    if type(part) is np.ndarray:   # (a contiguous copy, recycled when steady)
+        out = _pool.empty(part.shape, part.dtype)
+        np.copyto(out, part)
+        return DistArray(out, saved.x_dist, dy.grid)
     return DistArray(array_module(part).ascontiguousarray(part), saved.x_dist, dy.grid)
 
 
@@ -240,7 +244,7 @@ def dense_backward(saved: DenseSaved, dy: DistArray, need_dx: bool = True, reduc
     dw = _product(dy.local.T, x.local)
     db = _column_sums(dy.local) if saved.has_bias else None
     if reduce:
-        dw = allreduce(comm, dw, "sum")
+        dw = allreduce_owned(comm, dw, "sum")   # (dw and db are this call's own)
         if db is not None:
-            db = allreduce(comm, db, "sum")
+            db = allreduce_owned(comm, db, "sum")
     return dx, dw, db

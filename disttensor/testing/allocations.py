@@ -95,9 +95,14 @@ def _install():
     get_handler = ctypes.PYFUNCTYPE(ctypes.py_object)(table[_API_GET_HANDLER])
     inner = _Handler.from_address(api.PyCapsule_GetPointer(get_handler(), b"mem_handler"))
     ctx = inner.allocator.ctx
-    c_malloc = _MALLOC(inner.allocator.malloc)
-    c_calloc = _CALLOC(inner.allocator.calloc)
-    c_realloc = _REALLOC(inner.allocator.realloc)
+    # the inner functions called without releasing the GIL (PYFUNCTYPE): NumPy may call the
+    # handler with the GIL released (np.zeros of large arrays), and the callback holds it then
+    c_malloc = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p,
+                                 ctypes.c_size_t)(inner.allocator.malloc)
+    c_calloc = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                 ctypes.c_size_t)(inner.allocator.calloc)
+    c_realloc = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                  ctypes.c_size_t)(inner.allocator.realloc)
 
     @_MALLOC
     def counting_malloc(_ctx, n):
