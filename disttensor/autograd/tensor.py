@@ -461,7 +461,7 @@ def _add_into_grad(t: Tensor, g, owned: bool = False) -> None:
     ``t.grad + g``; a NumPy ``t.grad`` that nothing but ``t`` references takes the sum in place
     (the same arithmetic, no new array; a ``.grad`` the user holds is never changed)."""
     if t.grad is None:
-        t.grad = g if owned else (g.copy() if hasattr(g, "copy") else g)
+        t.grad = g if owned else _pool.copy(g)   # (NumPy: into a recycled array)
         return
     acc = t.grad
     if (type(g) is np.ndarray and _owned_host(acc, holders=1) and acc.dtype == g.dtype

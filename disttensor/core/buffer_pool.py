@@ -43,7 +43,7 @@ import numpy as np
 
 from . import malloc_tuning as _malloc_tuning
 
-__all__ = ["BufferPool", "POOL", "SMALL", "empty", "zeros", "size_class", "DEFAULT_LIMIT",
+__all__ = ["BufferPool", "POOL", "SMALL", "empty", "zeros", "copy", "size_class", "DEFAULT_LIMIT",
            "DEFAULT_MIN_BYTES", "DEFAULT_SMALL_LIMIT", "Recycler"]
 
 DEFAULT_LIMIT = 2 << 30
@@ -307,6 +307,16 @@ def empty(shape, dtype=np.float64) -> np.ndarray:
     if type(shape) is tuple:
         return SMALL.empty(shape, np.dtype(dtype))
     return POOL.empty(shape, dtype)
+
+
+def copy(a):
+    """``a.copy()`` (C order) into an array from the shared pool for a NumPy array; other
+    arrays' own ``copy()``; objects without one are returned as they are."""
+    if type(a) is np.ndarray:
+        out = empty(a.shape, a.dtype)
+        np.copyto(out, a)
+        return out
+    return a.copy() if hasattr(a, "copy") else a
 
 
 def zeros(shape: tuple, dtype=np.float64) -> np.ndarray:

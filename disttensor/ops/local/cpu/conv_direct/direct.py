@@ -85,14 +85,14 @@ def _filter_operands(x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups):
     n_n, cin = x.shape[:2]
     cout = dy.shape[1]
     cg, cog = cin // groups, cout // groups
-    kk = int(np.prod(kernel))
+    kk = math.prod(int(k) for k in kernel)
     if dy.size == 0 or x.size == 0 or cout * cg * kk == 0:
         return np.zeros((cout, cg) + kernel, dtype=dtype), None
     size = tuple(n + lo + hi for n, lo, hi in zip(x.shape[2:], pad_lo, pad_hi))
     xp = embed(x, pad_lo, size)
     pos, taps, chan = gather_offsets(xp, kernel, out_sp, stride, dilation, groups)
     return None, _FilterOperands(xp.reshape(-1), dy, dtype, kernel, n_n, cg, cog, kk,
-                                 int(np.prod(out_sp)), pos, taps, chan)
+                                 math.prod(int(n) for n in out_sp), pos, taps, chan)
 
 
 class Direct:
