@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from disttensor.nn.optim import SGD, Adam, AdamW
+from disttensor.nn.optim import SGD, Adagrad, Adam, AdamW, NAdam, RAdam, RMSprop
 from disttensor.testing.allocations import numpy_allocations
 
 
@@ -30,11 +30,24 @@ CASES = {
     "sgd": (SGD, dict(lr=0.05)),
     "sgd-mom-wd": (SGD, dict(lr=0.05, momentum=0.9, dampening=0.1, weight_decay=1e-2)),
     "sgd-nesterov-max": (SGD, dict(lr=0.05, momentum=0.8, nesterov=True, maximize=True)),
+    "rmsprop": (RMSprop, dict(lr=0.01)),
+    "rmsprop-centered-mom-wd-max": (RMSprop, dict(lr=0.01, alpha=0.9, momentum=0.5,
+                                                  centered=True, weight_decay=0.1,
+                                                  maximize=True)),
+    "rmsprop-centered-lerp-high": (RMSprop, dict(lr=0.01, alpha=0.3, centered=True)),
+    "adagrad": (Adagrad, dict(lr=0.1, lr_decay=0.01, weight_decay=0.1)),
+    "adagrad-max": (Adagrad, dict(lr=0.1, initial_accumulator_value=0.5, maximize=True)),
+    "nadam": (NAdam, dict(lr=0.02, weight_decay=0.1)),
+    "nadam-decoupled-max": (NAdam, dict(lr=0.02, weight_decay=0.1, decoupled_weight_decay=True,
+                                        maximize=True, betas=(0.4, 0.99))),
+    "radam": (RAdam, dict(lr=0.02, weight_decay=0.1)),
+    "radam-decoupled-max": (RAdam, dict(lr=0.02, weight_decay=0.1, decoupled_weight_decay=True,
+                                        maximize=True, betas=(0.3, 0.9))),
 }
 SHAPES = [(3, 4, 5), (7,), (2, 50)]   # different sizes: the shared scratch grows and is reused
 
 
-def run(case, dtype, plain, steps=4):
+def run(case, dtype, plain, steps=8):
     cls, kw = CASES[case]
     rng = np.random.default_rng(5)
     params = []
@@ -66,7 +79,8 @@ def test_scratch_path_is_bit_identical(case, dtype):
     assert "_scratch_buffers" not in ref.__dict__         # the plain one did not
     sd = opt.state_dict()
     assert all(set(v) <= {"step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq",
-                          "momentum_buffer"} for v in sd["state"].values())
+                          "momentum_buffer", "square_avg", "grad_avg", "sum", "mu_product"}
+               for v in sd["state"].values())
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
