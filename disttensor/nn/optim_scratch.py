@@ -47,16 +47,20 @@ def _scratch(opt, slot: str, like) -> np.ndarray:
 
 def _coefficients(opt, dtype, *values) -> tuple:
     """``values`` (Python numbers) as 0-d arrays of ``dtype``, kept by ``opt`` and refilled
-    at each call: a NumPy operation with such an operand makes no array of its own (a Python
-    float operand becomes a new 0-d array, and another one cast to the array's dtype, in every
-    call) and gives the same bits (a weak Python float is cast to ``dtype`` the same way)."""
+    at each call whose values differ from the last call's with as many values (or hold a
+    zero, which compares equal to one of the other sign): a NumPy
+    operation with such an operand makes no array of its own (a Python float operand becomes
+    a new 0-d array, and another one cast to the array's dtype, in every call) and gives the
+    same bits (a weak Python float is cast to ``dtype`` the same way)."""
     key = (dtype, len(values))
     try:
-        arrs = opt._coefficient_arrays[key]
+        last, arrs = opt._coefficient_arrays[key]
     except (AttributeError, KeyError):
         if "_coefficient_arrays" not in opt.__dict__:
             opt._coefficient_arrays = {}
-        arrs = opt._coefficient_arrays[key] = tuple(np.zeros((), dtype) for _ in values)
-    for z, v in zip(arrs, values):
-        z[()] = v
+        last, arrs = None, tuple(np.zeros((), dtype) for _ in values)
+    if values != last or 0.0 in values:     # (a zero may change sign: refilled)
+        for z, v in zip(arrs, values):
+            z[()] = v
+        opt._coefficient_arrays[key] = (values, arrs)
     return arrs
