@@ -360,13 +360,16 @@ class SGD(Optimizer):
         """The update above on NumPy arrays with every temporary in the optimizer's scratch
         buffers (the same operations in the same order: bit-identical results)."""
         work = _scratch(self, "work", d)
-        momentum = g["momentum"]
-        wd, damp, lr, mom = _coefficients(self, d.dtype, g["weight_decay"],
-                                          1 - g["dampening"], g["lr"], momentum)
+        momentum, wd = g["momentum"], g["weight_decay"]
+        if momentum != 0:
+            lr, damp, mom = _coefficients(self, "sgd", d.dtype, g["lr"], 1 - g["dampening"],
+                                          momentum)
+        else:
+            (lr,) = _coefficients(self, "lr", d.dtype, g["lr"])
         if g["maximize"]:
             grad = np.negative(grad, out=_scratch(self, "grad", d))
-        if g["weight_decay"] != 0:
-            np.multiply(d, wd, out=work)
+        if wd != 0:
+            np.multiply(d, _coefficients(self, "wd", d.dtype, wd)[0], out=work)
             grad = np.add(grad, work, out=_scratch(self, "grad", d))
         if momentum != 0:
             buf = state.get("momentum_buffer")
@@ -464,17 +467,17 @@ class Adam(Optimizer):
         lr, (beta1, beta2), eps, wd = g["lr"], g["betas"], g["eps"], g["weight_decay"]
         t = state["step"]
         work = _scratch(self, "work", d)
-        c_decay, c_wd, c_b1, c_1b1, c_b2, c_1b2, c_bc2, c_eps, c_step = _coefficients(
-            self, d.dtype, 1 - lr * wd, wd, beta1, 1 - beta1, beta2, 1 - beta2,
+        c_b1, c_1b1, c_b2, c_1b2, c_bc2, c_eps, c_step = _coefficients(
+            self, "adam", d.dtype, beta1, 1 - beta1, beta2, 1 - beta2,
             math.sqrt(1 - beta2 ** t), eps, lr / (1 - beta1 ** t))
         if g["maximize"]:
             grad = np.negative(grad, out=_scratch(self, "grad", d))
         if wd != 0:
             if self._decoupled:
-                d *= c_decay
+                d *= _coefficients(self, "decay", d.dtype, 1 - lr * wd)[0]
             else:
                 g2 = _scratch(self, "grad", d)
-                np.multiply(d, c_wd, out=work)
+                np.multiply(d, _coefficients(self, "wd", d.dtype, wd)[0], out=work)
                 grad = np.add(grad, work, out=g2)
         m, v = state["exp_avg"], state["exp_avg_sq"]
         m *= c_b1

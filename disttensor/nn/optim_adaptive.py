@@ -68,10 +68,10 @@ def _lerp_host(opt, a, end, weight):
     work = _scratch(opt, "lerp", a)
     np.subtract(end, a, out=work)
     if weight < 0.5:
-        (c,) = _coefficients(opt, a.dtype, weight)
+        (c,) = _coefficients(opt, "lerp", a.dtype, weight)
         a += np.multiply(work, c, out=work)
     else:
-        (c,) = _coefficients(opt, a.dtype, 1 - weight)
+        (c,) = _coefficients(opt, "lerp", a.dtype, 1 - weight)
         np.subtract(end, np.multiply(work, c, out=work), out=a)
 
 
@@ -82,7 +82,7 @@ def _host_grad(opt, d, grad, g, wd: float):
         grad = np.negative(grad, out=_scratch(opt, "grad", d))
     if wd != 0:
         work = _scratch(opt, "work", d)
-        (c,) = _coefficients(opt, d.dtype, wd)
+        (c,) = _coefficients(opt, "wd", d.dtype, wd)
         np.multiply(d, c, out=work)
         grad = np.add(grad, work, out=_scratch(opt, "grad", d))
     return grad
@@ -90,14 +90,14 @@ def _host_grad(opt, d, grad, g, wd: float):
 
 def _decay_host(opt, d, g, wd: float) -> None:
     """``d *= 1 - lr * wd`` (decoupled weight decay)."""
-    (c,) = _coefficients(opt, d.dtype, 1 - g["lr"] * wd)
+    (c,) = _coefficients(opt, "decay", d.dtype, 1 - g["lr"] * wd)
     d *= c
 
 
 def _second_moment_host(opt, v, grad, beta: float) -> None:
     """``v = beta * v + (1 - beta) * grad * grad``."""
     work = _scratch(opt, "work", v)
-    c_b, c_1b = _coefficients(opt, v.dtype, beta, 1 - beta)
+    c_b, c_1b = _coefficients(opt, "moment", v.dtype, beta, 1 - beta)
     v *= c_b
     np.multiply(grad, grad, out=work)
     v += np.multiply(work, c_1b, out=work)
@@ -178,11 +178,11 @@ class RMSprop(Optimizer):
             np.sqrt(np.subtract(v, np.multiply(a, a, out=work), out=avg), out=avg)
         else:
             np.sqrt(v, out=avg)
-        c_eps, c_mom, c_lr = _coefficients(self, d.dtype, g["eps"], g["momentum"], g["lr"])
+        c_eps, c_lr = _coefficients(self, "rmsprop", d.dtype, g["eps"], g["lr"])
         avg += c_eps
         if g["momentum"] > 0:
             buf = state["momentum_buffer"]
-            buf *= c_mom
+            buf *= _coefficients(self, "momentum", d.dtype, g["momentum"])[0]
             buf += np.divide(grad, avg, out=work)
             d -= np.multiply(buf, c_lr, out=work)
         else:
@@ -235,7 +235,7 @@ class Adagrad(Optimizer):
             work, std = _scratch(self, "work", d), _scratch(self, "denom", d)
             s = state["sum"]
             s += np.multiply(grad, grad, out=work)
-            c_eps, c_clr = _coefficients(self, d.dtype, g["eps"], clr)
+            c_eps, c_clr = _coefficients(self, "adagrad", d.dtype, g["eps"], clr)
             np.sqrt(s, out=std)
             std += c_eps
             np.divide(grad, std, out=work)
@@ -330,7 +330,7 @@ class NAdam(Optimizer):
         _second_moment_host(self, v, grad, beta2)
         mu_product_next = mu_product * mu_next
         c_bc2, c_eps, c_g, c_m = _coefficients(
-            self, d.dtype, bias_correction2, g["eps"], -lr * (1.0 - mu) / (1.0 - mu_product),
+            self, "nadam", d.dtype, bias_correction2, g["eps"], -lr * (1.0 - mu) / (1.0 - mu_product),
             (-lr * mu_next) / (1.0 - mu_product_next))
         work, denom = _scratch(self, "work", d), _scratch(self, "denom", d)
         np.sqrt(np.divide(v, c_bc2, out=denom), out=denom)
@@ -423,7 +423,7 @@ class RAdam(Optimizer):
         rect = math.sqrt((rho_t - 4) * (rho_t - 2) * rho_inf
                          / ((rho_inf - 4) * (rho_inf - 2) * rho_t)) if rho_t > 5.0 else 0.0
         c_bc1, c_lr, c_eps, c_root, c_rect = _coefficients(
-            self, d.dtype, bias_correction1, lr, g["eps"], bias_correction2 ** 0.5, rect)
+            self, "radam", d.dtype, bias_correction1, lr, g["eps"], bias_correction2 ** 0.5, rect)
         np.divide(m, c_bc1, out=m_hat)
         np.multiply(m_hat, c_lr, out=m_hat)
         if rho_t > 5.0:

@@ -45,20 +45,22 @@ def _scratch(opt, slot: str, like) -> np.ndarray:
     return v
 
 
-def _coefficients(opt, dtype, *values) -> tuple:
+def _coefficients(opt, slot: str, dtype, *values) -> tuple:
     """``values`` (Python numbers) as 0-d arrays of ``dtype``, kept by ``opt`` and refilled
-    at each call whose values differ from the last call's with as many values (or hold a
-    zero, which compares equal to one of the other sign): a NumPy
+    at each call whose values differ from the last call's of the ``slot`` (or hold a zero,
+    which compares equal to one of the other sign): a NumPy
     operation with such an operand makes no array of its own (a Python float operand becomes
     a new 0-d array, and another one cast to the array's dtype, in every call) and gives the
     same bits (a weak Python float is cast to ``dtype`` the same way)."""
-    key = (dtype, len(values))
+    key = (slot, dtype)
     try:
         last, arrs = opt._coefficient_arrays[key]
     except (AttributeError, KeyError):
         if "_coefficient_arrays" not in opt.__dict__:
             opt._coefficient_arrays = {}
-        last, arrs = None, tuple(np.zeros((), dtype) for _ in values)
+        last, arrs = None, ()
+    if len(arrs) != len(values):
+        arrs = tuple(np.zeros((), dtype) for _ in values)
     if values != last or 0.0 in values:     # (a zero may change sign: refilled)
         for z, v in zip(arrs, values):
             z[()] = v
