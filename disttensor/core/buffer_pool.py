@@ -186,7 +186,7 @@ class Recycler:
     :meth:`empty` returns a view (``out.base`` is the kept array) of an idle kept array of
     that shape and dtype, else a new array, kept while the recycler holds fewer than
     ``per_key`` of that shape and dtype, fewer than ``max_keys`` shapes and fewer than
-    ``limit_bytes`` in all.  An array a caller (or anything derived from it) still holds is
+    ``limit_bytes`` in all (when full, the arrays nothing references are forgotten first).  An array a caller (or anything derived from it) still holds is
     never handed out again.  Requests of the pool's ``min_bytes`` and more go to :data:`POOL`;
     with the pool off (``DISTTENSOR_BUFFER_POOL=off``) every request is a plain ``np.empty``.
     NumPy only; thread-safe (one lock)."""
@@ -220,15 +220,31 @@ class Recycler:
                     return a[...]
         # (a plain np.empty below the pool's min_bytes, a view of a pooled buffer from it)
         a = POOL.empty(shape, dtype) if make is None else make(shape, dtype)
-        if a.base is None and len(kept or ()) < self.per_key \
-                and self._held + a.nbytes <= self.limit_bytes \
-                and (kept is not None or len(self._arrays) < self.max_keys):
-            if kept is None:
-                kept = self._arrays[key] = []
-            kept.append(a)
-            self._held += a.nbytes
-            return a[...]
-        return a
+        if a.base is not None or len(kept or ()) >= self.per_key:
+            return a
+        if self._held + a.nbytes > self.limit_bytes or \
+                (kept is None and len(self._arrays) >= self.max_keys):
+            self._drop_idle()           # full: forget what nothing uses now, then try again
+            kept = self._arrays.get(key)
+            if self._held + a.nbytes > self.limit_bytes or \
+                    (kept is None and len(self._arrays) >= self.max_keys):
+                return a
+        if kept is None:
+            kept = self._arrays[key] = []
+        kept.append(a)
+        self._held += a.nbytes
+        return a[...]
+
+    def _drop_idle(self) -> None:
+        """Forget every kept array nothing references (lock held)."""
+        for key in list(self._arrays):
+            kept = self._arrays[key]
+            busy = [a for a in kept if sys.getrefcount(a) > _IDLE_DROP]
+            self._held -= sum(a.nbytes for a in kept) - sum(a.nbytes for a in busy)
+            if busy:
+                self._arrays[key] = busy
+            else:
+                del self._arrays[key]
 
     def held_bytes(self) -> int:
         """Bytes of the arrays kept (idle or handed out)."""
@@ -261,7 +277,23 @@ def _calibrate_recycler() -> int:
     raise RuntimeError("buffer_pool: cannot calibrate the recycler's reference count")
 
 
-_IDLE_RECYCLED = 0
+def _calibrate_drop() -> int:
+    """What ``sys.getrefcount`` reads inside :meth:`Recycler._drop_idle`'s scan for a kept
+    array nothing else references."""
+    global _IDLE_DROP
+    for k in range(1, 16):
+        _IDLE_DROP = k
+        r = Recycler(per_key=2)
+        held = r._take((2,), np.dtype(np.uint8), np.empty)
+        r._take((2,), np.dtype(np.uint8), np.empty)      # dropped at once: idle
+        r._drop_idle()
+        if len(r._arrays.get(((2,), np.dtype(np.uint8)), ())) == 1:
+            del held
+            return k
+    raise RuntimeError("buffer_pool: cannot calibrate the recycler's reference count")
+
+
+_IDLE_RECYCLED = _IDLE_DROP = 0
 
 
 def _limit_from_env() -> int:
@@ -296,8 +328,9 @@ POOL = BufferPool(limit_bytes=_limit_from_env(), min_bytes=_min_from_env(),
 
 
 _IDLE_RECYCLED = _calibrate_recycler()
+_IDLE_DROP = _calibrate_drop()
 
-SMALL = Recycler(per_key=8, max_keys=256, limit_bytes=_small_limit_from_env())
+SMALL = Recycler(per_key=8, max_keys=1024, limit_bytes=_small_limit_from_env())
 """The shared recycler of the requests below :data:`POOL`'s ``min_bytes``."""
 
 

@@ -1,6 +1,6 @@
 """The recycler of exact-shape arrays (disttensor.core.buffer_pool.Recycler): an array a caller
 or anything derived from it still holds is never handed out again, a dropped one is; its
-bounds (arrays per shape, shapes, bytes); requests from the pool's threshold on go to the
+bounds (arrays per shape, shapes, bytes; when full, idle arrays make room); requests from the pool's threshold on go to the
 size-class pool; off with the pool; threads never share an array; ``buffer_pool.empty``
 routes small requests through the shared recycler."""
 from __future__ import annotations
@@ -54,7 +54,10 @@ def test_bounds_per_shape_shapes_and_bytes():
     assert r.held_bytes() == 3 * 40 + 4
     big = r.empty((10, 30), F4)                    # 1200 bytes: over the byte limit
     assert big.base is None
-    del a, b, c, d, e, big
+    del d, e, big
+    f = r.empty((13,), F4)                         # full, but (11,) is idle now: dropped
+    assert f.base is not None and r.held_bytes() == 2 * 40 + 52
+    del a, b, c, f
     r.clear()
     assert r.held_bytes() == 0
 
