@@ -25,10 +25,16 @@ pass it first drops idle buffers of other classes, then, if that is not enough, 
 ``np.empty`` outside the pool.  :meth:`BufferPool.release` drops every idle buffer.  Host
 (NumPy) memory only: CuPy arrays have CuPy's own memory pool.
 
+Below ``min_bytes``, :func:`empty` takes arrays from :data:`SMALL`, a :class:`Recycler`:
+the same rule keyed by exact shape and dtype (a steady step asks for the same few shapes every
+time; a lookup costs about what ``np.empty`` does), so that a steady training step allocates
+(almost) no NumPy memory at all (``disttensor.testing.allocations`` counts it).
+
 Settings (read once, when :data:`POOL` is made):
 ``DISTTENSOR_BUFFER_POOL`` ``on`` (default) / ``off`` (every request is a plain ``np.empty``);
 ``DISTTENSOR_BUFFER_POOL_LIMIT`` bytes (default 2 GiB, floats such as ``4e9`` accepted);
-``DISTTENSOR_BUFFER_POOL_MIN`` bytes, the smallest request pooled (default above).
+``DISTTENSOR_BUFFER_POOL_MIN`` bytes, the smallest request pooled (default above);
+``DISTTENSOR_BUFFER_POOL_SMALL_LIMIT`` bytes :data:`SMALL` keeps at most (default 256 MiB).
 
 Local (no MPI); thread-safe (one lock around the search of a class).
 """
@@ -186,8 +192,8 @@ class Recycler:
     :meth:`empty` returns a view (``out.base`` is the kept array) of an idle kept array of
     that shape and dtype, else a new array, kept while the recycler holds fewer than
     ``per_key`` of that shape and dtype, fewer than ``max_keys`` shapes and fewer than
-    ``limit_bytes`` in all (when full, the arrays nothing references are forgotten first).  An array a caller (or anything derived from it) still holds is
-    never handed out again.  Requests of the pool's ``min_bytes`` and more go to :data:`POOL`;
+    ``limit_bytes`` in all (when full, the arrays nothing references are forgotten first).
+    An array a caller (or anything derived from it) still holds is never handed out again.  Requests of the pool's ``min_bytes`` and more go to :data:`POOL`;
     with the pool off (``DISTTENSOR_BUFFER_POOL=off``) every request is a plain ``np.empty``.
     NumPy only; thread-safe (one lock)."""
 
