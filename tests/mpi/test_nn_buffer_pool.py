@@ -21,7 +21,7 @@ from disttensor.nn.optim import Adam
 from checks import SIZE, expect, grid
 from gradchecks import guarded, self_grid
 
-STEPS = 3
+STEPS = 2
 
 
 def train(g, pooled: bool, dtype="float32", hold=False, min_bytes=1):
