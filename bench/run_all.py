@@ -83,7 +83,8 @@ JOBS = [
         ranks=(2,)),
     Job("step_floor", "step_floor_bench.py", ["--reps", "150"], ["--reps", "400"], ranks=(2,)),
     Job("step_alloc", "step_alloc_bench.py", ["--sizes", "8,32", "--rounds", "1"],
-        ["--sizes", "8,32,64", "--rounds", "3"], mpi=False, threads_per_rank=1, timeout=900),
+        ["--sizes", "8,32,64", "--rounds", "3", "--splits", "depth,samples"], mpi=False,
+        threads_per_rank=1, timeout=900),
     # training features
     Job("pipeline", "pipeline_bench.py", ["--models", "cosmoflow", "--steps", "3"], [],
         ranks=(2,)),

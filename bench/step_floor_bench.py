@@ -28,7 +28,9 @@ PyTorch's own median by 1.4-2.1 ms between runs, hits both sides of each ratio),
 seconds of a step summed over the ranks taking part, the status all-reduces (argument
 agreement and failure checks) per steady-state step, counted through
 :func:`disttensor.core.agreement.status_allreduce`, the bytes NumPy allocates and frees during
-one steady-state step (tracemalloc peak above what the step keeps) and the minor page
+one steady-state step (tracemalloc peak above what the step keeps), the NumPy data buffers a
+steady-state step allocates however briefly (count and bytes,
+:mod:`disttensor.testing.allocations`) and the minor page
 faults of one steady-state step (``getrusage``; the largest rank).  Run with one thread per rank (set here if unset).  PyTorch is a peer for comparison
 only; without it the torch case and the ratios are skipped.
 
@@ -73,6 +75,7 @@ from disttensor import nn  # noqa: E402
 from disttensor.autograd import Tensor  # noqa: E402
 from disttensor.core import agreement  # noqa: E402
 from disttensor.nn import functional as F  # noqa: E402
+from disttensor.testing.allocations import numpy_allocations  # noqa: E402
 
 COMM = MPI.COMM_WORLD
 WIDTHS, DENSE, CIN, OUTPUTS, SLOPE, SCALE = (2, 2), (128, 64), 4, 4, 0.3, 1.2
@@ -175,6 +178,15 @@ def transient_bytes(fn) -> int:
     return max(0, peak - max(cur, base))
 
 
+def numpy_allocations_of(fn) -> tuple[int, int]:
+    """``(count, bytes)`` of the NumPy data buffers one call of ``fn`` allocates (after a warm
+    call), on this rank."""
+    fn()
+    with numpy_allocations() as seen:
+        fn()
+    return seen.count, seen.nbytes
+
+
 def faults_per_step(fn, steps: int = 10) -> float:
     """Minor page faults of this process per call of ``fn`` (after a warm call)."""
     fn()
@@ -232,6 +244,9 @@ def main() -> None:
              for n in names}
     faults = {n: COMM.allreduce(faults_per_step(fns[n]) if n in cases else 0.0, op=MPI.MAX)
               for n in names}
+    nallocs = {n: numpy_allocations_of(fns[n]) if n in cases else (0, 0) for n in names}
+    nallocs = {n: (COMM.allreduce(c, op=MPI.MAX), COMM.allreduce(b, op=MPI.MAX))
+               for n, (c, b) in nallocs.items()}
     if rank != 0:
         return
     load = os.getloadavg()[0]
@@ -250,7 +265,12 @@ def main() -> None:
         record("step_floor", f"{desc}, {n}", "cpu_s", c, "s", better="lower", ranks=ranks)
         if n != "torch":
             line += (f"  agreements/step {counts[n]:5.1f}  transient {alloc[n] / 1024:7.1f} KiB"
+                     f"  numpy allocations {nallocs[n][0]} ({nallocs[n][1]} B)"
                      f"  faults/step {faults[n]:6.1f}")
+            record("step_floor", f"{desc}, {n}", "numpy_allocations_per_step", nallocs[n][0],
+                   "", better="lower", ranks=ranks)
+            record("step_floor", f"{desc}, {n}", "numpy_allocated_bytes_per_step",
+                   nallocs[n][1], "B", better="lower", ranks=ranks)
             record("step_floor", f"{desc}, {n}", "faults_per_step", faults[n], "",
                    better="lower", ranks=ranks)
             record("step_floor", f"{desc}, {n}", "agreements_per_step", counts[n], "",

@@ -34,7 +34,7 @@ import threading
 
 import numpy as np
 
-from ..core import profiler as _profiler
+from ..core import buffer_pool as _pool, profiler as _profiler
 from ..core.array import DistArray
 from ..core.backend import array_module
 
@@ -404,7 +404,8 @@ def param_share(t: Tensor | None, g, grid=None, partial_axes=None):
     keep = () if partial_axes is None else tuple(partial_axes)
     if all(c == 0 for a, c in enumerate(grid.coords) if a not in keep):
         return g
-    return array_module(g).zeros_like(g)
+    return _pool.zeros(g.shape, g.dtype) if type(g) is np.ndarray else \
+        array_module(g).zeros_like(g)     # (NumPy: recycled, a steady step makes no array)
 
 
 def _accumulate(acc, g):
@@ -460,7 +461,7 @@ def _add_into_grad(t: Tensor, g, owned: bool = False) -> None:
     ``t.grad + g``; a NumPy ``t.grad`` that nothing but ``t`` references takes the sum in place
     (the same arithmetic, no new array; a ``.grad`` the user holds is never changed)."""
     if t.grad is None:
-        t.grad = g if owned else (g.copy() if hasattr(g, "copy") else g)
+        t.grad = g if owned else _pool.copy(g)   # (NumPy: into a recycled array)
         return
     acc = t.grad
     if (type(g) is np.ndarray and _owned_host(acc, holders=1) and acc.dtype == g.dtype

@@ -25,10 +25,16 @@ pass it first drops idle buffers of other classes, then, if that is not enough, 
 ``np.empty`` outside the pool.  :meth:`BufferPool.release` drops every idle buffer.  Host
 (NumPy) memory only: CuPy arrays have CuPy's own memory pool.
 
+Below ``min_bytes``, :func:`empty` takes arrays from :data:`SMALL`, a :class:`Recycler`:
+the same rule keyed by exact shape and dtype (a steady step asks for the same few shapes every
+time; a lookup costs about what ``np.empty`` does), so that a steady training step allocates
+(almost) no NumPy memory at all (``disttensor.testing.allocations`` counts it).
+
 Settings (read once, when :data:`POOL` is made):
 ``DISTTENSOR_BUFFER_POOL`` ``on`` (default) / ``off`` (every request is a plain ``np.empty``);
 ``DISTTENSOR_BUFFER_POOL_LIMIT`` bytes (default 2 GiB, floats such as ``4e9`` accepted);
-``DISTTENSOR_BUFFER_POOL_MIN`` bytes, the smallest request pooled (default above).
+``DISTTENSOR_BUFFER_POOL_MIN`` bytes, the smallest request pooled (default above);
+``DISTTENSOR_BUFFER_POOL_SMALL_LIMIT`` bytes :data:`SMALL` keeps at most (default 256 MiB).
 
 Local (no MPI); thread-safe (one lock around the search of a class).
 """
@@ -43,10 +49,12 @@ import numpy as np
 
 from . import malloc_tuning as _malloc_tuning
 
-__all__ = ["BufferPool", "POOL", "empty", "size_class", "DEFAULT_LIMIT", "DEFAULT_MIN_BYTES"]
+__all__ = ["BufferPool", "POOL", "SMALL", "empty", "zeros", "copy", "size_class", "DEFAULT_LIMIT",
+           "DEFAULT_MIN_BYTES", "DEFAULT_SMALL_LIMIT", "Recycler"]
 
 DEFAULT_LIMIT = 2 << 30
 DEFAULT_MIN_BYTES = 256 << 10
+DEFAULT_SMALL_LIMIT = 256 << 20
 
 
 def _idle_positions(bufs: list, idle: int) -> list[int]:
@@ -173,9 +181,135 @@ class BufferPool:
                        for cls, bufs in self._classes.items())
 
 
+class Recycler:
+    """Arrays of exactly one shape and dtype each, handed out again once nothing references
+    them: the rule of :class:`BufferPool` without its size classes, for the outputs and
+    temporaries below the pool's ``min_bytes`` that a steady training step makes again and
+    again with the same shapes (activations, gradients, dense-layer products, bucket copies),
+    where glibc would serve them from its heap anyway and a size-class search would cost more
+    than the allocation.
+
+    :meth:`empty` returns a view (``out.base`` is the kept array) of an idle kept array of
+    that shape and dtype, else a new array, kept while the recycler holds fewer than
+    ``per_key`` of that shape and dtype, fewer than ``max_keys`` shapes and fewer than
+    ``limit_bytes`` in all (when full, the arrays nothing references are forgotten first).
+    An array a caller (or anything derived from it) still holds is never handed out again.  Requests of the pool's ``min_bytes`` and more go to :data:`POOL`;
+    with the pool off (``DISTTENSOR_BUFFER_POOL=off``) every request is a plain ``np.empty``.
+    NumPy only; thread-safe (one lock)."""
+
+    __slots__ = ("_arrays", "_lock", "per_key", "max_keys", "limit_bytes", "_held")
+
+    def __init__(self, per_key: int = 2, max_keys: int = 16, limit_bytes: int = 64 << 20):
+        self._arrays: dict = {}
+        self._lock = threading.Lock()
+        self.per_key, self.max_keys = int(per_key), int(max_keys)
+        self.limit_bytes, self._held = int(limit_bytes), 0
+
+    def empty(self, shape: tuple, dtype) -> np.ndarray:
+        """Like ``np.empty(shape, dtype)`` (``shape`` a tuple of ints, ``dtype`` a
+        ``np.dtype``), reusing an idle kept array."""
+        if not POOL.enabled:
+            return np.empty(shape, dtype)
+        lock = self._lock
+        lock.acquire()
+        try:
+            return self._take(shape, dtype)
+        finally:
+            lock.release()
+
+    def _take(self, shape, dtype, make=None) -> np.ndarray:
+        key = (shape, dtype)
+        kept = self._arrays.get(key)
+        if kept is not None:
+            for a in kept:
+                if sys.getrefcount(a) == _IDLE_RECYCLED:
+                    return a[...]
+        # (a plain np.empty below the pool's min_bytes, a view of a pooled buffer from it)
+        a = POOL.empty(shape, dtype) if make is None else make(shape, dtype)
+        if a.base is not None or len(kept or ()) >= self.per_key:
+            return a
+        if self._held + a.nbytes > self.limit_bytes or \
+                (kept is None and len(self._arrays) >= self.max_keys):
+            self._drop_idle()           # full: forget what nothing uses now, then try again
+            kept = self._arrays.get(key)
+            if self._held + a.nbytes > self.limit_bytes or \
+                    (kept is None and len(self._arrays) >= self.max_keys):
+                return a
+        if kept is None:
+            kept = self._arrays[key] = []
+        kept.append(a)
+        self._held += a.nbytes
+        return a[...]
+
+    def _drop_idle(self) -> None:
+        """Forget every kept array nothing references (lock held)."""
+        for key in list(self._arrays):
+            kept = self._arrays[key]
+            busy = [a for a in kept if sys.getrefcount(a) > _IDLE_DROP]
+            self._held -= sum(a.nbytes for a in kept) - sum(a.nbytes for a in busy)
+            if busy:
+                self._arrays[key] = busy
+            else:
+                del self._arrays[key]
+
+    def held_bytes(self) -> int:
+        """Bytes of the arrays kept (idle or handed out)."""
+        return self._held
+
+    def clear(self) -> None:
+        """Forget every kept array (those still referenced live on with their holders)."""
+        with self._lock:
+            self._arrays.clear()
+            self._held = 0
+
+
+def _calibrate_recycler() -> int:
+    """What ``sys.getrefcount`` reads inside :meth:`Recycler._take` for a kept array nothing
+    else references (measured through the method itself, as :func:`_calibrate`)."""
+    global _IDLE_RECYCLED
+    r = Recycler(per_key=1)
+    u8 = np.dtype(np.uint8)
+    for k in range(1, 16):
+        _IDLE_RECYCLED = k
+        r.clear()
+        first = r._take((1,), u8, np.empty)
+        base = id(first.base)           # (an id: a reference would change the count)
+        del first
+        again = r._take((1,), u8, np.empty)
+        if id(again.base) == base:
+            held = r._take((1,), u8, np.empty)    # ``again`` holds it: must be fresh
+            if id(held.base) != base:
+                return k
+    raise RuntimeError("buffer_pool: cannot calibrate the recycler's reference count")
+
+
+def _calibrate_drop() -> int:
+    """What ``sys.getrefcount`` reads inside :meth:`Recycler._drop_idle`'s scan for a kept
+    array nothing else references."""
+    global _IDLE_DROP
+    for k in range(1, 16):
+        _IDLE_DROP = k
+        r = Recycler(per_key=2)
+        held = r._take((2,), np.dtype(np.uint8), np.empty)
+        r._take((2,), np.dtype(np.uint8), np.empty)      # dropped at once: idle
+        r._drop_idle()
+        if len(r._arrays.get(((2,), np.dtype(np.uint8)), ())) == 1:
+            del held
+            return k
+    raise RuntimeError("buffer_pool: cannot calibrate the recycler's reference count")
+
+
+_IDLE_RECYCLED = _IDLE_DROP = 0
+
+
 def _limit_from_env() -> int:
     v = os.environ.get("DISTTENSOR_BUFFER_POOL_LIMIT")
     return DEFAULT_LIMIT if not v else int(float(v))
+
+
+def _small_limit_from_env() -> int:
+    v = os.environ.get("DISTTENSOR_BUFFER_POOL_SMALL_LIMIT")
+    return DEFAULT_SMALL_LIMIT if not v else int(float(v))
 
 
 def _min_from_env() -> int:
@@ -199,6 +333,33 @@ POOL = BufferPool(limit_bytes=_limit_from_env(), min_bytes=_min_from_env(),
                   enabled=_enabled_from_env())
 
 
+_IDLE_RECYCLED = _calibrate_recycler()
+_IDLE_DROP = _calibrate_drop()
+
+SMALL = Recycler(per_key=8, max_keys=1024, limit_bytes=_small_limit_from_env())
+"""The shared recycler of the requests below :data:`POOL`'s ``min_bytes``."""
+
+
 def empty(shape, dtype=np.float64) -> np.ndarray:
-    """``np.empty(shape, dtype)`` from the shared pool :data:`POOL`."""
+    """``np.empty(shape, dtype)`` from the shared pool: :data:`POOL` from its ``min_bytes``
+    on, :data:`SMALL` below (a ``shape`` that is not a tuple of ints goes to :data:`POOL`)."""
+    if type(shape) is tuple:
+        return SMALL.empty(shape, np.dtype(dtype))
     return POOL.empty(shape, dtype)
+
+
+def copy(a):
+    """``a.copy()`` (C order) into an array from the shared pool for a NumPy array; other
+    arrays' own ``copy()``; objects without one are returned as they are."""
+    if type(a) is np.ndarray:
+        out = empty(a.shape, a.dtype)
+        np.copyto(out, a)
+        return out
+    return a.copy() if hasattr(a, "copy") else a
+
+
+def zeros(shape: tuple, dtype=np.float64) -> np.ndarray:
+    """``np.zeros(shape, dtype)`` from the shared pool (:func:`empty`, then filled)."""
+    out = empty(shape, dtype)
+    out.fill(0)
+    return out

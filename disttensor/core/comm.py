@@ -22,7 +22,7 @@ from . import watchdog as _watchdog
 from .watchdog import waiting
 
 __all__ = ["CollectiveError", "collective", "check_same", "any_true", "mpi_type",
-           "allreduce", "host_staging", "cuda_aware_mpi", "private_comm",
+           "allreduce", "allreduce_owned", "host_staging", "cuda_aware_mpi", "private_comm",
            "PieceExchange", "copy_into", "copier", "fill_zero", "zero_filler"]
 
 
@@ -209,6 +209,21 @@ def allreduce(comm: MPI.Comm, arr, op: str):
         out[anynan.astype(bool)] = np.nan
     out = out.astype(dtype, copy=False)
     return out if xp is np else xp.asarray(out)
+
+
+def allreduce_owned(comm: MPI.Comm, arr, op: str):
+    """:func:`allreduce` of an array the caller made and hands over (nothing else may hold
+    it): returned as is on one rank, and a C-contiguous NumPy array of a native dtype is
+    reduced in place (``MPI_IN_PLACE``: the same sums, no new array); else :func:`allreduce`."""
+    if type(arr) is not np.ndarray:
+        return allreduce(comm, arr, op)
+    if comm.size == 1:
+        return arr
+    if op != "sum" or arr.dtype.char not in _NATIVE or not arr.flags.c_contiguous:
+        return allreduce(comm, arr, op)
+    with waiting(comm, f"MPI_Allreduce ({op})"):
+        comm.Allreduce(MPI.IN_PLACE, arr, op=_OPS[op])
+    return arr
 
 
 def _device_sum(comm: MPI.Comm, arr):

@@ -38,6 +38,7 @@ from functools import lru_cache
 import numpy as np
 from mpi4py import MPI
 
+from . import buffer_pool as _pool
 from .comm import PieceExchange, copier, copy_into, private_comm, zero_filler
 from .distribution import Distribution, coords_to_rank
 from .plans import CommPlan, halo_plan
@@ -281,8 +282,8 @@ def reverse_window(window, read_start, x_dist: Distribution, grid, halo, periodi
     if r is None:
         return None
     block, covered, own, local, sends, recvs, ex = r
-    out = np.empty(block, dtype=window.dtype) if covered else \
-        np.zeros(block, dtype=window.dtype)
+    out = _pool.empty(tuple(block), window.dtype) if covered else \
+        _pool.zeros(tuple(block), window.dtype)    # (recycled: none made in a steady step)
     if ex is not None:
         if ex._active:  # (left in flight by a failure: a one-shot exchange instead)
             ex = _reverse_exchange(grid, sends, recvs, window, out, persistent=False)

@@ -36,6 +36,7 @@ from functools import lru_cache
 import numpy as np
 from mpi4py import MPI
 
+from . import buffer_pool as _pool
 from .backend import array_module
 from .comm import PieceExchange, copy_into, private_comm
 from .distribution import Box, Distribution
@@ -179,8 +180,9 @@ def redistribute_blocks(comm: MPI.Comm, src_local, src: Distribution, dst: Distr
     _check_block(src_local, src.rank_box(rank).shape, "the local source block")
     my_dst_shape = dst.rank_box(rank).shape
     fresh = out is None
-    if fresh:
-        out = xp.empty(my_dst_shape, dtype=src_local.dtype)
+    if fresh:   # (NumPy: recycled once unreferenced, no allocation in a steady step)
+        out = _pool.empty(tuple(my_dst_shape), src_local.dtype) if xp is np else \
+            xp.empty(my_dst_shape, dtype=src_local.dtype)
     else:
         _check_block(out, my_dst_shape, "out")
     if xp is np and type(src_local) is np.ndarray and type(out) is np.ndarray:

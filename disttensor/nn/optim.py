@@ -40,6 +40,7 @@ import numpy as np
 
 from ..core import profiler as _profiler
 from ..core.backend import array_module, to_host
+from .optim_scratch import _coefficients, _in_place_ok, _scratch
 
 __all__ = ["Optimizer", "SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "NAdam", "RAdam",
            "flatten_state", "unflatten_state"]
@@ -89,34 +90,6 @@ class _ParamState(MutableMapping):
 
     def __len__(self):
         return len(self._d)
-
-
-# parameters smaller than this take the plain expressions: their temporaries come from the
-# C library's free lists at less cost than the scratch bookkeeping (measured on 8^3 steps)
-_SCRATCH_MIN_SIZE = 4096
-
-
-def _in_place_ok(d, grad) -> bool:
-    """Whether the update may run on scratch buffers: a NumPy parameter of at least
-    ``_SCRATCH_MIN_SIZE`` elements and a NumPy gradient of its shape and dtype (anything else,
-    CuPy arrays included, takes the plain expressions; both give the same bits)."""
-    return (type(d) is np.ndarray and d.size >= _SCRATCH_MIN_SIZE
-            and type(grad) is np.ndarray and grad.dtype == d.dtype and grad.shape == d.shape)
-
-
-def _scratch(opt, slot: str, like) -> np.ndarray:
-    """A scratch array shaped like ``like`` from ``opt``'s buffers (one per slot and dtype,
-    grown to the largest parameter seen; valid until the next request of the slot).  Not
-    part of the state: ``state_dict`` never sees them."""
-    bufs = opt.__dict__.get("_scratch_buffers")
-    if bufs is None:
-        bufs = opt._scratch_buffers = {}
-    key = (slot, like.dtype.str)
-    buf = bufs.get(key)
-    n = like.size
-    if buf is None or buf.size < n:
-        buf = bufs[key] = np.empty(max(n, 1), dtype=like.dtype)
-    return buf[:n].reshape(like.shape)
 
 
 def _check_real(name: str, v, *, low: float | None = 0.0, message: str | None = None) -> float:
@@ -387,25 +360,30 @@ class SGD(Optimizer):
         """The update above on NumPy arrays with every temporary in the optimizer's scratch
         buffers (the same operations in the same order: bit-identical results)."""
         work = _scratch(self, "work", d)
+        momentum, wd = g["momentum"], g["weight_decay"]
+        if momentum != 0:
+            lr, damp, mom = _coefficients(self, "sgd", d.dtype, g["lr"], 1 - g["dampening"],
+                                          momentum)
+        else:
+            (lr,) = _coefficients(self, "lr", d.dtype, g["lr"])
         if g["maximize"]:
             grad = np.negative(grad, out=_scratch(self, "grad", d))
-        if g["weight_decay"] != 0:
-            np.multiply(d, g["weight_decay"], out=work)
+        if wd != 0:
+            np.multiply(d, _coefficients(self, "wd", d.dtype, wd)[0], out=work)
             grad = np.add(grad, work, out=_scratch(self, "grad", d))
-        momentum = g["momentum"]
         if momentum != 0:
             buf = state.get("momentum_buffer")
             if buf is None:
                 buf = state["momentum_buffer"] = grad.copy()
             else:
-                buf *= momentum
-                buf += np.multiply(grad, 1 - g["dampening"], out=work)
+                buf *= mom
+                buf += np.multiply(grad, damp, out=work)
             if g["nesterov"]:
-                np.multiply(buf, momentum, out=work)
+                np.multiply(buf, mom, out=work)
                 grad = np.add(grad, work, out=_scratch(self, "grad", d))
             else:
                 grad = buf
-        d -= np.multiply(grad, g["lr"], out=work)
+        d -= np.multiply(grad, lr, out=work)
 
 
 class Adam(Optimizer):
@@ -489,29 +467,31 @@ class Adam(Optimizer):
         lr, (beta1, beta2), eps, wd = g["lr"], g["betas"], g["eps"], g["weight_decay"]
         t = state["step"]
         work = _scratch(self, "work", d)
+        c_b1, c_1b1, c_b2, c_1b2, c_bc2, c_eps, c_step = _coefficients(
+            self, "adam", d.dtype, beta1, 1 - beta1, beta2, 1 - beta2,
+            math.sqrt(1 - beta2 ** t), eps, lr / (1 - beta1 ** t))
         if g["maximize"]:
             grad = np.negative(grad, out=_scratch(self, "grad", d))
         if wd != 0:
             if self._decoupled:
-                d *= 1 - lr * wd
+                d *= _coefficients(self, "decay", d.dtype, 1 - lr * wd)[0]
             else:
                 g2 = _scratch(self, "grad", d)
-                np.multiply(d, wd, out=work)
+                np.multiply(d, _coefficients(self, "wd", d.dtype, wd)[0], out=work)
                 grad = np.add(grad, work, out=g2)
         m, v = state["exp_avg"], state["exp_avg_sq"]
-        m *= beta1
-        m += np.multiply(grad, 1 - beta1, out=work)
-        v *= beta2
+        m *= c_b1
+        m += np.multiply(grad, c_1b1, out=work)
+        v *= c_b2
         np.multiply(grad, grad, out=work)
-        v += np.multiply(work, 1 - beta2, out=work)
+        v += np.multiply(work, c_1b2, out=work)
         if g["amsgrad"]:
             v = np.maximum(state["max_exp_avg_sq"], v, out=state["max_exp_avg_sq"])
         denom = np.sqrt(v, out=_scratch(self, "denom", d))
-        denom /= math.sqrt(1 - beta2 ** t)
-        denom += eps
-        step_size = lr / (1 - beta1 ** t)
+        denom /= c_bc2
+        denom += c_eps
         np.divide(m, denom, out=work)
-        d -= np.multiply(work, step_size, out=work)
+        d -= np.multiply(work, c_step, out=work)
 
 
 class AdamW(Adam):

@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from ..core.backend import array_module
 from .optim import Optimizer, _check_real
+from .optim_scratch import _coefficients, _in_place_ok, _scratch
 
 __all__ = ["RMSprop", "Adagrad", "NAdam", "RAdam"]
 
@@ -58,6 +61,48 @@ def _signed(grad, g):
     return -grad if g["maximize"] else grad
 
 
+# -- the same updates with every temporary in the optimizer's scratch (NumPy parameters;
+#    the same operations in the same order: the same bits; no array made in a steady step)
+def _lerp_host(opt, a, end, weight):
+    """:func:`_lerp_` through scratch."""
+    work = _scratch(opt, "lerp", a)
+    np.subtract(end, a, out=work)
+    if weight < 0.5:
+        (c,) = _coefficients(opt, "lerp", a.dtype, weight)
+        a += np.multiply(work, c, out=work)
+    else:
+        (c,) = _coefficients(opt, "lerp", a.dtype, 1 - weight)
+        np.subtract(end, np.multiply(work, c, out=work), out=a)
+
+
+def _host_grad(opt, d, grad, g, wd: float):
+    """The gradient negated (``maximize``) and with the L2 term ``wd * d`` added, in the
+    ``"grad"`` scratch when either applies."""
+    if g["maximize"]:
+        grad = np.negative(grad, out=_scratch(opt, "grad", d))
+    if wd != 0:
+        work = _scratch(opt, "work", d)
+        (c,) = _coefficients(opt, "wd", d.dtype, wd)
+        np.multiply(d, c, out=work)
+        grad = np.add(grad, work, out=_scratch(opt, "grad", d))
+    return grad
+
+
+def _decay_host(opt, d, g, wd: float) -> None:
+    """``d *= 1 - lr * wd`` (decoupled weight decay)."""
+    (c,) = _coefficients(opt, "decay", d.dtype, 1 - g["lr"] * wd)
+    d *= c
+
+
+def _second_moment_host(opt, v, grad, beta: float) -> None:
+    """``v = beta * v + (1 - beta) * grad * grad``."""
+    work = _scratch(opt, "work", v)
+    c_b, c_1b = _coefficients(opt, "moment", v.dtype, beta, 1 - beta)
+    v *= c_b
+    np.multiply(grad, grad, out=work)
+    v += np.multiply(work, c_1b, out=work)
+
+
 class RMSprop(Optimizer):
     """RMSprop (``torch.optim.RMSprop``; defaults lr 1e-2, alpha 0.99, eps 1e-8).  With ``g``
     the gradient (negated when ``maximize``)::
@@ -94,6 +139,10 @@ class RMSprop(Optimizer):
             state["momentum_buffer"] = xp.zeros_like(d)
         if g["centered"] and "grad_avg" not in state:
             state["grad_avg"] = xp.zeros_like(d)
+        if _in_place_ok(d, grad):
+            state["step"] += 1
+            self._update_host(d, grad, state, g)
+            return
         grad = _signed(grad, g)
         state["step"] += 1
         alpha = g["alpha"]
@@ -116,6 +165,29 @@ class RMSprop(Optimizer):
             d -= g["lr"] * buf
         else:
             d -= g["lr"] * (grad / avg)
+
+    def _update_host(self, d, grad, state, g):
+        alpha = g["alpha"]
+        grad = _host_grad(self, d, grad, g, g["weight_decay"])
+        v = state["square_avg"]
+        _second_moment_host(self, v, grad, alpha)
+        work, avg = _scratch(self, "work", d), _scratch(self, "denom", d)
+        if g["centered"]:
+            a = state["grad_avg"]
+            _lerp_host(self, a, grad, 1 - alpha)
+            np.sqrt(np.subtract(v, np.multiply(a, a, out=work), out=avg), out=avg)
+        else:
+            np.sqrt(v, out=avg)
+        c_eps, c_lr = _coefficients(self, "rmsprop", d.dtype, g["eps"], g["lr"])
+        avg += c_eps
+        if g["momentum"] > 0:
+            buf = state["momentum_buffer"]
+            buf *= _coefficients(self, "momentum", d.dtype, g["momentum"])[0]
+            buf += np.divide(grad, avg, out=work)
+            d -= np.multiply(buf, c_lr, out=work)
+        else:
+            np.divide(grad, avg, out=work)
+            d -= np.multiply(work, c_lr, out=work)
 
 
 class Adagrad(Optimizer):
@@ -157,10 +229,21 @@ class Adagrad(Optimizer):
             state["step"] = 0
             state["sum"] = array_module(d).full_like(d, g["initial_accumulator_value"])
         state["step"] = t = state["step"] + 1
+        clr = g["lr"] / (1 + (t - 1) * g["lr_decay"])
+        if _in_place_ok(d, grad):
+            grad = _host_grad(self, d, grad, g, g["weight_decay"])
+            work, std = _scratch(self, "work", d), _scratch(self, "denom", d)
+            s = state["sum"]
+            s += np.multiply(grad, grad, out=work)
+            c_eps, c_clr = _coefficients(self, "adagrad", d.dtype, g["eps"], clr)
+            np.sqrt(s, out=std)
+            std += c_eps
+            np.divide(grad, std, out=work)
+            d -= np.multiply(work, c_clr, out=work)
+            return
         grad = _signed(grad, g)
         if g["weight_decay"] != 0:
             grad = grad + g["weight_decay"] * d
-        clr = g["lr"] / (1 + (t - 1) * g["lr_decay"])
         s = state["sum"]
         s += grad * grad
         std = array_module(d).sqrt(s)
@@ -206,10 +289,14 @@ class NAdam(Optimizer):
             state["mu_product"] = 1.0
             state["exp_avg"] = xp.zeros_like(d)
             state["exp_avg_sq"] = xp.zeros_like(d)
-        grad = _signed(grad, g)
+        host = _in_place_ok(d, grad)
+        grad = grad if host else _signed(grad, g)
         lr, (beta1, beta2), wd, psi = g["lr"], g["betas"], g["weight_decay"], g["momentum_decay"]
         state["step"] = t = state["step"] + 1
         bias_correction2 = 1 - beta2 ** t
+        if host:
+            self._update_host(d, grad, state, g, t)
+            return
         if wd != 0:
             if g["decoupled_weight_decay"]:
                 d *= 1 - lr * wd
@@ -227,6 +314,31 @@ class NAdam(Optimizer):
         mu_product_next = mu_product * mu_next
         d += (-lr * (1.0 - mu) / (1.0 - mu_product)) * (grad / denom)
         d += ((-lr * mu_next) / (1.0 - mu_product_next)) * (m / denom)
+
+    def _update_host(self, d, grad, state, g, t):
+        lr, (beta1, beta2), wd, psi = g["lr"], g["betas"], g["weight_decay"], g["momentum_decay"]
+        bias_correction2 = 1 - beta2 ** t
+        if wd != 0 and g["decoupled_weight_decay"]:
+            _decay_host(self, d, g, wd)
+            wd = 0.0
+        grad = _host_grad(self, d, grad, g, wd)
+        mu = beta1 * (1.0 - 0.5 * (0.96 ** (t * psi)))
+        mu_next = beta1 * (1.0 - 0.5 * (0.96 ** ((t + 1) * psi)))
+        state["mu_product"] = mu_product = float(state["mu_product"]) * mu
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        _lerp_host(self, m, grad, 1 - beta1)
+        _second_moment_host(self, v, grad, beta2)
+        mu_product_next = mu_product * mu_next
+        c_bc2, c_eps, c_g, c_m = _coefficients(
+            self, "nadam", d.dtype, bias_correction2, g["eps"], -lr * (1.0 - mu) / (1.0 - mu_product),
+            (-lr * mu_next) / (1.0 - mu_product_next))
+        work, denom = _scratch(self, "work", d), _scratch(self, "denom", d)
+        np.sqrt(np.divide(v, c_bc2, out=denom), out=denom)
+        denom += c_eps
+        np.divide(grad, denom, out=work)
+        d += np.multiply(work, c_g, out=work)
+        np.divide(m, denom, out=work)
+        d += np.multiply(work, c_m, out=work)
 
 
 class RAdam(Optimizer):
@@ -264,9 +376,13 @@ class RAdam(Optimizer):
             state["step"] = 0
             state["exp_avg"] = xp.zeros_like(d)
             state["exp_avg_sq"] = xp.zeros_like(d)
-        grad = _signed(grad, g)
+        host = _in_place_ok(d, grad)
+        grad = grad if host else _signed(grad, g)
         lr, (beta1, beta2), wd = g["lr"], g["betas"], g["weight_decay"]
         state["step"] = t = state["step"] + 1
+        if host:
+            self._update_host(d, grad, state, g, t)
+            return
         if wd != 0:
             if g["decoupled_weight_decay"]:
                 d *= 1 - lr * wd
@@ -289,3 +405,33 @@ class RAdam(Optimizer):
             d -= m_hat * lr * ((bias_correction2 ** 0.5) / root) * rect
         else:
             d -= m_hat * lr
+
+    def _update_host(self, d, grad, state, g, t):
+        lr, (beta1, beta2), wd = g["lr"], g["betas"], g["weight_decay"]
+        if wd != 0 and g["decoupled_weight_decay"]:
+            _decay_host(self, d, g, wd)
+            wd = 0.0
+        grad = _host_grad(self, d, grad, g, wd)
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        _lerp_host(self, m, grad, 1 - beta1)
+        _second_moment_host(self, v, grad, beta2)
+        bias_correction1 = 1 - beta1 ** t
+        bias_correction2 = 1 - beta2 ** t
+        rho_inf = 2 / (1 - beta2) - 1
+        rho_t = rho_inf - 2 * t * (beta2 ** t) / bias_correction2
+        m_hat = _scratch(self, "m_hat", d)
+        rect = math.sqrt((rho_t - 4) * (rho_t - 2) * rho_inf
+                         / ((rho_inf - 4) * (rho_inf - 2) * rho_t)) if rho_t > 5.0 else 0.0
+        c_bc1, c_lr, c_eps, c_root, c_rect = _coefficients(
+            self, "radam", d.dtype, bias_correction1, lr, g["eps"], bias_correction2 ** 0.5, rect)
+        np.divide(m, c_bc1, out=m_hat)
+        np.multiply(m_hat, c_lr, out=m_hat)
+        if rho_t > 5.0:
+            work, root = _scratch(self, "work", d), _scratch(self, "denom", d)
+            np.sqrt(v, out=root)
+            root += c_eps
+            np.divide(c_root, root, out=root)
+            np.multiply(m_hat, root, out=work)
+            d -= np.multiply(work, c_rect, out=work)
+        else:
+            d -= m_hat

@@ -39,6 +39,7 @@ from mpi4py import MPI
 
 from ..core import agreement
 from ..core.backend import array_module, to_host
+from ..core.buffer_pool import Recycler
 from ..core.comm import collective
 from ..core.watchdog import waiting
 from ..core.grid import ProcessGrid
@@ -127,6 +128,9 @@ class _Bucket:
         self.buffer = None  # allocated (zeroed) when the bucket is first needed
         self.missing = len(params)
         self.request = None
+        #: per parameter, the host arrays its gradient is copied out into, reused once the
+        #: previous step's gradient is dropped (``zero_grad``) and nothing else holds it
+        self.recyclers = [Recycler(per_key=2, max_keys=1) for _ in params]
 
 
 class GradientReducer:
@@ -308,9 +312,14 @@ class GradientReducer:
             if not view:  # (a callback may take a view: it needs no copy of its own)
                 if xp is not np and array_module(g) is np:
                     g = xp.asarray(g, dtype=p.data.dtype)  # host bucket -> device
-                else:  # a copy: the bucket is zeroed (or freed) below
+                elif xp is np and array_module(g) is np:  # a copy (the bucket is zeroed
+                    out = b.recyclers[i].empty(p.data.shape, p.data.dtype)  # below), into
+                    np.copyto(out, g, casting="unsafe")   # last step's array if it is free
+                    g = out
+                else:
                     g = g.astype(p.data.dtype, copy=True)
-                g = g if p.grad is None else p.grad + g
+                if p.grad is not None:
+                    g = p.grad + g
             grads.append(g)
             views.append(view)
         for callback in hooks:

@@ -40,7 +40,7 @@ import numpy as np
 
 from ..core.array import DistArray
 from ..core.entry import agreed, canon, collective_entry, deferrable, failure_deferred
-from ..core.comm import allreduce, collective
+from ..core.comm import allreduce_owned, collective
 from ..core.distribution import Distribution
 from ..core.progress import Progress, overlap_mode
 from .local import kernels_for
@@ -176,7 +176,9 @@ def _add_bias(y_local, b, nd: int) -> None:
 
 
 def _reduce(arr, comm, reduce: bool):
-    return allreduce(comm, arr, "sum") if reduce else arr
+    """The sum of a parameter gradient the backward pass just made (the kernels return arrays
+    of their own, so it is reduced in place, and not copied on one rank)."""
+    return allreduce_owned(comm, arr, "sum") if reduce else arr
 
 
 def _windowed_forward(x: DistArray, plan: WindowPlan, windows, w, nd: int, stride3, dilation3,

@@ -24,10 +24,13 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+import numpy as np
+
+from ..core import buffer_pool as _pool
 from ..core.array import DistArray
 from ..core.entry import agreed, collective_entry, deferrable
 from ..core.backend import array_module
-from ..core.comm import allreduce
+from ..core.comm import allreduce_owned
 from ..core.distribution import Distribution
 from ._spatial import array_key, check_gradient_layout, param_comm, with_channels
 
@@ -164,6 +167,10 @@ def flatten_backward(saved: FlattenSaved, dy: DistArray) -> DistArray:
     if _same_blocks(g, saved.x_dist):
         return DistArray(loc, saved.x_dist, dy.grid)
     part = loc[_block_in_gathered(g, saved.x_dist, dy.grid.cart.rank)]
+    if type(part) is np.ndarray:   # (a contiguous copy, recycled when steady)
+        out = _pool.empty(part.shape, part.dtype)
+        np.copyto(out, part)
+        return DistArray(out, saved.x_dist, dy.grid)
     return DistArray(array_module(part).ascontiguousarray(part), saved.x_dist, dy.grid)
 
 
@@ -177,6 +184,22 @@ class DenseSaved:
 @functools.lru_cache(maxsize=256)
 def _dense_out_dist(d: Distribution, fout: int) -> Distribution:
     return Distribution((d.shape[0], fout), d.grid_dims, d.split, [d.split_sizes[0], None])
+
+
+def _product(a, b):
+    """``a @ b`` of two 2-d arrays; NumPy operands of one dtype write into an array of the
+    shared recycler (:func:`disttensor.core.buffer_pool.empty`: no allocation in a steady
+    step, the same BLAS call and bits)."""
+    if type(a) is np.ndarray and type(b) is np.ndarray and a.dtype == b.dtype:
+        return np.matmul(a, b, out=_pool.empty((a.shape[0], b.shape[1]), a.dtype))
+    return a @ b
+
+
+def _column_sums(a):
+    """``a.sum(axis=0)``; into a recycled array for NumPy (same reduction, same bits)."""
+    if type(a) is np.ndarray:
+        return np.sum(a, axis=0, out=_pool.empty(a.shape[1:], a.dtype))
+    return a.sum(axis=0)
 
 
 @collective_entry
@@ -195,9 +218,12 @@ def dense_forward(x: DistArray, w, b=None):
         if b is not None and tuple(b.shape) != (w.shape[0],):
             raise ValueError(f"dense: bias must have shape ({w.shape[0]},), got "
                              f"{tuple(b.shape)}")
-    y = x.local @ w.T.astype(x.dtype, copy=False)
+    y = _product(x.local, w.T.astype(x.dtype, copy=False))
     if b is not None:
-        y = y + b.astype(x.dtype, copy=False)
+        if type(y) is np.ndarray:
+            y += b.astype(x.dtype, copy=False)   # (y is this call's own: same bits as y + b)
+        else:
+            y = y + b.astype(x.dtype, copy=False)
     yd = _dense_out_dist(x.distribution, w.shape[0])
     return DistArray(y, yd, x.grid), DenseSaved(x, w, b is not None)
 
@@ -212,13 +238,13 @@ def dense_backward(saved: DenseSaved, dy: DistArray, need_dx: bool = True, reduc
     with gate(dy.grid.cart, "dense_backward", dy=dy, need_dx=bool(need_dx),
               reduce=bool(reduce)):
         check_gradient_layout(dy, _dense_out_dist(x.distribution, saved.w.shape[0]), "dense")
-    dx = DistArray(dy.local @ saved.w.astype(dy.dtype, copy=False), x.distribution, x.grid) \
-        if need_dx else None
+    dx = DistArray(_product(dy.local, saved.w.astype(dy.dtype, copy=False)), x.distribution,
+                   x.grid) if need_dx else None
     comm = param_comm(x)
-    dw = dy.local.T @ x.local
-    db = dy.local.sum(axis=0) if saved.has_bias else None
+    dw = _product(dy.local.T, x.local)
+    db = _column_sums(dy.local) if saved.has_bias else None
     if reduce:
-        dw = allreduce(comm, dw, "sum")
+        dw = allreduce_owned(comm, dw, "sum")   # (dw and db are this call's own)
         if db is not None:
-            db = allreduce(comm, db, "sum")
+            db = allreduce_owned(comm, db, "sum")
     return dx, dw, db

@@ -1,8 +1,10 @@
-"""Training steps with op outputs from the host buffer pool (disttensor.core.buffer_pool,
-every size pooled here) give bit-for-bit the losses and parameters of the same steps without
-the pool, on one rank and on a depth split of all the ranks; an activation output the user
-holds (a pooled array) keeps its values while later steps reuse the pool; the losses follow a
-float64 one-rank reference of the same model (the pool adds nothing to the arithmetic)."""
+"""Training steps with op outputs from the host buffer pool (disttensor.core.buffer_pool:
+every size pooled by size class, or, at the default threshold, every output of this small
+model from the recycler of exact shapes) give bit-for-bit the losses and parameters of the
+same steps without the pool, on one rank and on a depth split of all the ranks; an activation
+output the user holds (a pooled array) keeps its values while later steps reuse the pool; the
+losses follow a float64 one-rank reference of the same model (the pool adds nothing to the
+arithmetic)."""
 from __future__ import annotations
 
 import numpy as np
@@ -22,7 +24,7 @@ from gradchecks import guarded, self_grid
 STEPS = 2
 
 
-def train(g, pooled: bool, dtype="float32", hold=False):
+def train(g, pooled: bool, dtype="float32", hold=False, min_bytes=1):
     """``STEPS`` Adam steps; the losses, the final parameters and (``hold``) the first step's
     forward output as returned, with a copy taken at once."""
     m = CosmoFlow(input_size=8, in_channels=2, widths=(3, 4), dense=(5,), outputs=3,
@@ -31,7 +33,7 @@ def train(g, pooled: bool, dtype="float32", hold=False):
     opt = Adam(list(m.parameters()), lr=0.01)
     rng = np.random.default_rng(7)
     saved = (buffer_pool.POOL.enabled, buffer_pool.POOL.min_bytes)
-    buffer_pool.POOL.enabled, buffer_pool.POOL.min_bytes = pooled, 1
+    buffer_pool.POOL.enabled, buffer_pool.POOL.min_bytes = pooled, min_bytes
     losses, held = [], None
     try:
         for step in range(STEPS):
@@ -58,13 +60,19 @@ def train(g, pooled: bool, dtype="float32", hold=False):
 GRIDS = {"one": None, **({f"depth{SIZE}": (1, SIZE, 1, 1)} if SIZE > 1 else {})}
 
 
+@pytest.mark.parametrize("route", ["classes", "recycler"])
 @pytest.mark.parametrize("gid", sorted(GRIDS))
 @guarded
-def test_pool_steps_bit_identical(gid):
+def test_pool_steps_bit_identical(gid, route):
     g = self_grid() if GRIDS[gid] is None else grid(GRIDS[gid])
     hits = buffer_pool.POOL.hits
-    lp, pp, held = train(g, pooled=True, hold=True)
-    expect(buffer_pool.POOL.hits > hits, f"{gid}: the pool served no request")
+    buffer_pool.SMALL.clear()
+    lp, pp, held = train(g, pooled=True, hold=True,
+                         min_bytes=1 if route == "classes" else 1 << 30)
+    if route == "classes":
+        expect(buffer_pool.POOL.hits > hits, f"{gid}: the pool served no request")
+    else:
+        expect(buffer_pool.SMALL.held_bytes() > 0, f"{gid}: the recycler kept nothing")
     lo, po, _ = train(g, pooled=False)
     expect(lp == lo, f"{gid}: losses with the pool {lp} differ from without {lo}")
     for i, (a, b) in enumerate(zip(pp, po)):

@@ -24,6 +24,8 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from ....core import buffer_pool as _pool
+
 __all__ = ["class_ce_forward", "class_ce_backward", "prob_ce_forward", "prob_ce_backward",
            "POINTWISE_LOSSES", "pointwise_loss_forward", "pointwise_loss_backward",
            "dice_sums", "dice_backward", "DICE_ACTIVATIONS"]
@@ -331,9 +333,12 @@ def _op_code(name):
             from None
 
 
+_ABSENT = np.zeros(0)   # an optional operand left out (the kernels read none of it)
+
+
 def _flat_opt(a, size):
     if a is None:
-        return np.zeros(0)
+        return _ABSENT
     a = np.ascontiguousarray(a, dtype=np.float64).reshape(-1)
     if a.size != size:
         raise ValueError(f"weight arrays must have {size} elements, got {a.size}")
@@ -352,7 +357,7 @@ def pointwise_loss_forward(name, x, target, param=1.0, weight=None, pos_weight=N
     op = _op_code(name)
     if op == 2 and float(param) == 0.0:
         op = 1
-    out = np.empty(x.shape)
+    out = _pool.empty(x.shape, np.float64)          # (recycled when steady)
     _pw_fwd(op, x.reshape(-1), t.reshape(-1), float(param), _flat_opt(weight, x.size),
             _flat_opt(pos_weight, x.size), out.reshape(-1), _BLOCK)
     return out
@@ -366,10 +371,10 @@ def pointwise_loss_backward(name, x, target, param=1.0, weight=None, pos_weight=
     op = _op_code(name)
     if op == 2 and float(param) == 0.0:
         op = 1
-    dx = np.empty(x.shape, dtype=x.dtype)
+    dx = _pool.empty(x.shape, x.dtype)          # (recycled when steady)
     _pw_bwd(op, x.reshape(-1), t.reshape(-1), float(param), _flat_opt(weight, x.size),
             _flat_opt(pos_weight, x.size), _flat_opt(gvox, x.size) if gvox is not None
-            else np.zeros(0), float(gscale), dx.reshape(-1), _BLOCK)
+            else _ABSENT, float(gscale), dx.reshape(-1), _BLOCK)
     return dx
 
 

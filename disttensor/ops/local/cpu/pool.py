@@ -47,6 +47,8 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from ....core import buffer_pool as _pool
+
 __all__ = ["pool_forward", "pool_backward", "pool_output_shape", "argmax_dtype"]
 
 _MODES = ("max", "avg")
@@ -386,9 +388,9 @@ def pool_forward(x, mode, kernel, stride, pad_lo, pad_hi, count_include_pad=True
     _check_float("x", x)
     (kD, kH, kW), (sD, sH, sW), (lD, lH, lW), hi = _args(kernel, stride, pad_lo, pad_hi)
     out = pool_output_shape(x.shape[2:], (kD, kH, kW), (sD, sH, sW), (lD, lH, lW), hi)
-    y = np.empty(x.shape[:2] + out, dtype=x.dtype)
+    y = _pool.empty(x.shape[:2] + out, x.dtype)     # (recycled: no allocation when steady)
     if mode == "max":
-        am = np.empty(y.shape, dtype=argmax_dtype((kD, kH, kW)))
+        am = _pool.empty(y.shape, argmax_dtype((kD, kH, kW)))
         if y.size == 0:
             return y, am
         if ((kD, kH, kW) == (2, 2, 2) and (sD, sH, sW) == (2, 2, 2) and (lD, lH, lW) == (0, 0, 0)
@@ -401,6 +403,17 @@ def pool_forward(x, mode, kernel, stride, pad_lo, pad_hi, count_include_pad=True
         cnt_w = _real_counts(x.shape[4], out[2], kW, sW, lW).astype(np.int64)
         _avg_fwd(x, y, kD, kH, kW, sD, sH, sW, lD, lH, lW, cnt_w, bool(count_include_pad))
     return y, None
+
+
+def _inverse_counts(in_spatial, out, k, s, lo, count_include_pad) -> list:
+    """Average pooling's divisor per output index along each axis, as three factors."""
+    if count_include_pad:
+        return [np.full(out[0], 1.0 / (k[0] * k[1] * k[2])), np.ones(out[1]), np.ones(out[2])]
+    inv = []
+    for n, o, kk, ss, ll in zip(in_spatial, out, k, s, lo):
+        cnt = _real_counts(n, o, kk, ss, ll)
+        inv.append(np.divide(1.0, cnt, out=np.zeros_like(cnt), where=cnt > 0))
+    return inv
 
 
 def pool_backward(dy, argmax, mode, in_spatial, kernel, stride, pad_lo, pad_hi,
@@ -436,21 +449,15 @@ def pool_backward(dy, argmax, mode, in_spatial, kernel, stride, pad_lo, pad_hi,
             raise TypeError(f"argmax must be an integer array, got {argmax.dtype}")
     shape = dy.shape[:2] + in_spatial
     overlapping = any(ss < kk for ss, kk in zip(s, k))
+    dx = _pool.empty(shape, dy.dtype)          # (recycled: no allocation when steady)
     if dy.size == 0 or not overlapping:
-        dx = np.zeros(shape, dtype=dy.dtype)
+        dx.fill(0)
         if dy.size == 0 or dx.size == 0:          # no windows, or nothing to write
             return dx
-    else:
-        dx = np.empty(shape, dtype=dy.dtype)
-        if dx.size == 0:
-            return dx
-    if count_include_pad:
-        inv = [np.full(out[0], 1.0 / (k[0] * k[1] * k[2])), np.ones(out[1]), np.ones(out[2])]
-    else:
-        inv = []
-        for n, o, kk, ss, ll in zip(in_spatial, out, k, s, lo):
-            cnt = _real_counts(n, o, kk, ss, ll)
-            inv.append(np.divide(1.0, cnt, out=np.zeros_like(cnt), where=cnt > 0))
+    elif dx.size == 0:
+        return dx
+    inv = None if mode == "max" else _inverse_counts(in_spatial, out, k, s, lo,
+                                                     count_include_pad)
     if not overlapping:
         # scatter into zeros: every input cell is in at most one window
         if mode == "max":

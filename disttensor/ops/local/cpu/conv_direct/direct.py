@@ -14,20 +14,50 @@ to the passes.
 """
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numba
 import numpy as np
 
+from .....core import buffer_pool as _pool
+
 from ..conv_operands import data_operands, filter_operands, forward_operands
 from .cost import modelled_seconds
-from .geometry import (embed, gather_offsets, gemm_extents, padded_elements, padded_offsets,
-                       pass_tap_limits, round_up, scratch, shapes_supported)
+from .geometry import (_memo, arange_offsets, embed, gather_offsets, gemm_extents,
+                       padded_elements, pass_tap_limits, round_up, scratch, shapes_supported,
+                       shifted_offsets)
 from .packing import pack, pack_columns, pack_flipped, unpack
 
 __all__ = ["Direct", "WeightBroadcast"]
 
 _NO_LIMITS = np.empty(0, dtype=np.int64)   # every micro-tile runs the whole reduction
+_NO_DST = {np.dtype(t): np.empty((0, 0, 1), dtype=t) for t in (np.float32, np.float64)}
+
+
+def _flipped_taps(cg, cog, kk):
+    """Reduction offsets of backward data's flipped, channel-swapped kernel (one group)."""
+    return (np.arange(cg, dtype=np.int64)[:, None] * (cog * kk)
+            + (kk - 1 - np.arange(kk, dtype=np.int64))).reshape(-1)
+
+
+def _sample_positions(n_n, stride, p_n):
+    """``n * stride + p`` for every sample ``n`` and position ``p``, flat."""
+    return (np.arange(n_n, dtype=np.int64)[:, None] * stride
+            + np.arange(p_n, dtype=np.int64)).reshape(-1)
+
+
+_FLIPPED: dict = {}
+_SAMPLES: dict = {}
+
+
+def _unblock(out, cog, width):
+    """``out[:, :cog].transpose(1, 0, 2).reshape(cog, -1)[:, :width]`` (the blocked GEMM
+    result, ``(blocks, rows padded, C)``, as ``(cog, width)`` rows) as a view of scratch: the
+    same values, and no array made."""
+    t = scratch("unblocked", (cog, out.shape[0], out.shape[2]), out.dtype)
+    np.copyto(t, out[:, :cog].transpose(1, 0, 2))
+    return t.reshape(cog, -1)[:, :width]
 
 
 class _FilterOperands(NamedTuple):
@@ -55,14 +85,14 @@ def _filter_operands(x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups):
     n_n, cin = x.shape[:2]
     cout = dy.shape[1]
     cg, cog = cin // groups, cout // groups
-    kk = int(np.prod(kernel))
+    kk = math.prod(int(k) for k in kernel)
     if dy.size == 0 or x.size == 0 or cout * cg * kk == 0:
         return np.zeros((cout, cg) + kernel, dtype=dtype), None
     size = tuple(n + lo + hi for n, lo, hi in zip(x.shape[2:], pad_lo, pad_hi))
     xp = embed(x, pad_lo, size)
     pos, taps, chan = gather_offsets(xp, kernel, out_sp, stride, dilation, groups)
     return None, _FilterOperands(xp.reshape(-1), dy, dtype, kernel, n_n, cg, cog, kk,
-                                 int(np.prod(out_sp)), pos, taps, chan)
+                                 math.prod(int(n) for n in out_sp), pos, taps, chan)
 
 
 class Direct:
@@ -88,14 +118,16 @@ class Direct:
         of each ``period`` reduction steps that it runs (the others read only zero padding
         and are skipped); None or empty: every step."""
         n_cob, c = a_pk.shape[0], a_pk.shape[2]
-        row_off = padded_offsets(row_off, self.rows)
+        row_off = shifted_offsets(row_off, 0, self.rows)   # (row_off is a kept table)
         n_rt = row_off.size // self.rows
         out = scratch("out", (n_cob, row_off.size, c), dtype)
         n_tiles = n_cob * n_rt
         n_chunks = max(1, min(numba.get_num_threads(), n_tiles))
         n_real = row_off.size
         if dst is None:
-            dst = np.empty((0, 0, 1), dtype=dtype)
+            dst = _NO_DST.get(np.dtype(dtype))
+            if dst is None:
+                dst = np.empty((0, 0, 1), dtype=dtype)
         else:
             n_real = dst.shape[0] * dst.shape[2]
         if limits is None:
@@ -143,7 +175,7 @@ class Direct:
             x, w, stride, dilation, pad_lo, pad_hi, groups, strided_x=True)  # (embedded)
         n_n = x.shape[0]
         cout = w.shape[0]
-        y = np.empty((n_n, cout) + out_sp, dtype=dtype)
+        y = _pool.empty((n_n, cout) + out_sp, np.dtype(dtype))   # (recycled when steady)
         if y.size == 0:
             return y
         if x.size == 0 or w.size == 0:
@@ -168,7 +200,7 @@ class Direct:
         n_n, cin = xp.shape[:2]
         cout = y.shape[1]
         cg, cog = cin // groups, cout // groups
-        p_n = int(np.prod(y.shape[2:]))
+        p_n = math.prod(y.shape[2:])
         c = self.block_width(dtype)
         n_cob = -(-cog // c)
         rows, taps, chan = gather_offsets(xp, w.shape[2:], y.shape[2:], stride, dilation,
@@ -176,7 +208,7 @@ class Direct:
         kk = taps.size
         xf = xp.reshape(-1)
         yv = y.reshape(n_n, groups, cog, p_n)
-        period = int(np.prod(w.shape[2:]))
+        period = math.prod(w.shape[2:])
         for g in range(groups):
             a_pk = scratch("a", (n_cob, kk, c), dtype)
             if transposed:   # w is (groups*cg, cog, *kernel) here
@@ -185,7 +217,8 @@ class Direct:
                 pack(w[g * cog:(g + 1) * cog].reshape(1, cog, kk), a_pk, cog)
             # a separate blocked transpose: written from inside the kernel, the output's
             # channel rows (often a power-of-two stride apart) thrash L1's sets
-            unpack(self._gemm(xf, a_pk, rows, taps + g * cg * chan, dtype, limits=limits,
+            unpack(self._gemm(xf, a_pk, rows, shifted_offsets(taps, g * cg * chan, 1), dtype,
+                              limits=limits,
                               period=period), yv[:, g])
 
     def backward_data(self, dy, w, in_spatial, stride, dilation, pad_lo, pad_hi, groups=1):
@@ -196,7 +229,7 @@ class Direct:
         n_n = dy.shape[0]
         cin = w.shape[1] * groups
         kernel = w.shape[2:]
-        dx = np.empty((n_n, cin) + in_spatial, dtype=dtype)
+        dx = _pool.empty((n_n, cin) + in_spatial, np.dtype(dtype))   # (recycled when steady)
         if dx.size == 0:
             return dx
         if dy.size == 0 or w.size == 0:
@@ -220,7 +253,7 @@ class Direct:
         if f is None:
             return zero
         cog, cg = f.cog, f.cg
-        dw = np.empty((groups * cog, cg) + f.kernel, dtype=f.dtype)  # all written below
+        dw = _pool.empty((groups * cog, cg) + f.kernel, np.dtype(f.dtype))  # all written below
         c = self.block_width(f.dtype)
         n_cob = -(-cog // c)
         dyv = f.dy.reshape(f.n_n, groups * cog, f.p_n)
@@ -228,7 +261,8 @@ class Direct:
         for g in range(groups):
             a_pk = scratch("a", (n_cob, f.n_n * f.p_n, c), f.dtype)
             pack(dyv[:, g * cog:(g + 1) * cog], a_pk, cog)
-            self._gemm(f.xf, a_pk, f.taps + g * cg * f.chan, f.pos, f.dtype, dst=dwv[g:g + 1])
+            self._gemm(f.xf, a_pk, shifted_offsets(f.taps, g * cg * f.chan, 1), f.pos, f.dtype,
+                       dst=dwv[g:g + 1])
         return dw
 
 
@@ -264,31 +298,29 @@ class WeightBroadcast(Direct):
         dtype = xp.dtype
         n_n, cin = xp.shape[:2]
         cout = y.shape[1]
-        kk = int(np.prod(w.shape[2:]))
+        kk = math.prod(w.shape[2:])
         cg, cog = cin // groups, cout // groups
-        p_n = int(np.prod(y.shape[2:]))
+        p_n = math.prod(y.shape[2:])
         c = self.block_width(dtype)
         q_n = n_n * p_n
         n_pb = -(-q_n // c)
         pos, taps, chan = gather_offsets(xp, w.shape[2:], y.shape[2:], stride, dilation,
                                          groups)
-        pos = padded_offsets(pos, c)
+        pos = shifted_offsets(pos, 0, c)
         wf = w.reshape(-1)
         xf = xp.reshape(-1)
         yv = y.reshape(n_n, groups, cog, p_n)
-        kidx = np.arange(kk, dtype=np.int64)
-        for g in range(groups):
+        for g in range(groups):   # (every offset table is kept: a steady call makes none)
             if transposed:   # w is (groups*cg, cog, *kernel): y channel co reads w[:, co, ::-1]
-                rows = g * cg * cog * kk + np.arange(cog, dtype=np.int64) * kk
-                red = (np.arange(cg, dtype=np.int64)[:, None] * (cog * kk)
-                       + (kk - 1 - kidx)).reshape(-1)
+                rows = arange_offsets(cog, kk, g * cg * cog * kk)
+                red = _memo(_FLIPPED, (cg, cog, kk), _flipped_taps)
             else:
-                rows = (g * cog + np.arange(cog, dtype=np.int64)) * (cg * kk)
-                red = np.arange(cg * kk, dtype=np.int64)
+                rows = arange_offsets(cog, cg * kk, g * cog * cg * kk)
+                red = arange_offsets(cg * kk, 1)
             a_pk = scratch("a", (n_pb, cg * kk, c), dtype)
-            pack_columns(xf, pos, taps + g * cg * chan, a_pk)
+            pack_columns(xf, pos, shifted_offsets(taps, g * cg * chan, 1), a_pk)
             out = self._gemm(wf, a_pk, rows, red, dtype)     # (n_pb, cog padded, c)
-            res = out[:, :cog].transpose(1, 0, 2).reshape(cog, n_pb * c)[:, :q_n]
+            res = _unblock(out, cog, q_n)
             yv[:, g] = res.reshape(cog, n_n, p_n).transpose(1, 0, 2)
 
     def backward_filter(self, x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups=1):
@@ -303,15 +335,13 @@ class WeightBroadcast(Direct):
         c = self.block_width(f.dtype)
         j_n = cg * f.kk
         n_jb = -(-j_n // c)
-        taps = padded_offsets(f.taps, c)
-        red = (np.arange(n_n, dtype=np.int64)[:, None] * (cout * p_n)
-               + np.arange(p_n, dtype=np.int64)).reshape(-1)
+        red = _memo(_SAMPLES, (n_n, cout * p_n, p_n), _sample_positions)
         dyf = f.dy.reshape(-1)
-        dw = np.empty((groups, cog, j_n), dtype=f.dtype)
+        dw = _pool.empty((groups, cog, j_n), np.dtype(f.dtype))   # (recycled when steady)
         for g in range(groups):
             a_pk = scratch("a", (n_jb, n_n * p_n, c), f.dtype)
-            pack_columns(f.xf, taps + g * cg * f.chan, f.pos, a_pk)
-            rows = (g * cog + np.arange(cog, dtype=np.int64)) * p_n
+            pack_columns(f.xf, shifted_offsets(f.taps, g * cg * f.chan, c), f.pos, a_pk)
+            rows = arange_offsets(cog, p_n, g * cog * p_n)
             out = self._gemm(dyf, a_pk, rows, red, f.dtype)     # (n_jb, cog padded, c)
-            dw[g] = out[:, :cog].transpose(1, 0, 2).reshape(cog, n_jb * c)[:, :j_n]
+            dw[g] = _unblock(out, cog, j_n)
         return dw.reshape((cout, cg) + f.kernel)

@@ -214,6 +214,37 @@ def _gather_offsets(shape, kernel, out_sp, stride, dilation, groups):
     return pos, taps, chan
 
 
+def shifted_offsets(off, shift: int, multiple: int):
+    """``padded_offsets(off + shift, multiple)`` of a table that lives on (one of
+    :func:`gather_offsets`'s or :func:`arange_offsets`'s), kept per ``(table, shift,
+    multiple)`` so that a steady step makes no array here (the entry holds ``off``, so its id
+    names it while kept).  Callers must not write to the result."""
+    key = (id(off), int(shift), int(multiple))
+    hit = _SHIFTED.get(key)
+    if hit is None:
+        if len(_SHIFTED) >= _OFFSETS_MAX:
+            _SHIFTED.clear()
+        hit = _SHIFTED[key] = (off, padded_offsets(off + shift if shift else off, multiple))
+    return hit[1]
+
+
+_SHIFTED: dict = {}
+
+
+def arange_offsets(count: int, step: int, start: int = 0, reverse: bool = False):
+    """``start + step * arange(count)`` (int64; ``reverse``: of the reversed range), kept per
+    arguments like :func:`gather_offsets`' tables (callers must not write to it)."""
+    return _memo(_ARANGES, (int(count), int(step), int(start), bool(reverse)), _arange)
+
+
+def _arange(count, step, start, reverse):
+    r = np.arange(count, dtype=np.int64)
+    return start + step * (r[::-1].copy() if reverse else r)
+
+
+_ARANGES: dict = {}
+
+
 def padded_offsets(off, multiple):
     """``off`` extended to a multiple of ``multiple`` entries (micro-tile rows or lanes) by
     repeating its last entry (the padding rows/lanes read real data and are dropped)."""
