@@ -28,6 +28,60 @@ from .packing import pack, pack_columns, pack_flipped, unpack
 __all__ = ["Direct", "WeightBroadcast"]
 
 _NO_LIMITS = np.empty(0, dtype=np.int64)   # every micro-tile runs the whole reduction
+_NO_DST = {}   # dtype -> the empty (0, 0, 1) "no direct output" array of _gemm
+_WB_TABLES: dict = {}   # WeightBroadcast's tables per problem (:func:`_wb_tables`)
+
+
+def _wb_tables(pos, lanes, cin, cout, kk, groups, transposed, rows_mult):
+    """:meth:`WeightBroadcast._conv`'s tables beyond :func:`.geometry.gather_offsets`, which
+    depend on the shapes only: ``(positions padded to lanes, ((weight rows padded to the
+    micro-tile, reduction offsets) per group))``; ``pos`` is the problem's (cached) position
+    table.  Cached per problem (a training step asks for the same few at every step);
+    callers must not write to them."""
+    key = (id(pos), pos.size, lanes, cin, cout, kk, groups, transposed, rows_mult)
+    hit = _WB_TABLES.get(key)
+    if hit is not None and hit[0] is pos:
+        return hit[1]
+    cg, cog = cin // groups, cout // groups
+    kidx = np.arange(kk, dtype=np.int64)
+    per_group = []
+    for g in range(groups):
+        if transposed:   # w is (groups*cg, cog, *kernel): y channel co reads w[:, co, ::-1]
+            rows = g * cg * cog * kk + np.arange(cog, dtype=np.int64) * kk
+            red = (np.arange(cg, dtype=np.int64)[:, None] * (cog * kk)
+                   + (kk - 1 - kidx)).reshape(-1)
+        else:
+            rows = (g * cog + np.arange(cog, dtype=np.int64)) * (cg * kk)
+            red = np.arange(cg * kk, dtype=np.int64)
+        per_group.append((padded_offsets(rows, rows_mult), red))
+    tables = (padded_offsets(pos, lanes), tuple(per_group))
+    if len(_WB_TABLES) >= 256:
+        _WB_TABLES.clear()
+    _WB_TABLES[key] = (pos, tables)   # (pos kept: its id stays unique while cached)
+    return tables
+
+
+def _wb_filter_tables(taps, lanes, n_n, p_n, cout, cg, chan, groups, rows_mult):
+    """:meth:`WeightBroadcast.backward_filter`'s tables, which depend on the shapes only:
+    ``(reduction offsets over the batch's dy, ((taps of the group padded to lanes, dy rows
+    padded to the micro-tile) per group))``; ``taps`` is the problem's (cached) tap table.
+    Cached as :func:`_wb_tables`."""
+    key = ("filter", id(taps), taps.size, lanes, n_n, p_n, cout, cg, chan, groups, rows_mult)
+    hit = _WB_TABLES.get(key)
+    if hit is not None and hit[0] is taps:
+        return hit[1]
+    cog = cout // groups
+    red = (np.arange(n_n, dtype=np.int64)[:, None] * (cout * p_n)
+           + np.arange(p_n, dtype=np.int64)).reshape(-1)
+    padded = padded_offsets(taps, lanes)
+    per_group = tuple((padded + g * cg * chan,
+                       padded_offsets((g * cog + np.arange(cog, dtype=np.int64)) * p_n,
+                                      rows_mult))
+                      for g in range(groups))
+    if len(_WB_TABLES) >= 256:
+        _WB_TABLES.clear()
+    _WB_TABLES[key] = (taps, (red, per_group))
+    return red, per_group
 
 
 class _FilterOperands(NamedTuple):
@@ -95,7 +149,9 @@ class Direct:
         n_chunks = max(1, min(numba.get_num_threads(), n_tiles))
         n_real = row_off.size
         if dst is None:
-            dst = np.empty((0, 0, 1), dtype=dtype)
+            dst = _NO_DST.get(dtype)
+            if dst is None:
+                dst = _NO_DST[dtype] = np.empty((0, 0, 1), dtype=dtype)
         else:
             n_real = dst.shape[0] * dst.shape[2]
         if limits is None:
@@ -272,19 +328,12 @@ class WeightBroadcast(Direct):
         n_pb = -(-q_n // c)
         pos, taps, chan = gather_offsets(xp, w.shape[2:], y.shape[2:], stride, dilation,
                                          groups)
-        pos = padded_offsets(pos, c)
+        pos, per_group = _wb_tables(pos, c, cin, cout, kk, groups, transposed, self.rows)
         wf = w.reshape(-1)
         xf = xp.reshape(-1)
         yv = y.reshape(n_n, groups, cog, p_n)
-        kidx = np.arange(kk, dtype=np.int64)
         for g in range(groups):
-            if transposed:   # w is (groups*cg, cog, *kernel): y channel co reads w[:, co, ::-1]
-                rows = g * cg * cog * kk + np.arange(cog, dtype=np.int64) * kk
-                red = (np.arange(cg, dtype=np.int64)[:, None] * (cog * kk)
-                       + (kk - 1 - kidx)).reshape(-1)
-            else:
-                rows = (g * cog + np.arange(cog, dtype=np.int64)) * (cg * kk)
-                red = np.arange(cg * kk, dtype=np.int64)
+            rows, red = per_group[g]
             a_pk = scratch("a", (n_pb, cg * kk, c), dtype)
             pack_columns(xf, pos, taps + g * cg * chan, a_pk)
             out = self._gemm(wf, a_pk, rows, red, dtype)     # (n_pb, cog padded, c)
@@ -303,15 +352,14 @@ class WeightBroadcast(Direct):
         c = self.block_width(f.dtype)
         j_n = cg * f.kk
         n_jb = -(-j_n // c)
-        taps = padded_offsets(f.taps, c)
-        red = (np.arange(n_n, dtype=np.int64)[:, None] * (cout * p_n)
-               + np.arange(p_n, dtype=np.int64)).reshape(-1)
+        red, per_group = _wb_filter_tables(f.taps, c, n_n, p_n, cout, cg, f.chan, groups,
+                                           self.rows)
         dyf = f.dy.reshape(-1)
         dw = np.empty((groups, cog, j_n), dtype=f.dtype)
         for g in range(groups):
+            taps, rows = per_group[g]
             a_pk = scratch("a", (n_jb, n_n * p_n, c), f.dtype)
-            pack_columns(f.xf, taps + g * cg * f.chan, f.pos, a_pk)
-            rows = (g * cog + np.arange(cog, dtype=np.int64)) * p_n
+            pack_columns(f.xf, taps, f.pos, a_pk)
             out = self._gemm(dyf, a_pk, rows, red, f.dtype)     # (n_jb, cog padded, c)
             dw[g] = out[:, :cog].transpose(1, 0, 2).reshape(cog, n_jb * c)[:, :j_n]
         return dw.reshape((cout, cg) + f.kernel)
