@@ -94,7 +94,16 @@ DEBUG = os.environ.get("DISTTENSOR_DEBUG", "0").lower() not in ("", "0", "false"
 #: every call agreed at once (no deferred agreement): DISTTENSOR_AGREEMENT=eager or debugging
 EAGER = DEBUG or os.environ.get("DISTTENSOR_AGREEMENT", "deferred").lower() == "eager"
 
-_state = threading.local()
+class _State(threading.local):
+    """This thread's agreement state; the class attributes are the defaults (a plain attribute
+    read, cheaper than ``getattr`` with a default on every deferred call)."""
+    enabled = True       # agreement on (off inside :func:`disabled`)
+    eager = EAGER        # every call agreed at once (:func:`eager`)
+    pending = None       # id(comm) -> PendingCalls
+    call = None          # (call, args) of the collective call entered last
+
+
+_state = _State()
 _ADDRESS = re.compile(r"at 0x[0-9a-fA-F]+")
 
 
@@ -105,7 +114,7 @@ class ArgumentMismatchError(ValueError):
 
 def enabled() -> bool:
     """Whether argument agreement is on (it is, unless inside :func:`disabled`)."""
-    return getattr(_state, "enabled", True)
+    return _state.enabled
 
 
 @contextlib.contextmanager
@@ -124,7 +133,8 @@ def deferring() -> bool:
     """Whether calls that move no data may defer their agreement (see the module docstring):
     agreement is on and neither :data:`EAGER` nor an :func:`eager` block asks for each call
     to be agreed at once."""
-    return getattr(_state, "enabled", True) and not getattr(_state, "eager", EAGER)
+    st = _state
+    return st.enabled and not st.eager
 
 
 @contextlib.contextmanager
@@ -132,7 +142,7 @@ def eager():
     """Agree every call at once in this thread for the block (no deferred agreement), as
     ``DISTTENSOR_AGREEMENT=eager`` does for the whole run: a rank-dependent argument then
     raises at the call that takes it.  Every rank must do the same."""
-    prev = getattr(_state, "eager", EAGER)
+    prev = _state.eager
     _state.eager = True
     try:
         yield
@@ -188,6 +198,8 @@ def token(value):
     t = type(value)
     if t is int or t is str or value is None:
         return value
+    if t is float:
+        return ("float", repr(value))  # exact; -0.0 != 0.0 and nan == nan, as for a repr
     if t is (_DistArray or _distarray_type()):
         tok = value.__dict__.get("_agreement_token")
         if tok is None:
@@ -262,7 +274,7 @@ def digest(call: str, args: dict) -> tuple[int, int]:
 # -- what this thread is in (for error messages and the watchdog) ----------------------------------
 def current_call():
     """``(call, args)`` of the collective call this thread entered last (or ``None``)."""
-    return getattr(_state, "call", None)
+    return _state.call
 
 
 def _describe_distarray(d, dtype, grid_dims, halo, device) -> str:
@@ -341,7 +353,7 @@ class PendingCalls:
 
 
 def _pending_map() -> dict:
-    m = getattr(_state, "pending", None)
+    m = _state.pending
     if m is None:
         m = _state.pending = {}
     return m
@@ -351,7 +363,7 @@ def defer(comm: MPI.Comm, call: str, tokens: tuple) -> None:
     """Record a call over ``comm`` that moves no data, to be agreed with the next agreement over
     ``comm`` (no message).  ``tokens``: ``((name, token(arg)), ...)``, hashable; every rank
     must describe an equal call equally.  Only where :func:`deferring` is true."""
-    m = getattr(_state, "pending", None) or _pending_map()
+    m = _state.pending or _pending_map()
     p = m.get(id(comm))
     if p is None or p.comm is not comm:
         p = m[id(comm)] = PendingCalls(comm)
@@ -359,12 +371,20 @@ def defer(comm: MPI.Comm, call: str, tokens: tuple) -> None:
             _register_exit_hook()
     entry = (call, tokens)
     try:
-        a, b = _digest_cached(entry)
+        word = _entry_word(entry)
     except TypeError:
-        a, b = _digest_of(entry)
-    p.rolling = (p.rolling * _MULT + ((a & _M64) << 64 | (b & _M64)) + 1) % _P127
+        word = _entry_word.__wrapped__(entry)
+    p.rolling = (p.rolling * _MULT + word) % _P127
     p.count += 1
     p.log.append(entry)
+
+
+@lru_cache(maxsize=4096)
+def _entry_word(entry) -> int:
+    """A deferred call's description as the 128-bit word the rolling digest adds (its
+    :func:`digest`, plus one), cached: a step defers the same few calls again and again."""
+    a, b = _digest_of(entry)
+    return ((a & _M64) << 64 | (b & _M64)) + 1
 
 
 _exit_hook = False
@@ -387,7 +407,7 @@ def _settle_at_exit() -> None:
     hanging in ``MPI_Finalize``."""
     if MPI.Is_finalized():
         return
-    m = getattr(_state, "pending", None)
+    m = _state.pending
     for p in list((m or {}).values()):
         if p.comm != MPI.COMM_NULL:
             settle(p.comm)
@@ -396,7 +416,7 @@ def _settle_at_exit() -> None:
 def take_pending(comm: MPI.Comm) -> PendingCalls | None:
     """Remove and return the calls deferred over ``comm`` (``None`` if there are none): the
     caller agrees them now, as an argument of its agreement."""
-    m = getattr(_state, "pending", None)
+    m = _state.pending
     if not m:
         return None
     p = m.get(id(comm))
@@ -410,7 +430,7 @@ def clear_pending() -> None:
     """Forget every call deferred on this rank, over any communicator (local).  For a fresh
     start after an interrupted sequence of calls (the pytest plugin calls it before each test,
     so a test that failed half-way leaves nothing for the next test's first agreement)."""
-    m = getattr(_state, "pending", None)
+    m = _state.pending
     if m:
         m.clear()
 

@@ -173,7 +173,8 @@ class deferrable(_DeferringBlock):
             self._mode.__enter__()
 
     def _deferred_args(self) -> tuple:
-        return tuple((k, agreement.token(v)) for k, v in self._args.items())
+        token = agreement.token
+        return tuple([(k, token(v)) for k, v in self._args.items()])
 
     def _failure_args(self) -> dict:
         return self._args

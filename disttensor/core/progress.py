@@ -22,10 +22,11 @@ behind that default) and ``'on'`` for GPU blocks.  Nothing here communicates by 
 """
 from __future__ import annotations
 
-import os
 import threading
 
 from mpi4py import MPI
+
+from .environ import getenv
 
 __all__ = ["MODES", "overlap_mode", "Progress", "thread_progress_available"]
 
@@ -38,7 +39,7 @@ def overlap_mode(device: str = "cpu", overlap=None) -> str:
     the environment's mode if that overlaps, else ``'on'``; ``False`` -> ``'off'``; a mode
     name as is), else ``$DISTTENSOR_HALO_OVERLAP``, else ``'on'`` on GPU and ``'off'`` on CPU.
     Pure (reads the environment); raises ``ValueError`` for an unknown mode."""
-    env = os.environ.get(_ENV, "").strip().lower()
+    env = getenv(_ENV, "").strip().lower()
     if env and env not in MODES:
         raise ValueError(f"{_ENV} must be one of {MODES}, got {env!r}")
     if isinstance(overlap, str):

@@ -40,6 +40,7 @@ import numpy as np
 
 from ..core import profiler as _profiler
 from ..core.backend import array_module, to_host
+from ..ops.local.cpu.optim_update import adam_step
 from .optim_scratch import _coefficients, _in_place_ok, _scratch
 
 __all__ = ["Optimizer", "SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "NAdam", "RAdam",
@@ -436,11 +437,15 @@ class Adam(Optimizer):
         if g["amsgrad"] and "max_exp_avg_sq" not in state:
             state["max_exp_avg_sq"] = xp.zeros_like(d)
         state["step"] = state["step"] + 1
+        lr, (beta1, beta2), eps, wd = g["lr"], g["betas"], g["eps"], g["weight_decay"]
+        t = state["step"]
+        if not (g["amsgrad"] or g["maximize"] or (wd != 0 and not self._decoupled)) and \
+                adam_step(d, grad, state["exp_avg"], state["exp_avg_sq"], t, lr, beta1, beta2,
+                          eps, 1 - lr * wd if wd != 0 else 1.0):   # (one compiled pass)
+            return
         if _in_place_ok(d, grad):
             self._update_host(d, grad, state, g)
             return
-        lr, (beta1, beta2), eps, wd = g["lr"], g["betas"], g["eps"], g["weight_decay"]
-        t = state["step"]
         if g["maximize"]:
             grad = -grad
         if wd != 0:

@@ -348,10 +348,12 @@ def conv_forward(x: DistArray, w, b=None, stride=1, padding=0, dilation=1, group
     d = x.distribution
     direct = padding_mode == "zeros" and all(g is None or d.grid_dims[g] == 1
                                              for g in d.split[2:])
-    with (deferrable if direct else agreed)(
-            x.grid.cart, "conv_forward", x=x, w=array_key(w), b=array_key(b),
-            **_window_keys(x, w, stride, padding, dilation, groups),
-            padding_mode=padding_mode, overlap=_mode_key(x.device, overlap)):
+    # (one rank agrees nothing: no keys to make)
+    keys = {} if x.grid.cart.size <= 1 else dict(
+        x=x, w=array_key(w), b=array_key(b), **_window_keys(x, w, stride, padding, dilation,
+                                                             groups),
+        padding_mode=padding_mode, overlap=_mode_key(x.device, overlap))
+    with (deferrable if direct else agreed)(x.grid.cart, "conv_forward", **keys):
         if err is not None:
             raise err
         nd, kernel, stride, dilation, groups, windows, plan, overlap = setup

@@ -128,14 +128,19 @@ def _pool_geometry(x: DistArray, mode: str, kernel, stride, padding, ceil_mode=F
             dilation, extra)
 
 
+def _padding_meaning(padding, nd: int, kernel):
+    """``padding`` normalized against ``kernel`` (a module-level function, so that
+    :func:`._spatial.meaning` caches it)."""
+    return normalize_padding(padding, nd, normalize_tuple(kernel, nd, "kernel"))
+
+
 def _pool_keys(x: DistArray, kernel, stride, padding, ceil_mode=False, dilation=1,
                divisor_override=None) -> dict:
     nd = x.ndim - 2
     k = meaning(normalize_tuple, kernel, nd, "kernel")
     keys = dict(kernel=k, stride=k if stride is None else meaning(normalize_tuple, stride, nd,
                                                                    "stride"),
-                padding=meaning(lambda p: normalize_padding(
-                    p, nd, normalize_tuple(kernel, nd, "kernel")), padding))
+                padding=meaning(_padding_meaning, padding, nd, kernel))
     if ceil_mode or dilation != 1 or divisor_override is not None:   # keep the common digest
         keys.update(ceil_mode=canon(ceil_mode), divisor_override=canon(divisor_override),
                     dilation=meaning(normalize_tuple, dilation, nd, "dilation"))
@@ -163,9 +168,10 @@ def pool_forward(x: DistArray, mode: str, kernel, stride=None, padding=0,
     direct = geometry is not None and not geometry[4].needs_exchange
     y_local = argmax = None
     read_shape = ()
-    keys = dict(x=x, mode=mode, **_pool_keys(x, kernel, stride, padding, ceil_mode, dilation,
-                                             divisor_override),
-                count_include_pad=canon(count_include_pad))
+    keys = {} if x.grid.cart.size <= 1 else dict(   # (one rank agrees nothing)
+        x=x, mode=mode, **_pool_keys(x, kernel, stride, padding, ceil_mode, dilation,
+                                     divisor_override),
+        count_include_pad=canon(count_include_pad))
     # no halo (the halo width is global: alike on every rank): no data moves, the agreement
     # is deferred to the next one over the grid (a kernel failure is agreed at once)
     with (deferrable(x.grid.cart, "pool_forward", **keys) if direct

@@ -1,8 +1,10 @@
-"""The optimizers' NumPy path, whose temporaries live in scratch buffers shared by the
-parameters and whose coefficients are 0-d arrays, gives bit-for-bit the parameters and state
-of the plain expressions (taken here through an ndarray subclass, which the scratch path
-leaves alone), and both match a float64 reference of PyTorch's Adam formula; the scratch never
-enters the state dict, and a steady step of it allocates no NumPy array."""
+"""The optimizers' NumPy paths, the one whose temporaries live in scratch buffers shared by
+the parameters (coefficients in 0-d arrays) and Adam's one compiled pass for small parameters
+(``ops/local/cpu/optim_update``: no amsgrad, no maximize, no coupled weight decay), give
+bit-for-bit the parameters and state of the plain expressions (taken here through an ndarray
+subclass, which both leave alone), and all match a float64 reference of PyTorch's Adam formula;
+the scratch never enters the state dict, and a steady step of either allocates no NumPy
+array."""
 from __future__ import annotations
 
 import math
@@ -11,6 +13,7 @@ import numpy as np
 import pytest
 
 from disttensor.nn.optim import SGD, Adagrad, Adam, AdamW, NAdam, RAdam, RMSprop
+from disttensor.ops.local.cpu.optim_update import MAX_SIZE
 from disttensor.testing.allocations import numpy_allocations
 
 
@@ -44,6 +47,7 @@ CASES = {
     "radam-decoupled-max": (RAdam, dict(lr=0.02, weight_decay=0.1, decoupled_weight_decay=True,
                                         maximize=True, betas=(0.3, 0.9))),
 }
+FUSED = {"adam", "adamw"}   # Adam's compiled pass (no scratch); the others take the scratch
 SHAPES = [(3, 4, 5), (7,), (2, 50)]   # different sizes: the shared scratch grows and is reused
 
 
@@ -75,7 +79,10 @@ def test_scratch_path_is_bit_identical(case, dtype):
         assert sorted(s) == sorted(r)
         for k in s:
             assert np.asarray(s[k]).tobytes() == np.asarray(r[k]).tobytes(), k
-    assert opt.__dict__.get("_scratch_buffers")           # the scratch path ran
+    if case in FUSED:   # the compiled pass ran (the scratch path would have made buffers)
+        assert "_scratch_buffers" not in opt.__dict__
+    else:
+        assert opt.__dict__.get("_scratch_buffers")       # the scratch path ran
     assert "_scratch_buffers" not in ref.__dict__         # the plain one did not
     sd = opt.state_dict()
     assert all(set(v) <= {"step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq",
@@ -93,6 +100,15 @@ def test_steady_step_allocates_no_array(case):
         with numpy_allocations() as seen:
             opt.step()
         assert (seen.count == 0) != plain, (case, plain, seen)
+
+
+def test_large_adam_parameters_take_the_scratch_path():
+    big = Param(np.ones(MAX_SIZE, np.float32))
+    big.grad = np.full(big.data.shape, 0.5, np.float32)
+    opt = Adam([big], lr=0.1)
+    opt.step()
+    assert opt.__dict__.get("_scratch_buffers")           # too large for the compiled pass
+    np.testing.assert_allclose(big.data, 0.9, rtol=1e-6)   # first Adam step: lr * sign
 
 
 def test_adam_matches_float64_reference():

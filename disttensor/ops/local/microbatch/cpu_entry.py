@@ -16,11 +16,11 @@ rounding.
 from __future__ import annotations
 
 import math
-import os
 
 import numba
 import numpy as np
 
+from ....core.environ import snapshot
 from ..cpu import conv_im2col
 from ..cpu.conv_operands import conv_out_shape, data_operands, filter_operands, forward_operands
 from .cpu_algorithms import cpu_algorithms
@@ -88,9 +88,8 @@ def _planned(pass_, a, b, extra, geo, x_shape, w_shape, dtype):
     settings (the environment variables the planner reads, Numba's thread count and the
     planner's :func:`~.planner.generation`), which skips building the problem, its limit, the
     algorithm set and the fingerprint (some 25 microseconds a call)."""
-    env = os.environ
-    key = (pass_, x_shape, w_shape, geo, dtype, tuple(env.get(v) for v in _SETTINGS),
-           numba.get_num_threads(), generation())
+    key = (pass_, x_shape, w_shape, geo, dtype, snapshot(_SETTINGS), numba.get_num_threads(),
+           generation())
     hit = _memo.get(key)
     if hit is None:
         problem = ConvProblem.make(pass_, x_shape, w_shape, *geo, dtype)

@@ -31,7 +31,7 @@ Invalid names raise ``ValueError``.
 """
 from __future__ import annotations
 
-import os
+from ....core.environ import getenv
 
 __all__ = ["PASSES", "POLICIES", "MODES", "UNDIVIDED_MARGIN", "DEFAULT_WORKSPACE_MB",
            "DEFAULT_WORKSPACE_RATIO", "tune_mode", "workspace_limit", "workspace_ratio",
@@ -50,7 +50,7 @@ DEFAULT_WORKSPACE_RATIO = 0.5
 
 def tune_mode() -> str:
     """``DISTTENSOR_CONV_TUNE`` (default ``benchmark``)."""
-    m = os.environ.get("DISTTENSOR_CONV_TUNE", "benchmark").strip().lower() or "benchmark"
+    m = getenv("DISTTENSOR_CONV_TUNE", "benchmark").strip().lower() or "benchmark"
     if m not in MODES:
         raise ValueError(f"DISTTENSOR_CONV_TUNE must be one of {MODES}, got {m!r}")
     return m
@@ -58,14 +58,14 @@ def tune_mode() -> str:
 
 def workspace_limit() -> int:
     """``DISTTENSOR_CONV_WORKSPACE_MB`` (default 64) in bytes."""
-    return int(float(os.environ.get("DISTTENSOR_CONV_WORKSPACE_MB",
+    return int(float(getenv("DISTTENSOR_CONV_WORKSPACE_MB",
                                     str(DEFAULT_WORKSPACE_MB))) * 2**20)
 
 
 def workspace_ratio() -> float:
     """``DISTTENSOR_CONV_WORKSPACE_RATIO`` (default 0.5; ``off`` or 0: none): the workspace a
     CPU layer-pass may use relative to the bytes of its operands."""
-    v = os.environ.get("DISTTENSOR_CONV_WORKSPACE_RATIO", str(DEFAULT_WORKSPACE_RATIO))
+    v = getenv("DISTTENSOR_CONV_WORKSPACE_RATIO", str(DEFAULT_WORKSPACE_RATIO))
     v = v.strip().lower()
     if v in ("off", "no", "false", ""):
         return 0.0
@@ -89,7 +89,7 @@ def relative_workspace_limit(operand_bytes: int, absolute_mb=None, ratio: float 
 def workspace_rule():
     """What :func:`relative_workspace_limit` is computed from: ``(absolute_mb or None,
     ratio)`` from the environment."""
-    mb = os.environ.get("DISTTENSOR_CONV_WORKSPACE_MB")
+    mb = getenv("DISTTENSOR_CONV_WORKSPACE_MB")
     if mb is not None and mb.strip() == "":
         mb = None
     return mb, (0.0 if mb is not None else workspace_ratio())
@@ -97,7 +97,7 @@ def workspace_rule():
 
 def policy() -> str:
     """``DISTTENSOR_CONV_POLICY`` (default ``powerOfTwo``)."""
-    p = os.environ.get("DISTTENSOR_CONV_POLICY", "powerOfTwo").strip() or "powerOfTwo"
+    p = getenv("DISTTENSOR_CONV_POLICY", "powerOfTwo").strip() or "powerOfTwo"
     if p not in POLICIES:
         raise ValueError(f"DISTTENSOR_CONV_POLICY must be one of {POLICIES}, got {p!r}")
     return p
@@ -105,24 +105,24 @@ def policy() -> str:
 
 def budget_s() -> float:
     """``DISTTENSOR_CONV_TUNE_BUDGET_S`` (default 2): seconds of timing per layer-pass."""
-    return float(os.environ.get("DISTTENSOR_CONV_TUNE_BUDGET_S", "2"))
+    return float(getenv("DISTTENSOR_CONV_TUNE_BUDGET_S", "2"))
 
 
 def reps() -> int:
     """``DISTTENSOR_CONV_TUNE_REPS`` (default 2, at least 1): timed runs per candidate."""
-    return max(1, int(os.environ.get("DISTTENSOR_CONV_TUNE_REPS", "2")))
+    return max(1, int(getenv("DISTTENSOR_CONV_TUNE_REPS", "2")))
 
 
 def undivided_margin() -> float:
     """``DISTTENSOR_CONV_TUNE_MARGIN`` (default 0.10): how much faster a measured division
     must be than the undivided plan to be taken."""
-    return float(os.environ.get("DISTTENSOR_CONV_TUNE_MARGIN", str(UNDIVIDED_MARGIN)))
+    return float(getenv("DISTTENSOR_CONV_TUNE_MARGIN", str(UNDIVIDED_MARGIN)))
 
 
 def _factor_setting(name: str, default: str) -> float:
     """The factor in the environment variable ``name`` (``default`` when unset); ``off``,
     ``no``, ``false`` or empty: 0.  Negative values raise ``ValueError``."""
-    v = os.environ.get(name, default).strip().lower()
+    v = getenv(name, default).strip().lower()
     if v in ("off", "no", "false", ""):
         return 0.0
     f = float(v)
@@ -146,13 +146,13 @@ def model_prefilter() -> float:
 
 def online_tuning() -> bool:
     """``DISTTENSOR_CONV_TUNE_ONLINE`` (default on; ``off``, ``0``, ``no``, ``false``: off)."""
-    v = os.environ.get("DISTTENSOR_CONV_TUNE_ONLINE", "on").strip().lower()
+    v = getenv("DISTTENSOR_CONV_TUNE_ONLINE", "on").strip().lower()
     return v not in ("off", "0", "no", "false")
 
 
 def tune_clock() -> str:
     """``DISTTENSOR_CONV_TUNE_CLOCK`` (default ``auto``): ``auto``, ``cpu`` or ``wall``."""
-    v = os.environ.get("DISTTENSOR_CONV_TUNE_CLOCK", "auto").strip().lower()
+    v = getenv("DISTTENSOR_CONV_TUNE_CLOCK", "auto").strip().lower()
     if v not in CLOCKS:
         raise ValueError(f"DISTTENSOR_CONV_TUNE_CLOCK must be one of {CLOCKS}, got {v!r}")
     return v

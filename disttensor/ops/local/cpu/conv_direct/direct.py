@@ -184,8 +184,9 @@ class Direct:
         size = tuple(n + lo + hi for n, lo, hi in zip(x.shape[2:], pad_lo, pad_hi))
         xp = embed(x, pad_lo, size)
         self._conv(xp, w, y, stride, dilation, groups,
-                   limits=pass_tap_limits("forward", x.shape, w.shape, stride, dilation,
-                                          pad_lo, pad_hi, self.rows))
+                   limits=None if self.weights_on_rows else pass_tap_limits(
+                       "forward", x.shape, w.shape, stride, dilation, pad_lo, pad_hi,
+                       self.rows))
         return y
 
     def _conv(self, xp, w, y, stride, dilation, groups, transposed=False, limits=None):
@@ -242,8 +243,9 @@ class Direct:
         dyp = embed(dy, lo, size, stride)
         x_shape = (n_n, cin) + in_spatial
         self._conv(dyp, w, dx, (1, 1, 1), dilation, groups, transposed=True,
-                   limits=pass_tap_limits("backward_data", x_shape, w.shape, stride, dilation,
-                                          pad_lo, pad_hi, self.rows))
+                   limits=None if self.weights_on_rows else pass_tap_limits(
+                       "backward_data", x_shape, w.shape, stride, dilation, pad_lo, pad_hi,
+                       self.rows))   # (the weight-broadcast variants skip no taps)
         return dx
 
     def backward_filter(self, x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups=1):
