@@ -40,11 +40,20 @@ import numpy as np
 
 from ..core import profiler as _profiler
 from ..core.backend import array_module, to_host
-from ..ops.local.cpu.optim_update import adam_step
 from .optim_scratch import _coefficients, _in_place_ok, _scratch
 
 __all__ = ["Optimizer", "SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "NAdam", "RAdam",
            "flatten_state", "unflatten_state"]
+
+
+def _adam_step(*args) -> bool:
+    """:func:`disttensor.ops.local.cpu.optim_update.adam_step`, imported at the first call
+    (it compiles with Numba, which ``import disttensor`` does not load); the name then refers
+    to it directly."""
+    global _adam_step
+    from ..ops.local.cpu.optim_update import adam_step
+    _adam_step = adam_step
+    return adam_step(*args)
 
 
 class _Required:
@@ -440,7 +449,7 @@ class Adam(Optimizer):
         lr, (beta1, beta2), eps, wd = g["lr"], g["betas"], g["eps"], g["weight_decay"]
         t = state["step"]
         if not (g["amsgrad"] or g["maximize"] or (wd != 0 and not self._decoupled)) and \
-                adam_step(d, grad, state["exp_avg"], state["exp_avg_sq"], t, lr, beta1, beta2,
+                _adam_step(d, grad, state["exp_avg"], state["exp_avg_sq"], t, lr, beta1, beta2,
                           eps, 1 - lr * wd if wd != 0 else 1.0):   # (one compiled pass)
             return
         if _in_place_ok(d, grad):
