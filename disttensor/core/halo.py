@@ -162,10 +162,13 @@ class HaloExchange:
                 accumulate=True, persistent=self.persistent)
         return self._reverse
 
-    def prepare(self) -> "HaloExchange":
+    def prepare(self, reverse: bool = False) -> "HaloExchange":
         """Make the forward exchange's views, scratch and persistent requests now rather than
-        at the first exchange (local, no message)."""
+        at the first exchange (with ``reverse``, the reverse exchange's too; local, no
+        message)."""
         self._engine(reverse=False).prepare()
+        if reverse:
+            self._engine(reverse=True).prepare()
         return self
 
     def free(self) -> None:

@@ -69,7 +69,9 @@ class Slot:
         # any depth: the window op agreed on everything its halo derives from
         with nested(), nested():
             self.exchange = HaloExchange(DistArray(self.buffer, dist, grid, halo), boundary,
-                                         persistent=True).prepare()
+                                         persistent=True).prepare(reverse=True)
+        # (both directions made now: the views an exchange makes of the buffer at its first
+        # use would otherwise count as a holder for good, and the slot never be idle again)
         self._refs = _refcount(self)
 
     def idle(self) -> bool:

@@ -154,3 +154,21 @@ def test_cached_reverse_window_stays_the_adjoint(case, seed):
         lhs, rhs = _dot(win, w), _dot(x.local, dx.local)
         assert_all_ranks(COMM, abs(lhs - rhs) <= 1e-9 * (1 + abs(lhs)),
                          f"not the adjoint: {lhs} vs {rhs}")
+
+
+def test_a_slot_used_for_a_reverse_exchange_is_idle_again():
+    """A gradient sent back through a pooled buffer (:func:`_spatial.zero_halo_buffer`, the
+    reverse exchange) leaves its slot idle: the next call reuses it instead of making a new
+    one each time (the views the reverse exchange makes of the buffer are the pool's own)."""
+    case = ((2, 2, 6, 5), (SIZE, 1), [None, None, None, None], 3, 1, False)
+    _, x, plan = make(case, 4)
+    halo_pool.clear()
+    for i in range(3):
+        with nested():
+            g, ex = _spatial.zero_halo_buffer(x.distribution, x.grid, plan, x.dtype)
+            g.buffer[...] = i
+            ex.reverse()
+        del g, ex
+    slots = [s for v in halo_pool._slots.values() for s in v]
+    assert_all_ranks(COMM, len(slots) == 1 and slots[0].idle(),
+                     f"{len(slots)} slot(s) after 3 reverse exchanges of one layout")
