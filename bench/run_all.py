@@ -64,6 +64,7 @@ JOBS = [
     Job("conv", "conv_bench.py", ["--local", "--quick"], ["--local"], mpi=False,
         threads_per_rank=0),
     Job("microbatch", "microbatch_bench.py", ["--quick"], [], mpi=False, threads_per_rank=0),
+    Job("tuner_choice", "tuner_choice_bench.py", ["--reps", "7"], ["--reps", "15"], mpi=False),
     Job("split_kernels", "split_kernels_bench.py", ["--reps", "15"], ["--reps", "40"],
         mpi=False),
     # communication

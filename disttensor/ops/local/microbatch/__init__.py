@@ -46,7 +46,7 @@ Configuration (:mod:`.settings`, read at each call):
 * ``DISTTENSOR_CONV_WORKSPACE_MB``: the per-layer workspace limit (default 64 MiB);
 * ``DISTTENSOR_CONV_POLICY``: ``powerOfTwo`` (default), ``all`` or ``undivided``;
 * ``DISTTENSOR_CONV_TUNE_BUDGET_S`` (default 2 s per layer-pass), ``DISTTENSOR_CONV_TUNE_REPS``
-  (default 2), ``DISTTENSOR_CONV_TUNE_MARGIN`` (default 0.10).
+  (default 2), ``DISTTENSOR_CONV_TUNE_MARGIN`` (default 0.03).
 
 The choice is rank-local (no MPI in local kernels): ranks may run different algorithms, whose
 results agree to float rounding.
