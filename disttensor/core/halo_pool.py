@@ -40,6 +40,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .array import DistArray
+from .copies import into
 from .entry import nested
 from .halo import HaloExchange, clear_caches
 
@@ -58,7 +59,7 @@ class Slot:
     docstring).  ``buffer``: the whole local buffer; ``exchange``: its exchange (forward and
     reverse); :meth:`array` wraps the buffer for one use."""
 
-    __slots__ = ("buffer", "exchange", "_dist", "_grid", "_halo", "_refs")
+    __slots__ = ("buffer", "exchange", "fill", "_dist", "_grid", "_halo", "_refs")
 
     def __init__(self, dist, grid, halo, boundary, dtype):
         block = dist.block_shape(grid.coords)
@@ -72,6 +73,9 @@ class Slot:
                                          persistent=True).prepare(reverse=True)
         # (both directions made now: the views an exchange makes of the buffer at its first
         # use would otherwise count as a holder for good, and the slot never be idle again)
+        self.fill = into(self.buffer[tuple(slice(lo, lo + n) for (lo, _), n in zip(halo, block))])
+        # (a function copying a block into the interior, its view of the buffer made now:
+        # counted among the pool's own references)
         self._refs = _refcount(self)
 
     def idle(self) -> bool:
@@ -93,27 +97,36 @@ _slots: OrderedDict = OrderedDict()   # layout -> [Slot], least recently used fi
 _lock = threading.Lock()
 
 
-def acquire(dist, grid, halo, periodic, dtype):
+def acquire(dist, grid, halo, periodic, dtype, src=None):
     """``(array, exchange)``: a new DistArray over an idle slot's buffer (whose halo and owned
-    cells hold whatever they last held) and the slot's exchange; the slot is made when none
-    of the layout is idle and the bounds allow.  ``None`` when every slot of the layout is in
+    cells hold whatever they last held; ``src``, a block of ``dist`` here, is copied into the
+    owned cells when given) and the slot's exchange; the slot is made when none of the layout
+    is idle and the bounds allow.  ``None`` when every slot of the layout is in
     use and there are :data:`PER_LAYOUT` of them.  ``halo``: normalized ``(lo, hi)`` per
     axis; ``periodic``: one flag per axis.  Local (no message); the first slot of a layout
     is made with the exchange's validation (errors raised on every rank, as
     :class:`HaloExchange` raises them)."""
     key = (dist, grid, halo, periodic, np.dtype(dtype).str)
+    got = None
     with _lock:   # (the test and the claim, the new array, under one lock)
         slots = _slots.get(key)
         if slots is not None:
             _slots.move_to_end(key)
             for s in slots:
                 if s.idle():
-                    return s.array(), s.exchange
-            if len(slots) >= PER_LAYOUT:
+                    got, out = s, (s.array(), s.exchange)   # (the new array claims it)
+                    break
+            if got is None and len(slots) >= PER_LAYOUT:
                 return None
+    if got is not None:
+        if src is not None:
+            got.fill(src)
+        return out
     boundary = tuple("periodic" if p else "zero" for p in periodic)
     s = Slot(dist, grid, halo, boundary, dtype)
     out = s.array(), s.exchange
+    if src is not None:
+        s.fill(src)
     with _lock:
         _slots.setdefault(key, []).append(s)
         _slots.move_to_end(key)

@@ -305,9 +305,8 @@ def _halo_copy(x: DistArray, plan: WindowPlan):
         return x, HaloExchange(x, halo_boundary(plan), persistent=False)
     if type(x.local) is np.ndarray:
         got = halo_pool.acquire(x.distribution, x.grid, plan.halo, _periodic(plan, x.ndim),
-                                x.dtype)
-        if got is not None:
-            np.copyto(got[0].local, x.local)
+                                x.dtype, src=x.local)
+        if got is not None:   # (x's block copied into the interior)
             return got
     xh = x.with_halo(plan.halo)
     return xh, HaloExchange(xh, halo_boundary(plan), persistent=False)

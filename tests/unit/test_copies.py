@@ -4,7 +4,7 @@ axis, NumPy's own copy otherwise)."""
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from disttensor.core.copies import _merged_axis, copier, copy_into, fill_zero, zero_filler
+from disttensor.core.copies import _merged_axis, copier, copy_into, fill_zero, into, zero_filler
 
 
 @st.composite
@@ -40,6 +40,15 @@ def test_copies_equal_numpy_assignment(case):
     got = buf.copy()
     copier(got[box], fresh)()
     np.testing.assert_array_equal(got, want)
+    got = buf.copy()
+    fill = into(got[box])   # (made once, filled from several sources)
+    fill(np.zeros(view.shape, dtype))
+    fill(fresh)
+    np.testing.assert_array_equal(got, want)
+    other = (rng.standard_normal(shape) * 100).astype(dtype)
+    fill(other[box])        # (a strided source)
+    want[box] = other[box]
+    np.testing.assert_array_equal(got, want)
     # out of the box
     out = np.zeros(view.shape, dtype)
     copy_into(out, view)
@@ -67,3 +76,16 @@ def test_runs_merged_only_for_boxes_cut_along_the_last_axis():
     assert _merged_axis(depth, np.empty(depth.shape, np.float32)) is None
     # runs of one element: nothing to merge
     assert _merged_axis(buf[..., 0:1], np.empty((4, 16, 18, 16, 1), np.float32)) is None
+
+
+def test_into_empty_and_mismatched_blocks():
+    """``into`` on a view with an empty leading axis, and a source of another dtype (cast,
+    as NumPy's assignment does)."""
+    buf = np.ones((0, 3, 6, 6), np.float32)
+    into(buf[:, :, 1:-1, 1:-1])(np.zeros((0, 3, 4, 4), np.float32))
+    buf = np.ones((2, 3, 6, 6), np.float32)
+    src = np.arange(2 * 3 * 4 * 4, dtype=np.float64).reshape(2, 3, 4, 4)
+    into(buf[:, :, 1:-1, 1:-1])(src)
+    want = np.ones((2, 3, 6, 6), np.float32)
+    want[:, :, 1:-1, 1:-1] = src
+    np.testing.assert_array_equal(buf, want)
