@@ -4,7 +4,7 @@ CosmoFlow step's convolutions (run: mpiexec -n 2 python bench/halo_call_bench.py
 
 Layouts: ``(batch, C, n, n, n)`` float32 for ``(C, n)`` in ``--layers`` (default CosmoFlow
 32^3, widths 16,32,64,128: (4, 32), (16, 16), (32, 8), (64, 4)), depth split over all
-ranks, 3^3 kernel with padding 1 (halo 1 on both depth sides).  Per layout and rep, each
+ranks (``--split-axis 4``: the width axis instead), 3^3 kernel with padding 1 (halo 1 on both depth sides).  Per layout and rep, each
 rank runs ``--calls`` calls of
 
 * ``forward``: :func:`disttensor.ops._spatial.halo_input` (what a convolution's forward does
@@ -41,9 +41,11 @@ from disttensor.ops._spatial import (halo_gradient, halo_input, spatial_windows,
 COMM = MPI.COMM_WORLD
 
 
-def layout(grid, batch, c, n):
+def layout(grid, batch, c, n, axis=2):
+    split = [None] * 5
+    split[axis] = 0
     x = dt.from_global(np.random.default_rng(c).standard_normal(
-        (batch, c, n, n, n)).astype(np.float32), grid=grid, split=(None, None, 0, None, None))
+        (batch, c, n, n, n)).astype(np.float32), grid=grid, split=tuple(split))
     windows = spatial_windows(3, (3, 3, 3), (1, 1, 1), (1, 1, 1), ((1, 1),) * 3)
     plan = window_plan(x.distribution, windows, grid.coords)
     win = x.with_halo(plan.halo).buffer[plan.read]
@@ -57,9 +59,11 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--calls", type=int, default=50)
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--split-axis", type=int, default=2, choices=(2, 3, 4),
+                    help="the spatial axis split over the ranks (2: depth, 4: width)")
     args = ap.parse_args()
     grid = dt.ProcessGrid((COMM.size,), comm=COMM)
-    cases = [layout(grid, args.batch, *(int(v) for v in s.split(":")))
+    cases = [layout(grid, args.batch, *(int(v) for v in s.split(":")), axis=args.split_axis)
              for s in args.layers.split(",")]
 
     def forward():
@@ -82,12 +86,14 @@ def main() -> None:
                 times[name].append(COMM.allreduce(t, op=MPI.MAX))
     if COMM.rank == 0:
         print(f"# halo_call_bench: {COMM.size} ranks, layers {args.layers}, batch {args.batch}, "
+              f"split axis {args.split_axis}, "
               f"{args.calls} calls x {args.reps} reps; load {os.getloadavg()[0]:.2f}")
         for name, ts in times.items():
             med = statistics.median(ts) * 1e6
             print(f"  {name:8s} CPU us per call of every layer: median {med:.1f} "
                   f"(range {min(ts) * 1e6:.1f}-{max(ts) * 1e6:.1f})")
-            record("halo_call", f"{name} {args.layers}", "cpu_us_per_step", med, "us",
+            axis = "" if args.split_axis == 2 else f" axis {args.split_axis}"
+            record("halo_call", f"{name} {args.layers}{axis}", "cpu_us_per_step", med, "us",
                    better="lower", ranks=COMM.size)
 
 
