@@ -17,7 +17,7 @@ and limit the planner
 3. divides N by dynamic programming: ``T(0) = 0``, ``T(n) = min over (a, b), b <= n, of
    T(n - b) + t(a, b)`` (time adds, the workspace is the largest of the parts; ties go to fewer
    micro-batches), see :func:`optimal_division`; a measured division must beat the
-   undivided plan by ``DISTTENSOR_CONV_TUNE_MARGIN`` (default 10 %) to be taken
+   undivided plan by ``DISTTENSOR_CONV_TUNE_MARGIN`` (default 3 %) to be taken
    (:func:`choose_division`: timing noise must not buy extra calls).
 
 Filter gradients of the micro-batches are summed (the first writes the output, the others add
