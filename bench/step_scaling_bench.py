@@ -262,7 +262,9 @@ def main() -> None:
                     "figures measure the distribution, not the tuner's choices per shape)")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--warmup", type=int, default=12)
+    ap.add_argument("--warmup", type=int, default=30,
+                    help="steps before timing (online conv tuning settles a fresh plan cache "
+                         "in up to 25 calls per pass)")
     args = ap.parse_args()
     if COMM.size != 2:
         raise SystemExit("step_scaling_bench runs on exactly 2 ranks")
