@@ -1,6 +1,7 @@
 """The host buffer pool (disttensor.core.buffer_pool) and the glibc malloc settings
-(disttensor.core.malloc_tuning): an array handed out is never handed out again while anything
-references it (views, memoryviews, frombuffer), a freed one is reused, results behave like
+(disttensor.core.malloc_tuning): an array handed out (by the pool or by its exact-shape
+``Recycler``) is never handed out again while anything references it (views, memoryviews,
+frombuffer), a freed one is reused, results behave like
 ``np.empty``, the limit and the switch hold, size classes are within 25% of the request."""
 from __future__ import annotations
 
@@ -44,11 +45,13 @@ def test_like_np_empty(shape, dtype):
     assert np.all(a == 1)
 
 
+@pytest.mark.parametrize("kind", ["pool", "recycler"])
 @pytest.mark.parametrize("hold", ["array", "slice", "transpose", "reshape", "memoryview",
                                   "frombuffer", "astype-free view"])
-def test_held_array_is_never_handed_out_again(hold):
-    p = pool()
-    a = p.empty((64, 64), np.float32)
+def test_held_array_is_never_handed_out_again(hold, kind):
+    """The size-class pool and the exact-shape recycler (``Recycler``) alike."""
+    p = pool() if kind == "pool" else bp.Recycler(per_key=4)
+    a = p.empty((64, 64), np.dtype(np.float32))
     a[...] = 7
     first = addr(a)
     keep = {"array": lambda: a, "slice": lambda: a[10:20, 3],
@@ -58,15 +61,16 @@ def test_held_array_is_never_handed_out_again(hold):
             "astype-free view": lambda: a.view(np.int32)}[hold]()
     expected = np.array(np.asarray(keep), copy=True)
     del a
-    others = [p.empty((64, 64), np.float32) for _ in range(3)]
+    others = [p.empty((64, 64), np.dtype(np.float32)) for _ in range(3)]
     assert first not in {addr(o) for o in others}
     for o in others:
         o[...] = -1
     assert np.array_equal(np.asarray(keep), expected)    # nothing wrote over the held memory
     del keep, others
-    again = p.empty((64, 64), np.float32)
+    again = p.empty((64, 64), np.dtype(np.float32))
     assert addr(again) == first                 # freed: reused
-    assert p.hits >= 1
+    assert p.hits >= 1 if kind == "pool" else again.base is not None
+    assert again.shape == (64, 64) and again.dtype == np.float32 and again.flags.c_contiguous
 
 
 def test_held_values_survive_reuse_of_other_buffers():
