@@ -123,13 +123,14 @@ def test_limit_drops_idle_then_falls_back():
     assert p.held_bytes() == 0
 
 
-def test_threads_never_share_a_buffer():
-    p = pool()
+@pytest.mark.parametrize("kind", ["pool", "recycler"])
+def test_threads_never_share_a_buffer(kind):
+    p = pool() if kind == "pool" else bp.Recycler(per_key=2)
     errors = []
 
     def work(k):
         for _ in range(200):
-            a = p.empty(512, np.int64)
+            a = p.empty((512,), np.dtype(np.int64))
             a[...] = k
             if not np.all(a == k):
                 errors.append(k)
