@@ -6,7 +6,6 @@ the pool; ``buffer_pool.empty`` routes small requests through the shared recycle
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from disttensor.core import buffer_pool as bp
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .....core.copies import copy_into, fill_zero
+from .....core.copies import copy_into
 from ..conv_operands import check_shapes, conv_out_shape
 from ..scratch import ScratchBuffers
 
