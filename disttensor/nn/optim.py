@@ -448,9 +448,9 @@ class Adam(Optimizer):
         state["step"] = state["step"] + 1
         lr, (beta1, beta2), eps, wd = g["lr"], g["betas"], g["eps"], g["weight_decay"]
         t = state["step"]
-        if not (g["amsgrad"] or g["maximize"] or (wd != 0 and not self._decoupled)) and \
-                _adam_step(d, grad, state["exp_avg"], state["exp_avg_sq"], t, lr, beta1, beta2,
-                          eps, 1 - lr * wd if wd != 0 else 1.0):   # (one compiled pass)
+        if _adam_step(d, grad, state["exp_avg"], state["exp_avg_sq"], t, lr, beta1, beta2, eps,
+                      wd, self._decoupled, g["maximize"],
+                      state["max_exp_avg_sq"] if g["amsgrad"] else None):  # (one compiled pass)
             return
         if _in_place_ok(d, grad):
             self._update_host(d, grad, state, g)
