@@ -40,20 +40,11 @@ import numpy as np
 
 from ..core import profiler as _profiler
 from ..core.backend import array_module, to_host
+from . import optim_compiled as _compiled
 from .optim_scratch import _coefficients, _in_place_ok, _scratch
 
 __all__ = ["Optimizer", "SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "NAdam", "RAdam",
            "flatten_state", "unflatten_state"]
-
-
-def _adam_step(*args) -> bool:
-    """:func:`disttensor.ops.local.cpu.optim_update.adam_step`, imported at the first call
-    (it compiles with Numba, which ``import disttensor`` does not load); the name then refers
-    to it directly."""
-    global _adam_step
-    from ..ops.local.cpu.optim_update import adam_step
-    _adam_step = adam_step
-    return adam_step(*args)
 
 
 class _Required:
@@ -348,6 +339,15 @@ class SGD(Optimizer):
 
     def _update(self, p, grad, state, g):
         d = p.data
+        momentum = g["momentum"]
+        buf = state.get("momentum_buffer") if momentum != 0 else None
+        first = momentum != 0 and buf is None and type(d) is np.ndarray
+        buf = np.empty_like(d) if first else buf    # (kept if the compiled pass takes it)
+        if _compiled.sgd_step(d, grad, buf, g["lr"], momentum, g["dampening"], g["nesterov"],
+                              g["weight_decay"], g["maximize"], first):   # (one compiled pass)
+            if first:
+                state["momentum_buffer"] = buf
+            return
         if _in_place_ok(d, grad):
             self._update_host(d, grad, state, g)
             return
@@ -355,7 +355,6 @@ class SGD(Optimizer):
             grad = -grad
         if g["weight_decay"] != 0:
             grad = grad + g["weight_decay"] * d
-        momentum = g["momentum"]
         if momentum != 0:
             buf = state.get("momentum_buffer")
             if buf is None:
@@ -448,10 +447,10 @@ class Adam(Optimizer):
         state["step"] = state["step"] + 1
         lr, (beta1, beta2), eps, wd = g["lr"], g["betas"], g["eps"], g["weight_decay"]
         t = state["step"]
-        if _adam_step(d, grad, state["exp_avg"], state["exp_avg_sq"], t, lr, beta1, beta2, eps,
-                      wd, self._decoupled, g["maximize"],
-                      state["max_exp_avg_sq"] if g["amsgrad"] else None):  # (one compiled pass)
-            return
+        if _compiled.adam_step(d, grad, state["exp_avg"], state["exp_avg_sq"], t, lr, beta1,
+                               beta2, eps, wd, self._decoupled, g["maximize"],
+                               state["max_exp_avg_sq"] if g["amsgrad"] else None):
+            return   # (one compiled pass)
         if _in_place_ok(d, grad):
             self._update_host(d, grad, state, g)
             return

@@ -1,6 +1,7 @@
-"""Adam's compiled pass (``ops/local/cpu/optim_update``) on parameters of every size gives the
-bits of the plain NumPy expressions (taken through an ndarray subclass, which the compiled pass
-and the scratch path leave alone) over Adam's and AdamW's options, in float32 and float64,
+"""Adam's and SGD's compiled pass (``ops/local/cpu/optim_update``) on parameters of every size
+gives the bits of the plain NumPy expressions (taken through an ndarray subclass, which the
+compiled pass and the scratch path leave alone) over Adam's, AdamW's and SGD's options, in
+float32 and float64,
 including sizes that leave a remainder after the vectorised part of the loop, and where a
 division by zero makes ``inf`` or ``nan`` (``eps=0`` with a zero gradient), as NumPy does."""
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from disttensor.nn.optim import Adam, AdamW
+from disttensor.nn.optim import SGD, Adam, AdamW
 
 
 class Plain(np.ndarray):
@@ -30,6 +31,12 @@ OPTIONS = {
     "adamw": (AdamW, dict(lr=0.02, weight_decay=0.05)),
     "adamw-maximize-amsgrad": (AdamW, dict(lr=0.02, weight_decay=0.3, amsgrad=True,
                                            maximize=True)),
+    "sgd": (SGD, dict(lr=0.05)),
+    "sgd-l2-maximize": (SGD, dict(lr=0.05, weight_decay=0.1, maximize=True)),
+    "sgd-momentum-dampening": (SGD, dict(lr=0.05, momentum=0.9, dampening=0.2,
+                                         weight_decay=0.01)),
+    "sgd-nesterov-maximize": (SGD, dict(lr=0.05, momentum=0.7, nesterov=True,
+                                        maximize=True)),
 }
 
 

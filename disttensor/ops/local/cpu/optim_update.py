@@ -1,4 +1,4 @@
-"""Adam's update of one host parameter in one compiled pass (per rank, no MPI).
+"""Adam's and SGD's update of one host parameter in one compiled pass (per rank, no MPI).
 
 :meth:`disttensor.nn.optim.Adam._update` on NumPy arrays is some twelve NumPy passes per
 parameter (each about a microsecond of call overhead whatever the size, and each a trip
@@ -18,6 +18,9 @@ It covers every option of :class:`~disttensor.nn.optim.Adam` and
 :class:`~disttensor.nn.optim.AdamW` (``amsgrad``, ``maximize``, L2 or decoupled weight
 decay) on float32 or float64 C-contiguous NumPy arrays of one shape and dtype; the caller
 takes its NumPy path otherwise (CuPy arrays, ndarray subclasses, strided views).
+:func:`sgd_step` does the same for :class:`~disttensor.nn.optim.SGD` (momentum, dampening,
+Nesterov, weight decay, ``maximize``): one pass instead of up to seven.  The other optimizers
+(RMSprop, Adagrad, NAdam, RAdam) keep their NumPy passes through scratch buffers.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ import math
 import numpy as np
 from numba import njit
 
-__all__ = ["adam_step"]
+__all__ = ["adam_step", "sgd_step"]
 
 
 @njit(cache=True, error_model="numpy")
@@ -103,6 +106,64 @@ def adam_step(d, grad, m, v, t: int, lr: float, beta1: float, beta2: float, eps:
     _adam(d.reshape(-1), grad.reshape(-1), m.reshape(-1), flat_v,
           flat_v if max_v is None else max_v.reshape(-1), coef, bool(maximize), l2,
           max_v is not None)
+    return True
+
+
+@njit(cache=True, error_model="numpy")
+def _sgd(d, grad, buf, coef, negate, l2, momentum, first, nesterov):
+    """Flat arrays; ``coef`` the scalars in the parameter's dtype, ``(wd, lr, damp, mom)``
+    (``damp`` is ``1 - dampening``).  Per element, in NumPy's order: ``g = -g``
+    (``negate``); ``g = g + p*wd`` (``l2``); with ``momentum``: ``b = g`` (``first``) or
+    ``b = b*mom + g*damp``, then ``g = g + b*mom`` (``nesterov``) or ``g = b`` (``buf``
+    unread without ``momentum``); ``p = p - g*lr``."""
+    wd, lr, damp, mom = coef[0], coef[1], coef[2], coef[3]
+    if momentum:
+        for i in range(d.size):
+            p = d[i]
+            g = grad[i]
+            if negate:
+                g = -g
+            if l2:
+                g = g + p * wd
+            if first:
+                b = g
+            else:
+                b = buf[i] * mom + g * damp
+            buf[i] = b
+            if nesterov:
+                g = g + b * mom
+            else:
+                g = b
+            d[i] = p - g * lr
+    else:
+        for i in range(d.size):
+            p = d[i]
+            g = grad[i]
+            if negate:
+                g = -g
+            if l2:
+                g = g + p * wd
+            d[i] = p - g * lr
+
+
+def sgd_step(d, grad, buf, lr: float, momentum: float, dampening: float, nesterov: bool,
+             weight_decay: float, maximize: bool, first: bool) -> bool:
+    """SGD's update of ``d`` in place, as :meth:`disttensor.nn.optim.SGD._update` computes
+    it; ``buf`` the momentum buffer (``None`` when ``momentum`` is 0), filled with the
+    gradient when ``first`` (its first step: the caller passes a new array) and updated
+    otherwise.  Returns False, touching nothing, where the arrays are not all C-contiguous,
+    writeable NumPy float32 or float64 arrays (not subclasses) of one shape and dtype."""
+    dt, shape = d.dtype, d.shape
+    if not ((dt == np.float32 or dt == np.float64) and _fits(d, dt, shape)
+            and d.flags.writeable and _fits(grad, dt, shape)
+            and (momentum == 0 or (buf is not None and _fits(buf, dt, shape)
+                                   and buf.flags.writeable))):
+        return False
+    coef = _COEF[dt.itemsize == 4]
+    coef[0], coef[1], coef[2], coef[3] = weight_decay, lr, 1 - dampening, momentum
+    flat_d = d.reshape(-1)
+    _sgd(flat_d, grad.reshape(-1), flat_d if momentum == 0 else buf.reshape(-1), coef,
+         bool(maximize), weight_decay != 0, momentum != 0, bool(first), bool(nesterov))
     return True
 
 

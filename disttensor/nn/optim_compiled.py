@@ -1,0 +1,22 @@
+"""The optimizers' compiled one-pass updates (:mod:`disttensor.ops.local.cpu.optim_update`),
+imported at the first call: they compile with Numba, which ``import disttensor`` does not
+load.  After the first call each name refers to the compiled module's function directly.
+Local (no MPI); each returns False, touching nothing, where the arrays are not ones it takes
+(the optimizer then runs its NumPy path)."""
+from __future__ import annotations
+
+__all__ = ["adam_step", "sgd_step"]
+
+
+def adam_step(*args) -> bool:
+    """:func:`disttensor.ops.local.cpu.optim_update.adam_step`."""
+    global adam_step
+    from ..ops.local.cpu.optim_update import adam_step
+    return adam_step(*args)
+
+
+def sgd_step(*args) -> bool:
+    """:func:`disttensor.ops.local.cpu.optim_update.sgd_step`."""
+    global sgd_step
+    from ..ops.local.cpu.optim_update import sgd_step
+    return sgd_step(*args)
