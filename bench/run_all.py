@@ -92,6 +92,8 @@ JOBS = [
     Job("startup", "startup_bench.py", ["--size", "32", "--new-size", "24", "--mem-size", "32"],
         ["--size", "128", "--mem-size", "64", "--baseline"], ranks=(1, 2, 4), timeout=600),
     Job("memory_plan", "memory_plan_bench.py", ["--size", "16", "--reps", "2"], [], ranks=(1,)),
+    Job("optim_step", "optim_step_bench.py", ["--reps", "20"], ["--reps", "100"], mpi=False,
+        threads_per_rank=1),
     Job("backward_update", "backward_update_bench.py",
         ["--size", "16", "--widths", "8,16,32", "--reps", "3"], [], ranks=(2,)),
     # the array library and I/O
