@@ -171,8 +171,10 @@ def _read_window(xin: DistArray, plan: WindowPlan):
 
 
 def _add_bias(y_local, b, nd: int) -> None:
+    """``y_local += b`` over the channel axis, in ``y_local``'s dtype (one compiled pass on
+    CPU, the bits of NumPy's broadcast add)."""
     if b is not None and y_local.size:
-        y_local += b.reshape((1, -1) + (1,) * nd).astype(y_local.dtype, copy=False)
+        kernels_for(y_local).add_channel_bias(y_local, b)
 
 
 def _reduce(arr, comm, reduce: bool):

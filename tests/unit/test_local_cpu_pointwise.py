@@ -278,3 +278,25 @@ def test_errors():
                              np.ones(3))
     with pytest.raises(ValueError, match="shape"):
         pw.softmax_channels_backward(x, x[:, :2])
+
+
+# -- a layer's bias ----------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(2, 3), (2, 5, 4, 3, 7), (1, 4, 0, 2), (3, 2, 9)])
+@pytest.mark.parametrize("layout", ["c", "strided"])
+def test_add_channel_bias_gives_numpy_bits(dtype, shape, layout):
+    """``add_channel_bias`` (compiled on C-contiguous arrays, NumPy's expression otherwise)
+    gives the bits of NumPy's broadcast add, the bias cast to the data's dtype first (a
+    float64 bias on float32 data, non-finite values included), in place."""
+    rng = np.random.default_rng(4)
+    base = rng.standard_normal(shape[:1] + (2 * shape[1],) + shape[2:]).astype(dtype)
+    if base.size:
+        base.reshape(-1)[::7] = np.inf
+    y = base[:, ::2] if layout == "strided" else np.ascontiguousarray(base[:, ::2])
+    b = rng.standard_normal(shape[1]) * 3
+    b[0] = -np.inf
+    with np.errstate(invalid="ignore"):
+        want = y.astype(dtype, copy=True)
+        want += b.reshape((1, -1) + (1,) * (len(shape) - 2)).astype(dtype)
+        pw.add_channel_bias(y, b)
+    assert y.dtype == dtype and y.tobytes() == want.tobytes()

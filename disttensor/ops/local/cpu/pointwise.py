@@ -39,6 +39,7 @@ __all__ = [
     "channel_sums", "bn_forward_apply", "channel_sums_backward", "bn_backward_apply",
     "ACTIVATIONS", "activation_forward", "activation_backward",
     "softmax_channels", "softmax_channels_backward", "log_softmax_channels",
+    "add_channel_bias",
 ]
 
 ACTIVATIONS = ("relu", "leaky_relu", "elu", "sigmoid", "tanh")
@@ -488,3 +489,33 @@ def softmax_channels_backward(dy, y):
     dx = _pool.empty(dy.shape, dy.dtype)
     _softmax_bwd_kernel(_as3d(dy), y3, dx.reshape(y3.shape), _SBLOCK)
     return dx
+
+
+# --------------------------------------------------------------------------------------------
+# a layer's bias added in place
+# --------------------------------------------------------------------------------------------
+
+@njit(cache=True, error_model="numpy")
+def _channel_bias_kernel(y, b):
+    n_n, c_n, q_n = y.shape
+    for n in range(n_n):
+        for c in range(c_n):
+            bc = b[c]
+            for q in range(q_n):
+                y[n, c, q] = y[n, c, q] + bc
+
+
+def add_channel_bias(y, b) -> None:
+    """``y[n, c, ...] += b[c]`` in place (``y`` ``(N, C, *spatial)``, ``b`` ``(C,)``), ``b``
+    cast to ``y``'s dtype first: the sum is made in ``y``'s dtype, the same bits as NumPy's
+    ``y += b.reshape(1, -1, 1, ...)`` (the exception to this module's float64 rule; one pass
+    over ``y``, where NumPy's broadcast add is up to 4x slower on blocks of 16^3 positions).
+    A ``y`` that is not a writeable C-contiguous NumPy array takes NumPy's expression."""
+    b = b.astype(y.dtype, copy=False)
+    if type(y) is np.ndarray and y.ndim >= 2 and y.flags.c_contiguous and y.flags.writeable \
+            and (y.dtype == np.float32 or y.dtype == np.float64) and b.shape == (y.shape[1],):
+        if y.size:
+            _channel_bias_kernel(y.reshape(y.shape[0], y.shape[1], -1),
+                                 np.ascontiguousarray(b))
+        return
+    y += b.reshape((1, -1) + (1,) * (y.ndim - 2))

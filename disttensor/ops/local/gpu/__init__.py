@@ -23,8 +23,8 @@ on a machine without them.
 """
 from __future__ import annotations
 
-from .activations import (activation_backward, activation_forward, log_softmax_channels,
-                          softmax_channels, softmax_channels_backward)
+from .activations import (activation_backward, activation_forward, add_channel_bias,
+                          log_softmax_channels, softmax_channels, softmax_channels_backward)
 from .activations_more import (pointwise_activation_backward, pointwise_activation_forward,
                                prelu_backward, prelu_forward)
 from .batchnorm import bn_backward_apply, bn_forward_apply, channel_sums, channel_sums_backward
@@ -41,7 +41,7 @@ __all__ = [
     "conv_forward", "conv_backward_data", "conv_backward_filter",
     "pool_forward", "pool_backward",
     "channel_sums", "bn_forward_apply", "channel_sums_backward", "bn_backward_apply",
-    "activation_forward", "activation_backward",
+    "activation_forward", "activation_backward", "add_channel_bias",
     "softmax_channels", "log_softmax_channels", "softmax_channels_backward",
     "pointwise_activation_forward", "pointwise_activation_backward", "prelu_forward",
     "prelu_backward",

@@ -111,3 +111,9 @@ def softmax_channels_backward(dy, y):
     launch(kernel("pointwise", f"softmax_channels_backward<{T}>"), N * S,
            (dy, y, dx) + i64(C, S, N * S))
     return dx
+
+
+def add_channel_bias(y, b) -> None:
+    """``y[n, c, ...] += b[c]`` in place, ``b`` cast to ``y``'s dtype first (the contract of
+    :func:`..cpu.pointwise.add_channel_bias`)."""
+    y += b.astype(y.dtype, copy=False).reshape((1, -1) + (1,) * (y.ndim - 2))
