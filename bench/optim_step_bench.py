@@ -1,6 +1,7 @@
-"""The optimizer's share of a training step: ``step()`` over the parameters of a CosmoFlow
-(default 32^3 input, 4 channels, conv widths 16,32,64,128, dense 64,32 as in step_scaling_bench: 360k float32
-parameters in 14 arrays), with the compiled one-pass updates
+"""The optimizer's share of a training step: ``step()`` of Adam, AdamW, Adam with amsgrad,
+SGD with momentum, RMSprop and Adagrad over the parameters of a CosmoFlow (default 32^3
+input, 4 channels, conv widths 16,32,64,128, dense 64,32 as in ``step_scaling_bench.py``:
+360k float32 parameters in 14 arrays), with the compiled one-pass updates
 (:mod:`disttensor.ops.local.cpu.optim_update`) against the NumPy passes through scratch
 buffers that the optimizers take without them, in the same run, interleaved.
 
@@ -35,6 +36,8 @@ CASES = {
     "AdamW": lambda ps: nn.optim.AdamW(ps, lr=1e-4, weight_decay=1e-2),
     "Adam amsgrad": lambda ps: nn.optim.Adam(ps, lr=1e-4, amsgrad=True),
     "SGD momentum": lambda ps: nn.optim.SGD(ps, lr=1e-3, momentum=0.9, weight_decay=1e-4),
+    "RMSprop": lambda ps: nn.optim.RMSprop(ps, lr=1e-3),
+    "Adagrad": lambda ps: nn.optim.Adagrad(ps, lr=1e-2),
 }
 
 
@@ -55,7 +58,7 @@ def main():
     for p in ps:
         p.grad = (rng.standard_normal(p.data.shape) * 1e-3).astype(p.data.dtype)
     n = sum(p.data.size for p in ps)
-    real = {"adam_step": optim_update.adam_step, "sgd_step": optim_update.sgd_step}
+    real = {f: getattr(optim_update, f) for f in optim_update.__all__}
     evict = np.empty(64 * 2 ** 20 // 8)
     print(f"optimizer step over {len(ps)} parameters, {n} elements (float32), "
           f"{args.size}^3 CosmoFlow; medians of {args.reps} interleaved steps (ms)")

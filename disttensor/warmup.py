@@ -10,10 +10,11 @@ step on one core).
 
 This command runs the common signatures once: a small CosmoFlow and a small 3D U-Net, forward
 and backward with their losses and Adam, a few pointwise, normalization and resampling ops
-and an SGD step, in float32 and float64, first on rank 0 alone, then (under ``mpiexec -n 2``)
-on all ranks with the grid split along depth, so the halo'd, non-contiguous block views that
-only multi-rank runs pass to the kernels are compiled too.  Every convolution algorithm the tuner may pick runs at least once (tuning runs in benchmark mode with a zero
-budget into a throw-away plan cache, so the user's plan cache is left alone).
+and SGD, RMSprop and Adagrad steps, in float32 and float64, first on rank 0 alone, then
+(under ``mpiexec -n 2``) on all ranks with the grid split along depth, so the halo'd,
+non-contiguous block views that only multi-rank runs pass to the kernels are compiled too.
+Every convolution algorithm the tuner may pick runs at least once (tuning runs in benchmark
+mode with a zero budget into a throw-away plan cache, so the user's plan cache is left alone).
 
 Cheap when already warm: a stamp (a hash of the kernel sources, Python, NumPy, Numba and the
 CPU) is written next to the cache after a successful warm-up, and a later run with the same
@@ -140,9 +141,11 @@ def _steps(grid, dtype: str):
         y = F.group_norm(F.silu(y), 2)
         y = F.interpolate(y, scale_factor=2, mode="trilinear")
         (y * y).sum().backward()
-        w = nn.Parameter(np.ones(8, dtype))          # SGD's compiled update (Adam's ran above)
+        w = nn.Parameter(np.ones(8, dtype))     # the other compiled updates (Adam's ran above)
         w.grad = np.full(8, 0.5, dtype)
-        nn.optim.SGD([w], lr=0.1, momentum=0.9).step()
+        for opt in (nn.optim.SGD([w], lr=0.1, momentum=0.9), nn.optim.RMSprop([w]),
+                    nn.optim.Adagrad([w])):
+            opt.step()
 
     return {"cosmoflow": cosmoflow, "unet3d": unet, "pointwise": pointwise}
 

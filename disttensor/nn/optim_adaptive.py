@@ -20,6 +20,7 @@ import math
 import numpy as np
 
 from ..core.backend import array_module
+from . import optim_compiled as _compiled
 from .optim import Optimizer, _check_real
 from .optim_scratch import _coefficients, _in_place_ok, _scratch
 
@@ -139,6 +140,12 @@ class RMSprop(Optimizer):
             state["momentum_buffer"] = xp.zeros_like(d)
         if g["centered"] and "grad_avg" not in state:
             state["grad_avg"] = xp.zeros_like(d)
+        if _compiled.rmsprop_step(d, grad, state["square_avg"], state.get("grad_avg")
+                                  if g["centered"] else None, state.get("momentum_buffer")
+                                  if g["momentum"] > 0 else None, g["lr"], g["alpha"],
+                                  g["eps"], g["weight_decay"], g["momentum"], g["maximize"]):
+            state["step"] += 1                  # (one compiled pass)
+            return
         if _in_place_ok(d, grad):
             state["step"] += 1
             self._update_host(d, grad, state, g)
@@ -230,6 +237,9 @@ class Adagrad(Optimizer):
             state["sum"] = array_module(d).full_like(d, g["initial_accumulator_value"])
         state["step"] = t = state["step"] + 1
         clr = g["lr"] / (1 + (t - 1) * g["lr_decay"])
+        if _compiled.adagrad_step(d, grad, state["sum"], clr, g["eps"], g["weight_decay"],
+                                  g["maximize"]):
+            return                              # (one compiled pass)
         if _in_place_ok(d, grad):
             grad = _host_grad(self, d, grad, g, g["weight_decay"])
             work, std = _scratch(self, "work", d), _scratch(self, "denom", d)

@@ -5,7 +5,7 @@ Local (no MPI); each returns False, touching nothing, where the arrays are not o
 (the optimizer then runs its NumPy path)."""
 from __future__ import annotations
 
-__all__ = ["adam_step", "sgd_step"]
+__all__ = ["adam_step", "sgd_step", "rmsprop_step", "adagrad_step"]
 
 
 def adam_step(*args) -> bool:
@@ -20,3 +20,17 @@ def sgd_step(*args) -> bool:
     global sgd_step
     from ..ops.local.cpu.optim_update import sgd_step
     return sgd_step(*args)
+
+
+def rmsprop_step(*args) -> bool:
+    """:func:`disttensor.ops.local.cpu.optim_update.rmsprop_step`."""
+    global rmsprop_step
+    from ..ops.local.cpu.optim_update import rmsprop_step
+    return rmsprop_step(*args)
+
+
+def adagrad_step(*args) -> bool:
+    """:func:`disttensor.ops.local.cpu.optim_update.adagrad_step`."""
+    global adagrad_step
+    from ..ops.local.cpu.optim_update import adagrad_step
+    return adagrad_step(*args)

@@ -46,8 +46,10 @@ CASES = {
     "radam-decoupled-max": (RAdam, dict(lr=0.02, weight_decay=0.1, decoupled_weight_decay=True,
                                         maximize=True, betas=(0.3, 0.9))),
 }
-FUSED = {"adam", "adam-wd-ams-max", "adamw",          # Adam's and SGD's compiled pass
-         "sgd", "sgd-mom-wd", "sgd-nesterov-max"}       # (no scratch buffers)
+FUSED = {"adam", "adam-wd-ams-max", "adamw",          # the compiled passes (no scratch
+         "sgd", "sgd-mom-wd", "sgd-nesterov-max",       # buffers); NAdam and RAdam take
+         "rmsprop", "rmsprop-centered-mom-wd-max",      # the scratch
+         "rmsprop-centered-lerp-high", "adagrad", "adagrad-max"}
 SHAPES = [(3, 4, 5), (7,), (2, 50)]   # different sizes: the shared scratch grows and is reused
 
 

@@ -1,7 +1,7 @@
-"""Adam's and SGD's compiled pass (``ops/local/cpu/optim_update``) on parameters of every size
-gives the bits of the plain NumPy expressions (taken through an ndarray subclass, which the
-compiled pass and the scratch path leave alone) over Adam's, AdamW's and SGD's options, in
-float32 and float64,
+"""The optimizers' compiled passes (``ops/local/cpu/optim_update``) on parameters of every
+size give the bits of the plain NumPy expressions (taken through an ndarray subclass, which
+the compiled pass and the scratch path leave alone) over the options of Adam, AdamW, SGD,
+RMSprop and Adagrad, in float32 and float64,
 including sizes that leave a remainder after the vectorised part of the loop, and where a
 division by zero makes ``inf`` or ``nan`` (``eps=0`` with a zero gradient), as NumPy does."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from disttensor.nn.optim import SGD, Adam, AdamW
+from disttensor.nn.optim import SGD, Adagrad, Adam, AdamW, RMSprop
 
 
 class Plain(np.ndarray):
@@ -37,6 +37,13 @@ OPTIONS = {
                                          weight_decay=0.01)),
     "sgd-nesterov-maximize": (SGD, dict(lr=0.05, momentum=0.7, nesterov=True,
                                         maximize=True)),
+    "rmsprop": (RMSprop, dict(lr=0.01)),
+    "rmsprop-centered-momentum-l2": (RMSprop, dict(lr=0.01, alpha=0.9, momentum=0.5,
+                                                   centered=True, weight_decay=0.1)),
+    "rmsprop-centered-lerp-high-maximize": (RMSprop, dict(lr=0.01, alpha=0.2, centered=True,
+                                                          maximize=True)),
+    "adagrad-l2-decay": (Adagrad, dict(lr=0.1, lr_decay=0.01, weight_decay=0.1)),
+    "adagrad-maximize": (Adagrad, dict(lr=0.1, initial_accumulator_value=0.5, maximize=True)),
 }
 
 

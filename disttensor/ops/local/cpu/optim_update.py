@@ -1,4 +1,4 @@
-"""Adam's and SGD's update of one host parameter in one compiled pass (per rank, no MPI).
+"""The optimizers' update of one host parameter in one compiled pass (per rank, no MPI).
 
 :meth:`disttensor.nn.optim.Adam._update` on NumPy arrays is some twelve NumPy passes per
 parameter (each about a microsecond of call overhead whatever the size, and each a trip
@@ -18,9 +18,10 @@ It covers every option of :class:`~disttensor.nn.optim.Adam` and
 :class:`~disttensor.nn.optim.AdamW` (``amsgrad``, ``maximize``, L2 or decoupled weight
 decay) on float32 or float64 C-contiguous NumPy arrays of one shape and dtype; the caller
 takes its NumPy path otherwise (CuPy arrays, ndarray subclasses, strided views).
-:func:`sgd_step` does the same for :class:`~disttensor.nn.optim.SGD` (momentum, dampening,
-Nesterov, weight decay, ``maximize``): one pass instead of up to seven.  The other optimizers
-(RMSprop, Adagrad, NAdam, RAdam) keep their NumPy passes through scratch buffers.
+:func:`sgd_step`, :func:`rmsprop_step` and :func:`adagrad_step` do the same for
+:class:`~disttensor.nn.optim.SGD`, :class:`~disttensor.nn.optim.RMSprop` and
+:class:`~disttensor.nn.optim.Adagrad` with all their options.  NAdam and RAdam keep their
+NumPy passes through scratch buffers.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ import math
 import numpy as np
 from numba import njit
 
-__all__ = ["adam_step", "sgd_step"]
+__all__ = ["adam_step", "sgd_step", "rmsprop_step", "adagrad_step"]
 
 
 @njit(cache=True, error_model="numpy")
@@ -164,6 +165,105 @@ def sgd_step(d, grad, buf, lr: float, momentum: float, dampening: float, nestero
     flat_d = d.reshape(-1)
     _sgd(flat_d, grad.reshape(-1), flat_d if momentum == 0 else buf.reshape(-1), coef,
          bool(maximize), weight_decay != 0, momentum != 0, bool(first), bool(nesterov))
+    return True
+
+
+@njit(cache=True, error_model="numpy")
+def _rmsprop(d, grad, v, a, buf, coef, negate, l2, centered, lerp_low, momentum):
+    """Flat arrays; ``coef`` ``(wd, alpha, 1 - alpha, w, eps, lr, mom)`` in the dtype, ``w``
+    the lerp's coefficient (``1 - alpha`` when ``lerp_low``, else ``1 - (1 - alpha)``).  Per
+    element, in NumPy's order: ``g = -g``; ``g = g + p*wd``; ``v = v*alpha + (g*g)*(1 -
+    alpha)``; centered: ``a = a + (g - a)*w`` (``lerp_low``) or ``g - (g - a)*w``, ``r =
+    sqrt(v - a*a)``, else ``r = sqrt(v)``; ``r = r + eps``; momentum: ``b = b*mom + g/r``,
+    ``p = p - b*lr``; else ``p = p - (g/r)*lr`` (``a``, ``buf`` unread when not used)."""
+    wd, alpha, c1a, w, eps, lr, mom = coef[0], coef[1], coef[2], coef[3], coef[4], coef[5], \
+        coef[6]
+    for i in range(d.size):
+        p = d[i]
+        g = grad[i]
+        if negate:
+            g = -g
+        if l2:
+            g = g + p * wd
+        vi = v[i] * alpha + (g * g) * c1a
+        v[i] = vi
+        if centered:
+            ai = a[i]
+            if lerp_low:
+                ai = ai + (g - ai) * w
+            else:
+                ai = g - (g - ai) * w
+            a[i] = ai
+            r = np.sqrt(vi - ai * ai)
+        else:
+            r = np.sqrt(vi)
+        r = r + eps
+        if momentum:
+            b = buf[i] * mom + g / r
+            buf[i] = b
+            d[i] = p - b * lr
+        else:
+            d[i] = p - (g / r) * lr
+
+
+def rmsprop_step(d, grad, v, a, buf, lr: float, alpha: float, eps: float, weight_decay: float,
+                 momentum: float, maximize: bool) -> bool:
+    """RMSprop's update of ``d`` in place, as :meth:`disttensor.nn.optim.RMSprop._update`
+    computes it: ``v`` the ``square_avg``, ``a`` the ``grad_avg`` (``None`` unless centered),
+    ``buf`` the momentum buffer (``None`` when ``momentum`` is 0).  Returns False, touching
+    nothing, where the arrays are not all C-contiguous, writeable NumPy float32 or float64
+    arrays (not subclasses) of one shape and dtype."""
+    dt, shape = d.dtype, d.shape
+    if not ((dt == np.float32 or dt == np.float64) and _fits(d, dt, shape)
+            and d.flags.writeable and _fits(grad, dt, shape) and _fits(v, dt, shape)
+            and (a is None or _fits(a, dt, shape))
+            and (momentum <= 0 or (buf is not None and _fits(buf, dt, shape)))):
+        return False
+    coef = _COEF[dt.itemsize == 4]
+    weight = 1 - alpha                       # (the lerp of torch.lerp_, as _lerp_host)
+    coef[0], coef[1], coef[2], coef[3] = weight_decay, alpha, 1 - alpha, \
+        weight if weight < 0.5 else 1 - weight
+    coef[4], coef[5], coef[6] = eps, lr, momentum
+    flat_v = v.reshape(-1)
+    _rmsprop(d.reshape(-1), grad.reshape(-1), flat_v,
+             flat_v if a is None else a.reshape(-1),
+             flat_v if momentum <= 0 else buf.reshape(-1), coef, bool(maximize),
+             weight_decay != 0, a is not None, weight < 0.5, momentum > 0)
+    return True
+
+
+@njit(cache=True, error_model="numpy")
+def _adagrad(d, grad, s, coef, negate, l2):
+    """Flat arrays; ``coef`` ``(wd, eps, clr)`` in the dtype.  Per element, in NumPy's
+    order: ``g = -g``; ``g = g + p*wd``; ``s = s + g*g``; ``p = p - (g / (sqrt(s) + eps))
+    * clr``."""
+    wd, eps, clr = coef[0], coef[1], coef[2]
+    for i in range(d.size):
+        p = d[i]
+        g = grad[i]
+        if negate:
+            g = -g
+        if l2:
+            g = g + p * wd
+        si = s[i] + g * g
+        s[i] = si
+        d[i] = p - (g / (np.sqrt(si) + eps)) * clr
+
+
+def adagrad_step(d, grad, s, clr: float, eps: float, weight_decay: float,
+                 maximize: bool) -> bool:
+    """Adagrad's update of ``d`` in place with its ``sum`` ``s`` and the step's rate ``clr``,
+    as :meth:`disttensor.nn.optim.Adagrad._update` computes it.  Returns False, touching
+    nothing, where the arrays are not all C-contiguous, writeable NumPy float32 or float64
+    arrays (not subclasses) of one shape and dtype."""
+    dt, shape = d.dtype, d.shape
+    if not ((dt == np.float32 or dt == np.float64) and _fits(d, dt, shape)
+            and d.flags.writeable and _fits(grad, dt, shape) and _fits(s, dt, shape)):
+        return False
+    coef = _COEF[dt.itemsize == 4]
+    coef[0], coef[1], coef[2] = weight_decay, eps, clr
+    _adagrad(d.reshape(-1), grad.reshape(-1), s.reshape(-1), coef, bool(maximize),
+             weight_decay != 0)
     return True
 
 
