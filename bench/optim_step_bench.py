@@ -1,7 +1,7 @@
 """The optimizer's share of a training step: ``step()`` of Adam, AdamW, Adam with amsgrad,
-SGD with momentum, RMSprop and Adagrad over the parameters of a CosmoFlow (default 32^3
-input, 4 channels, conv widths 16,32,64,128, dense 64,32 as in ``step_scaling_bench.py``:
-360k float32 parameters in 14 arrays), with the compiled one-pass updates
+SGD with momentum, RMSprop, Adagrad, NAdam and RAdam over the parameters of a CosmoFlow
+(default 32^3 input, 4 channels, conv widths 16,32,64,128, dense 64,32 as in
+``step_scaling_bench.py``: 360k float32 parameters in 14 arrays), with the compiled one-pass updates
 (:mod:`disttensor.ops.local.cpu.optim_update`) against the NumPy passes through scratch
 buffers that the optimizers take without them, in the same run, interleaved.
 
@@ -38,6 +38,8 @@ CASES = {
     "SGD momentum": lambda ps: nn.optim.SGD(ps, lr=1e-3, momentum=0.9, weight_decay=1e-4),
     "RMSprop": lambda ps: nn.optim.RMSprop(ps, lr=1e-3),
     "Adagrad": lambda ps: nn.optim.Adagrad(ps, lr=1e-2),
+    "NAdam": lambda ps: nn.optim.NAdam(ps),
+    "RAdam": lambda ps: nn.optim.RAdam(ps),
 }
 
 

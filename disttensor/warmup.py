@@ -10,7 +10,7 @@ step on one core).
 
 This command runs the common signatures once: a small CosmoFlow and a small 3D U-Net, forward
 and backward with their losses and Adam, a few pointwise, normalization and resampling ops
-and SGD, RMSprop and Adagrad steps, in float32 and float64, first on rank 0 alone, then
+and a step of each other optimizer, in float32 and float64, first on rank 0 alone, then
 (under ``mpiexec -n 2``) on all ranks with the grid split along depth, so the halo'd,
 non-contiguous block views that only multi-rank runs pass to the kernels are compiled too.
 Every convolution algorithm the tuner may pick runs at least once (tuning runs in benchmark
@@ -144,7 +144,7 @@ def _steps(grid, dtype: str):
         w = nn.Parameter(np.ones(8, dtype))     # the other compiled updates (Adam's ran above)
         w.grad = np.full(8, 0.5, dtype)
         for opt in (nn.optim.SGD([w], lr=0.1, momentum=0.9), nn.optim.RMSprop([w]),
-                    nn.optim.Adagrad([w])):
+                    nn.optim.Adagrad([w]), nn.optim.NAdam([w]), nn.optim.RAdam([w])):
             opt.step()
 
     return {"cosmoflow": cosmoflow, "unet3d": unet, "pointwise": pointwise}

@@ -328,14 +328,19 @@ class NAdam(Optimizer):
     def _update_host(self, d, grad, state, g, t):
         lr, (beta1, beta2), wd, psi = g["lr"], g["betas"], g["weight_decay"], g["momentum_decay"]
         bias_correction2 = 1 - beta2 ** t
-        if wd != 0 and g["decoupled_weight_decay"]:
-            _decay_host(self, d, g, wd)
-            wd = 0.0
-        grad = _host_grad(self, d, grad, g, wd)
         mu = beta1 * (1.0 - 0.5 * (0.96 ** (t * psi)))
         mu_next = beta1 * (1.0 - 0.5 * (0.96 ** ((t + 1) * psi)))
         state["mu_product"] = mu_product = float(state["mu_product"]) * mu
         m, v = state["exp_avg"], state["exp_avg_sq"]
+        if _compiled.nadam_step(d, grad, m, v, lr, beta1, beta2, wd, g["decoupled_weight_decay"],
+                                g["maximize"], bias_correction2, g["eps"],
+                                -lr * (1.0 - mu) / (1.0 - mu_product),
+                                (-lr * mu_next) / (1.0 - mu_product * mu_next)):
+            return                              # (one compiled pass)
+        if wd != 0 and g["decoupled_weight_decay"]:
+            _decay_host(self, d, g, wd)
+            wd = 0.0
+        grad = _host_grad(self, d, grad, g, wd)
         _lerp_host(self, m, grad, 1 - beta1)
         _second_moment_host(self, v, grad, beta2)
         mu_product_next = mu_product * mu_next
@@ -418,20 +423,24 @@ class RAdam(Optimizer):
 
     def _update_host(self, d, grad, state, g, t):
         lr, (beta1, beta2), wd = g["lr"], g["betas"], g["weight_decay"]
-        if wd != 0 and g["decoupled_weight_decay"]:
-            _decay_host(self, d, g, wd)
-            wd = 0.0
-        grad = _host_grad(self, d, grad, g, wd)
         m, v = state["exp_avg"], state["exp_avg_sq"]
-        _lerp_host(self, m, grad, 1 - beta1)
-        _second_moment_host(self, v, grad, beta2)
         bias_correction1 = 1 - beta1 ** t
         bias_correction2 = 1 - beta2 ** t
         rho_inf = 2 / (1 - beta2) - 1
         rho_t = rho_inf - 2 * t * (beta2 ** t) / bias_correction2
-        m_hat = _scratch(self, "m_hat", d)
         rect = math.sqrt((rho_t - 4) * (rho_t - 2) * rho_inf
                          / ((rho_inf - 4) * (rho_inf - 2) * rho_t)) if rho_t > 5.0 else 0.0
+        if _compiled.radam_step(d, grad, m, v, lr, beta1, beta2, wd, g["decoupled_weight_decay"],
+                                g["maximize"], bias_correction1, g["eps"],
+                                bias_correction2 ** 0.5, rect, rho_t > 5.0):
+            return                              # (one compiled pass)
+        if wd != 0 and g["decoupled_weight_decay"]:
+            _decay_host(self, d, g, wd)
+            wd = 0.0
+        grad = _host_grad(self, d, grad, g, wd)
+        _lerp_host(self, m, grad, 1 - beta1)
+        _second_moment_host(self, v, grad, beta2)
+        m_hat = _scratch(self, "m_hat", d)
         c_bc1, c_lr, c_eps, c_root, c_rect = _coefficients(
             self, "radam", d.dtype, bias_correction1, lr, g["eps"], bias_correction2 ** 0.5, rect)
         np.divide(m, c_bc1, out=m_hat)

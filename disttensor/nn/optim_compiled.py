@@ -5,7 +5,8 @@ Local (no MPI); each returns False, touching nothing, where the arrays are not o
 (the optimizer then runs its NumPy path)."""
 from __future__ import annotations
 
-__all__ = ["adam_step", "sgd_step", "rmsprop_step", "adagrad_step"]
+__all__ = ["adam_step", "sgd_step", "rmsprop_step", "adagrad_step", "nadam_step",
+           "radam_step"]
 
 
 def adam_step(*args) -> bool:
@@ -34,3 +35,17 @@ def adagrad_step(*args) -> bool:
     global adagrad_step
     from ..ops.local.cpu.optim_update import adagrad_step
     return adagrad_step(*args)
+
+
+def nadam_step(*args) -> bool:
+    """:func:`disttensor.ops.local.cpu.optim_update.nadam_step`."""
+    global nadam_step
+    from ..ops.local.cpu.optim_update import nadam_step
+    return nadam_step(*args)
+
+
+def radam_step(*args) -> bool:
+    """:func:`disttensor.ops.local.cpu.optim_update.radam_step`."""
+    global radam_step
+    from ..ops.local.cpu.optim_update import radam_step
+    return radam_step(*args)

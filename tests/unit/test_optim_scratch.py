@@ -1,10 +1,9 @@
-"""The optimizers' NumPy paths, the one whose temporaries live in scratch buffers shared by
-the parameters (coefficients in 0-d arrays) and Adam's one compiled pass for small parameters
-(``ops/local/cpu/optim_update``: no amsgrad, no maximize, no coupled weight decay), give
-bit-for-bit the parameters and state of the plain expressions (taken here through an ndarray
-subclass, which both leave alone), and all match a float64 reference of PyTorch's Adam formula;
-the scratch never enters the state dict, and a steady step of either allocates no NumPy
-array."""
+"""The optimizers' NumPy paths, the one-pass compiled update (``ops/local/cpu/optim_update``,
+C-contiguous parameters) and the one whose temporaries live in scratch buffers shared by the
+parameters (coefficients in 0-d arrays; strided parameters), give bit-for-bit the parameters
+and state of the plain expressions (taken here through an ndarray subclass, which both leave
+alone), and all match a float64 reference of PyTorch's Adam formula; the scratch never enters
+the state dict, and a steady step of either allocates no NumPy array."""
 from __future__ import annotations
 
 import math
@@ -46,34 +45,38 @@ CASES = {
     "radam-decoupled-max": (RAdam, dict(lr=0.02, weight_decay=0.1, decoupled_weight_decay=True,
                                         maximize=True, betas=(0.3, 0.9))),
 }
-FUSED = {"adam", "adam-wd-ams-max", "adamw",          # the compiled passes (no scratch
-         "sgd", "sgd-mom-wd", "sgd-nesterov-max",       # buffers); NAdam and RAdam take
-         "rmsprop", "rmsprop-centered-mom-wd-max",      # the scratch
-         "rmsprop-centered-lerp-high", "adagrad", "adagrad-max"}
 SHAPES = [(3, 4, 5), (7,), (2, 50)]   # different sizes: the shared scratch grows and is reused
+PATHS = ("compiled", "scratch")       # C-contiguous parameters; strided views of a larger array
 
 
-def run(case, dtype, plain, steps=8):
+def run(case, dtype, path, steps=8):
+    """``path``: "compiled" (C-contiguous NumPy parameters: the one-pass update), "scratch"
+    (strided views, which the compiled pass refuses) or "plain" (an ndarray subclass)."""
     cls, kw = CASES[case]
     rng = np.random.default_rng(5)
     params = []
     for s in SHAPES:
         d = rng.standard_normal(s).astype(dtype)
-        params.append(Param(d.view(Plain) if plain else d))
+        if path == "scratch":
+            wide = np.zeros(s + (2,), dtype)
+            wide[..., 0] = d
+            d = wide[..., 0]
+        params.append(Param(d.view(Plain) if path == "plain" else d))
     opt = cls(params, **kw)
     for _ in range(steps):
         for p in params:
             g = rng.standard_normal(p.data.shape).astype(dtype)
-            p.grad = g.view(Plain) if plain else g
+            p.grad = g.view(Plain) if path == "plain" else g
         opt.step()
     return [np.asarray(p.data) for p in params], opt
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_scratch_path_is_bit_identical(case, dtype):
-    got, opt = run(case, dtype, plain=False)
-    want, ref = run(case, dtype, plain=True)
+@pytest.mark.parametrize("path", PATHS)
+def test_scratch_path_is_bit_identical(case, dtype, path):
+    got, opt = run(case, dtype, path)
+    want, ref = run(case, dtype, "plain")
     for a, b in zip(got, want):
         assert a.dtype == dtype and a.tobytes() == b.tobytes()
     for p, q in zip(opt._indexed_params(), ref._indexed_params()):
@@ -81,7 +84,7 @@ def test_scratch_path_is_bit_identical(case, dtype):
         assert sorted(s) == sorted(r)
         for k in s:
             assert np.asarray(s[k]).tobytes() == np.asarray(r[k]).tobytes(), k
-    if case in FUSED:   # the compiled pass ran (the scratch path would have made buffers)
+    if path == "compiled":   # the compiled pass ran (the scratch path would have made buffers)
         assert "_scratch_buffers" not in opt.__dict__
     else:
         assert opt.__dict__.get("_scratch_buffers")       # the scratch path ran
@@ -94,14 +97,14 @@ def test_scratch_path_is_bit_identical(case, dtype):
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_steady_step_allocates_no_array(case):
-    """After the first step (state and scratch made), a step on NumPy parameters asks NumPy
-    for no data buffer; the plain path (an ndarray subclass) asks for some, which shows the
-    count sees the update's temporaries."""
-    for plain in (False, True):
-        _, opt = run(case, np.float32, plain=plain, steps=2)
+    """After the first step (state and scratch made), a step on NumPy parameters (compiled
+    pass or scratch path) asks NumPy for no data buffer; the plain path (an ndarray
+    subclass) asks for some, which shows the count sees the update's temporaries."""
+    for path in PATHS + ("plain",):
+        _, opt = run(case, np.float32, path, steps=2)
         with numpy_allocations() as seen:
             opt.step()
-        assert (seen.count == 0) != plain, (case, plain, seen)
+        assert (seen.count == 0) != (path == "plain"), (case, path, seen)
 
 
 def test_strided_adam_parameters_take_the_scratch_path():
@@ -122,7 +125,7 @@ def test_strided_adam_parameters_take_the_scratch_path():
 
 
 def test_adam_matches_float64_reference():
-    got, _ = run("adam", np.float64, plain=False, steps=3)
+    got, _ = run("adam", np.float64, "compiled", steps=3)
     rng = np.random.default_rng(5)
     ps = [rng.standard_normal(s) for s in SHAPES]
     m = [np.zeros_like(p) for p in ps]

@@ -1,15 +1,15 @@
 """The optimizers' compiled passes (``ops/local/cpu/optim_update``) on parameters of every
 size give the bits of the plain NumPy expressions (taken through an ndarray subclass, which
-the compiled pass and the scratch path leave alone) over the options of Adam, AdamW, SGD,
-RMSprop and Adagrad, in float32 and float64,
-including sizes that leave a remainder after the vectorised part of the loop, and where a
-division by zero makes ``inf`` or ``nan`` (``eps=0`` with a zero gradient), as NumPy does."""
+the compiled pass and the scratch path leave alone) over the options of every optimizer, in
+float32 and float64, including sizes that leave a remainder after the vectorised part of the
+loop, and where a division by zero makes ``inf`` or ``nan`` (``eps=0`` with a zero
+gradient), as NumPy does."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from disttensor.nn.optim import SGD, Adagrad, Adam, AdamW, RMSprop
+from disttensor.nn.optim import SGD, Adagrad, Adam, AdamW, NAdam, RAdam, RMSprop
 
 
 class Plain(np.ndarray):
@@ -44,10 +44,18 @@ OPTIONS = {
                                                           maximize=True)),
     "adagrad-l2-decay": (Adagrad, dict(lr=0.1, lr_decay=0.01, weight_decay=0.1)),
     "adagrad-maximize": (Adagrad, dict(lr=0.1, initial_accumulator_value=0.5, maximize=True)),
+    "nadam-l2": (NAdam, dict(lr=0.02, weight_decay=0.1)),
+    "nadam-decoupled-maximize-lerp-high": (NAdam, dict(lr=0.02, weight_decay=0.1, maximize=True,
+                                                       decoupled_weight_decay=True,
+                                                       betas=(0.4, 0.99))),
+    "radam-l2": (RAdam, dict(lr=0.02, weight_decay=0.1)),   # (rho_t > 5 from step 6)
+    "radam-decoupled-maximize-lerp-high": (RAdam, dict(lr=0.02, weight_decay=0.1, maximize=True,
+                                                       decoupled_weight_decay=True,
+                                                       betas=(0.3, 0.9))),
 }
 
 
-def run(case, dtype, plain, steps=4, zero_every=0):
+def run(case, dtype, plain, steps=7, zero_every=0):
     cls, kw = OPTIONS[case]
     rng = np.random.default_rng(11)
     params = []

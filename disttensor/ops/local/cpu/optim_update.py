@@ -18,10 +18,11 @@ It covers every option of :class:`~disttensor.nn.optim.Adam` and
 :class:`~disttensor.nn.optim.AdamW` (``amsgrad``, ``maximize``, L2 or decoupled weight
 decay) on float32 or float64 C-contiguous NumPy arrays of one shape and dtype; the caller
 takes its NumPy path otherwise (CuPy arrays, ndarray subclasses, strided views).
-:func:`sgd_step`, :func:`rmsprop_step` and :func:`adagrad_step` do the same for
-:class:`~disttensor.nn.optim.SGD`, :class:`~disttensor.nn.optim.RMSprop` and
-:class:`~disttensor.nn.optim.Adagrad` with all their options.  NAdam and RAdam keep their
-NumPy passes through scratch buffers.
+:func:`sgd_step`, :func:`rmsprop_step`, :func:`adagrad_step`, :func:`nadam_step` and
+:func:`radam_step` do the same for :class:`~disttensor.nn.optim.SGD`,
+:class:`~disttensor.nn.optim.RMSprop`, :class:`~disttensor.nn.optim.Adagrad`,
+:class:`~disttensor.nn.optim.NAdam` and :class:`~disttensor.nn.optim.RAdam` with all their
+options (the per-step scalars, such as NAdam's momentum schedule, stay with the caller).
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ import math
 import numpy as np
 from numba import njit
 
-__all__ = ["adam_step", "sgd_step", "rmsprop_step", "adagrad_step"]
+__all__ = ["adam_step", "sgd_step", "rmsprop_step", "adagrad_step", "nadam_step", "radam_step"]
 
 
 @njit(cache=True, error_model="numpy")
@@ -267,7 +268,95 @@ def adagrad_step(d, grad, s, clr: float, eps: float, weight_decay: float,
     return True
 
 
+@njit(cache=True, error_model="numpy")
+def _nadam_radam(d, grad, m, v, coef, negate, l2, decoupled, lerp_low, radam, rect_on):
+    """Flat arrays; ``coef`` ``(decay, wd, w, beta2, 1 - beta2, c0, c1, c2, c3, c4)`` in
+    the dtype, ``w`` the lerp's coefficient as in :func:`_rmsprop`.  Per element, in NumPy's
+    order: ``p = p*decay`` (``decoupled``); ``g = -g``; ``g = g + p*wd``; ``m`` lerped toward
+    ``g``; ``v = v*beta2 + (g*g)*(1 - beta2)``.  NAdam (``c0..c3`` = ``bc2, eps, c_g,
+    c_m``): ``r = sqrt(v / bc2) + eps``, ``p = p + (g/r)*c_g``, ``p = p + (m/r)*c_m``.
+    RAdam (``c0..c4`` = ``bc1, lr, eps, sqrt(bc2), rect``): ``h = (m / bc1) * lr``; with
+    ``rect_on`` ``r = sqrt(bc2) / (sqrt(v) + eps)``, ``p = p - (h*r)*rect``, else ``p = p -
+    h``."""
+    decay, wd, w, beta2, c1b = coef[0], coef[1], coef[2], coef[3], coef[4]
+    c0, c1, c2, c3, c4 = coef[5], coef[6], coef[7], coef[8], coef[9]
+    for i in range(d.size):
+        p = d[i]
+        if decoupled:
+            p = p * decay
+        g = grad[i]
+        if negate:
+            g = -g
+        if l2:
+            g = g + p * wd
+        mi = m[i]
+        if lerp_low:
+            mi = mi + (g - mi) * w
+        else:
+            mi = g - (g - mi) * w
+        m[i] = mi
+        vi = v[i] * beta2 + (g * g) * c1b
+        v[i] = vi
+        if radam:
+            h = (mi / c0) * c1
+            if rect_on:
+                r = c3 / (np.sqrt(vi) + c2)
+                p = p - (h * r) * c4
+            else:
+                p = p - h
+        else:
+            r = np.sqrt(vi / c0) + c1
+            p = p + (g / r) * c2
+            p = p + (mi / r) * c3
+        d[i] = p
+
+
+def _nadam_radam_step(d, grad, m, v, lr, beta1, beta2, weight_decay, decoupled, maximize,
+                      consts, radam, rect_on) -> bool:
+    dt, shape = d.dtype, d.shape
+    if not ((dt == np.float32 or dt == np.float64) and _fits(d, dt, shape)
+            and d.flags.writeable and _fits(grad, dt, shape) and _fits(m, dt, shape)
+            and _fits(v, dt, shape)):
+        return False
+    coef = _COEF[dt.itemsize == 4]
+    decoupled = bool(decoupled) and weight_decay != 0
+    weight = 1 - beta1                       # (the lerp of torch.lerp_, as _lerp_host)
+    coef[0] = 1 - lr * weight_decay if decoupled else 1.0
+    coef[1], coef[2] = weight_decay, weight if weight < 0.5 else 1 - weight
+    coef[3], coef[4] = beta2, 1 - beta2
+    for k, c in enumerate(consts):
+        coef[5 + k] = c
+    _nadam_radam(d.reshape(-1), grad.reshape(-1), m.reshape(-1), v.reshape(-1), coef,
+                 bool(maximize), weight_decay != 0 and not decoupled, decoupled, weight < 0.5,
+                 radam, rect_on)
+    return True
+
+
+def nadam_step(d, grad, m, v, lr: float, beta1: float, beta2: float, weight_decay: float,
+               decoupled: bool, maximize: bool, bias_correction2: float, eps: float,
+               c_g: float, c_m: float) -> bool:
+    """NAdam's update of ``d`` (moments ``m``, ``v``) in place with the step's scalars
+    ``c_g = -lr (1 - mu) / (1 - P_t)`` and ``c_m = -lr mu_next / (1 - P_t mu_next)``, as
+    :meth:`disttensor.nn.optim.NAdam._update` computes it.  Returns False, touching nothing,
+    where the arrays are not all C-contiguous, writeable NumPy float32 or float64 arrays (not
+    subclasses) of one shape and dtype."""
+    return _nadam_radam_step(d, grad, m, v, lr, beta1, beta2, weight_decay, decoupled,
+                             maximize, (bias_correction2, eps, c_g, c_m, 0.0), False, False)
+
+
+def radam_step(d, grad, m, v, lr: float, beta1: float, beta2: float, weight_decay: float,
+               decoupled: bool, maximize: bool, bias_correction1: float, eps: float,
+               root_bias_correction2: float, rect: float, rect_on: bool) -> bool:
+    """RAdam's update of ``d`` (moments ``m``, ``v``) in place with the step's scalars
+    (``rect_on``: ``rho_t > 5``), as :meth:`disttensor.nn.optim.RAdam._update` computes it.
+    Returns False, touching nothing, where the arrays are not all C-contiguous, writeable
+    NumPy float32 or float64 arrays (not subclasses) of one shape and dtype."""
+    return _nadam_radam_step(d, grad, m, v, lr, beta1, beta2, weight_decay, decoupled,
+                             maximize, (bias_correction1, lr, eps, root_bias_correction2,
+                                        rect), True, bool(rect_on))
+
+
 # the scalars of a call, in the parameter's dtype, stored into one kept array per dtype (a
 # NumPy scalar made from a Python float allocates a buffer; a store into an array does not;
 # like the optimizers themselves, not for two threads stepping at once)
-_COEF = (np.empty(9, np.float64), np.empty(9, np.float32))
+_COEF = (np.empty(10, np.float64), np.empty(10, np.float32))
