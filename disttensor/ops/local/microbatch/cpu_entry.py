@@ -101,6 +101,7 @@ def _planned(pass_, a, b, extra, geo, x_shape, w_shape, dtype):
                             defer=True)
             if plan is None:
                 return _online_call(key, problem, algos, limit, pass_, a, b, extra, geo)
+            _tuners.pop(key, None)   # a plan a peer stored (or a similar one) ended tuning
             if len(_memo) >= _MEMO_MAX:
                 _memo.clear()
             _memo[key] = (plan, algos)
@@ -166,7 +167,8 @@ def _online_call(key, problem, algos, limit, pass_, a, b, extra, geo):
         break
     if tuner.done and tuner.times:
         final = settle(problem, tuner.fit, tuner.times, "benchmark", tuner.note)
-        store_plan(problem, algos, fingerprint("cpu"), final, limit, relative=True)
+        # a peer sharing the plan cache that settled first wins: the ranks run one plan
+        final = store_plan(problem, algos, fingerprint("cpu"), final, limit, relative=True)
         _tuners.pop(key, None)
         if len(_memo) >= _MEMO_MAX:
             _memo.clear()
