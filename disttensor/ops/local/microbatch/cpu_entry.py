@@ -10,8 +10,9 @@ raises the contract's errors whatever the mode), leaves empty operands and
 direct kernels run at 128^3) (timed on the call's own data in benchmark mode, the samples
 rotating between timing runs; a problem of at least ``32^3`` cells per sample is timed on its
 half-extent proxy, 1/8 of the work: :func:`_proxy`) and runs it.
-The choice is rank-local: ranks may run different algorithms, whose results agree to float
-rounding.
+The choice is made per process: ranks sharing the plan-cache directory settle on the plan
+the first of them stored (:func:`.planner.store_plan`); ranks with separate caches may run
+different algorithms, whose results agree to float rounding.
 """
 from __future__ import annotations
 
