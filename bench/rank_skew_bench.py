@@ -22,7 +22,9 @@ configured one), so the online tuner settles in this run.  Then, per split:
   two of them is the skew the ops between them generated, summed per op (the op running
   when rank 0 arrives), separately for "rank 0 slower" and "rank 1 slower".  Skew that
   alternates (noise, other jobs taking a core) shows in both columns; a systematic one in
-  one.  ``skew_ms``: the sum of both columns per step.
+  one.  ``skew_ms``: the sum of both columns per step; ``sync_calls_own_ms``: what the
+  synchronising calls cost by themselves (the later rank's time inside each), so that per
+  rank ``sync`` is about its calls' own time plus the skew it waited for.
 
 Figures go to ``$DISTTENSOR_BENCH_CSV`` (bench ``rank_skew``); the ranks' clocks are the
 node's monotonic clock (both ranks on one node).
@@ -114,11 +116,14 @@ def profiled(step, grid, steps: int):
 
 
 def attribute(s0, s1, ops0, steps: int):
-    """Per op label: [ms per step rank 0 was slower, ms rank 1 was slower] (see the module)."""
+    """Per op label: [ms per step rank 0 was slower, ms rank 1 was slower, 0] (see the
+    module); label ``(the calls themselves)``: [0, 0, the synchronising calls' own time per
+    step: the later rank's time inside each]."""
     starts = [o[1] for o in ops0]
-    gen = collections.defaultdict(lambda: [0.0, 0.0])
+    gen = collections.defaultdict(lambda: [0.0, 0.0, 0.0])
     prev = 0.0
     for (a0, e0), (a1, e1) in zip(s0, s1):
+        gen["(the calls themselves)"][2] += min(e0 - a0, e1 - a1) / 1e6 / steps
         d = (a0 - a1) / 1e6 - prev
         prev = (e0 - e1) / 1e6
         i = bisect.bisect_right(starts, a0) - 1
@@ -186,19 +191,20 @@ def main() -> None:
         sync = [statistics.median(v[r] for v in per[k]["sync"]) for r in (0, 1)]
         work = [statistics.median(v[r] for v in per[k]["work"]) for r in (0, 1)]
         imb = statistics.median(max(v) / (sum(v) / 2) for v in per[k]["work"])
-        gen = collections.defaultdict(lambda: [0.0, 0.0])
+        gen = collections.defaultdict(lambda: [0.0, 0.0, 0.0])
         for g in per[k]["gen"]:
-            for lab, (a, b) in g.items():
-                gen[lab][0] += a / args.reps
-                gen[lab][1] += b / args.reps
+            for lab, v in g.items():
+                for j in range(3):
+                    gen[lab][j] += v[j] / args.reps
+        own = gen.pop("(the calls themselves)", [0, 0, 0])[2]
         skew = [sum(v[0] for v in gen.values()), sum(v[1] for v in gen.values())]
         print(f"{k}: plans differing {nd} of {nc} layer-passes; per step: sync r0 "
               f"{sync[0]:.2f} r1 {sync[1]:.2f} ms, work CPU r0 {work[0]:.2f} r1 {work[1]:.2f} "
-              f"ms (imbalance {imb:.3f}); skew r0 slower {skew[0]:.2f}, r1 slower "
-              f"{skew[1]:.2f} ms", flush=True)
+              f"ms (imbalance {imb:.3f}); the calls themselves {own:.2f} ms; skew r0 slower "
+              f"{skew[0]:.2f}, r1 slower {skew[1]:.2f} ms", flush=True)
         for key, ranks in diff:
             print(f"    differs: {key}: {ranks}")
-        for lab, (a, b) in sorted(gen.items(), key=lambda kv: -sum(kv[1]))[:args.top]:
+        for lab, (a, b, _) in sorted(gen.items(), key=lambda kv: -sum(kv[1]))[:args.top]:
             print(f"    {lab:28s} r0 slower {a:6.3f}  r1 slower {b:6.3f} ms/step")
         case = f"{label}: {k}"
         record("rank_skew", case, "plans_differing", nd, "layer-passes", better="lower",
@@ -207,6 +213,7 @@ def main() -> None:
                ranks=2)
         record("rank_skew", case, "work_imbalance", imb, "max/mean", better="lower", ranks=2)
         record("rank_skew", case, "skew_ms", sum(skew), "ms", better="lower", ranks=2)
+        record("rank_skew", case, "sync_calls_own_ms", own, "ms", better="lower", ranks=2)
 
 
 if __name__ == "__main__":
