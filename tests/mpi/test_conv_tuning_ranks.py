@@ -74,7 +74,8 @@ def test_ranks_sharing_the_plan_cache_settle_on_one_plan(monkeypatch, shared_tmp
     try:
         plan = _run(dims, split)
         plans = COMM.allgather(plan)
-        assert_all_ranks(COMM, all(p == plans[0] for p in plans), f"the ranks' plans differ: {plans}")
+        assert_all_ranks(COMM, all(p == plans[0] for p in plans),
+                         f"the ranks' plans differ: {plans}")
     finally:
         mb.clear_plans()
 
