@@ -14,8 +14,8 @@
   the reuse rule, and one timing per problem family among processes sharing the cache) or
   planned now; :func:`store_plan` stores a plan tuned on the real calls unless a peer sharing
   the cache stored one first (then that one is kept: one plan per family among the ranks);
-  :func:`set_limit_override` / :func:`limit_for` hold per-problem workspace limits, which :func:`plan_network` installs
-  for a whole network (WD or WR); :func:`last_plan` is this thread's latest plan.
+  :func:`set_limit_override` / :func:`limit_for` hold per-problem workspace limits, which
+  :func:`plan_network` installs for a whole network (WD or WR); :func:`last_plan` is this thread's latest plan.
 
 The store is process-wide (plans, limits; guarded by a lock) and the latest plan per thread.
 """
