@@ -15,7 +15,8 @@
   planned now; :func:`store_plan` stores a plan tuned on the real calls unless a peer sharing
   the cache stored one first (then that one is kept: one plan per family among the ranks);
   :func:`set_limit_override` / :func:`limit_for` hold per-problem workspace limits, which
-  :func:`plan_network` installs for a whole network (WD or WR); :func:`last_plan` is this thread's latest plan.
+  :func:`plan_network` installs for a whole network (WD or WR); :func:`last_plan` is this
+  thread's latest plan.
 
 The store is process-wide (plans, limits; guarded by a lock) and the latest plan per thread.
 """
