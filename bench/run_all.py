@@ -83,6 +83,7 @@ JOBS = [
     Job("train", "train_bench.py", ["--size", "16", "--widths", "8,16", "--reps", "3"], [],
         ranks=(2,)),
     Job("step_floor", "step_floor_bench.py", ["--reps", "150"], ["--reps", "400"], ranks=(2,)),
+    Job("rank_skew", "rank_skew_bench.py", ["--steps", "10", "--reps", "2"], [], ranks=(2,)),
     Job("step_alloc", "step_alloc_bench.py", ["--sizes", "8,32", "--rounds", "1"],
         ["--sizes", "8,32,64", "--rounds", "3", "--splits", "depth,samples"], mpi=False,
         threads_per_rank=1, timeout=900),

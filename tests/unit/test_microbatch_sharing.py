@@ -143,3 +143,76 @@ def test_prefilter_keeps_the_models_best_and_every_size():
     for b in (1, 2, 4):
         assert min((k for k in per if k[1] == b), key=per.get) in kept
     assert mb.planner.prefilter(prob, algos, cands, 0) == cands
+
+
+# -- online tuning settles on the plan a peer stored first ----------------------------------
+def scripted_clock(cost):
+    """A tuning clock (``cpu_entry.tuning_clock``'s stand-in) under which a timed call of
+    candidate ``(name, b)`` (the plan the call runs) takes ``cost((name, b))`` seconds."""
+    state = {"t": 0.0, "start": True}
+
+    def clock():
+        if not state["start"]:
+            state["t"] += cost(mb.last_plan().micro_batches[0])
+        state["start"] = not state["start"]
+        return state["t"]
+    return lambda: clock
+
+
+@pytest.mark.parametrize("peer", [False, True])
+def test_online_tuning_settles_on_the_plan_a_peer_stored_first(monkeypatch, tmp_path, peer):
+    """Two processes sharing the plan cache (the ranks of a job on one node) tune the same
+    layer: the one settling second keeps the plan the first stored, whatever its own times,
+    so the ranks run one plan; without a peer the scripted times decide."""
+    from disttensor.ops.local.cpu import conv_im2col
+    from disttensor.ops.local.microbatch import cpu_entry, planner
+    from disttensor.ops.local.microbatch.online import online_order, uniform_plan
+    from disttensor.ops.local.microbatch.plan_cache import PlanCache
+    monkeypatch.setenv("DISTTENSOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("DISTTENSOR_CONV_TUNE", "benchmark")
+    monkeypatch.delenv("DISTTENSOR_CONV_TUNE_ONLINE", raising=False)
+    monkeypatch.setattr(cpu_entry, "ONLINE_MIN_FLOPS", 0)       # tune this small layer online
+    mb.clear_plans()
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 4, 6, 5, 4)).astype(np.float32)
+    w = rng.standard_normal((8, 4, 3, 3, 3)).astype(np.float32)
+    geo = ((1, 1, 1), (1, 1, 1), (1, 0, 1), (1, 1, 0))
+    ref = conv_im2col.conv_forward(x.astype(np.float64), w.astype(np.float64), *geo)
+    prob = mb.ConvProblem.make("forward", x.shape, w.shape, *geo, 1, x.dtype)
+    limit = mb.limit_for(prob, relative=True)
+    algos = mb.cpu_algorithms(limit)
+    fit, _ = planner.fitting_candidates(prob, algos, limit, mb.policy())
+    order = online_order(prob, algos, fit, mb.settings.model_prefilter())
+    mine = next(k for k in order if k[1] == 2)                  # this process: undivided
+    theirs = next(k for k in order if k[1] == 1)                # the peer: one at a time
+    monkeypatch.setattr(cpu_entry, "tuning_clock",
+                        scripted_clock(lambda k: 1.0 if k == mine else 2.0 + order.index(k)))
+    fields = planner._keys(prob, algos, fingerprint("cpu"), limit, True)[1]
+    peer_plan = mb.Plan(uniform_plan(2, theirs, fit[theirs]).micro_batches, 1.0, fit[theirs])
+    try:
+        calls = 0
+        while True:
+            y = cpu_entry.conv_forward(x, w, *geo)
+            calls += 1
+            np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
+            if calls == 1 and peer:   # the peer settles while this process is tuning
+                PlanCache(tmp_path).put(fields, peer_plan.to_json())
+            if not cpu_entry._tuners:
+                break
+            assert calls < 40
+        np.testing.assert_allclose(cpu_entry.conv_forward(x, w, *geo), ref, rtol=1e-4,
+                                   atol=1e-4)
+        settled = mb.last_plan().micro_batches
+        stored = PlanCache(tmp_path).get(fields)
+        if peer:
+            assert settled == peer_plan.micro_batches != ((mine[0], 2),)
+            assert stored == peer_plan.to_json()                # this process's not written
+        else:
+            assert settled == ((mine[0], 2),)
+            assert mb.Plan.from_json(stored).micro_batches == settled
+        mb.clear_plans()                                        # the next run reads the disk
+        np.testing.assert_allclose(cpu_entry.conv_forward(x, w, *geo), ref, rtol=1e-4,
+                                   atol=1e-4)
+        assert mb.last_plan().micro_batches == settled
+    finally:
+        mb.clear_plans()

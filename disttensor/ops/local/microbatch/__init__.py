@@ -48,8 +48,9 @@ Configuration (:mod:`.settings`, read at each call):
 * ``DISTTENSOR_CONV_TUNE_BUDGET_S`` (default 2 s per layer-pass), ``DISTTENSOR_CONV_TUNE_REPS``
   (default 2), ``DISTTENSOR_CONV_TUNE_MARGIN`` (default 0.03).
 
-The choice is rank-local (no MPI in local kernels): ranks may run different algorithms, whose
-results agree to float rounding.
+The choice is made per process (no MPI in local kernels); processes sharing the plan-cache
+directory settle on one plan per problem family, the first stored (:mod:`.sharing`), others
+may run different algorithms, whose results agree to float rounding.
 
 Modules: :mod:`.settings` (the environment), :mod:`.problem` (ConvProblem, Plan, Config),
 :mod:`.division` (the pure dynamic programs and the workspace knapsack), :mod:`.timing`

@@ -10,8 +10,9 @@ raises the contract's errors whatever the mode), leaves empty operands and
 direct kernels run at 128^3) (timed on the call's own data in benchmark mode, the samples
 rotating between timing runs; a problem of at least ``32^3`` cells per sample is timed on its
 half-extent proxy, 1/8 of the work: :func:`_proxy`) and runs it.
-The choice is rank-local: ranks may run different algorithms, whose results agree to float
-rounding.
+The choice is made per process: ranks sharing the plan-cache directory settle on the plan
+the first of them stored (:func:`.planner.store_plan`); ranks with separate caches may run
+different algorithms, whose results agree to float rounding.
 """
 from __future__ import annotations
 
@@ -101,6 +102,7 @@ def _planned(pass_, a, b, extra, geo, x_shape, w_shape, dtype):
                             defer=True)
             if plan is None:
                 return _online_call(key, problem, algos, limit, pass_, a, b, extra, geo)
+            _tuners.pop(key, None)   # a plan a peer stored (or a similar one) ended tuning
             if len(_memo) >= _MEMO_MAX:
                 _memo.clear()
             _memo[key] = (plan, algos)
@@ -166,7 +168,8 @@ def _online_call(key, problem, algos, limit, pass_, a, b, extra, geo):
         break
     if tuner.done and tuner.times:
         final = settle(problem, tuner.fit, tuner.times, "benchmark", tuner.note)
-        store_plan(problem, algos, fingerprint("cpu"), final, limit, relative=True)
+        # a peer sharing the plan cache that settled first wins: the ranks run one plan
+        final = store_plan(problem, algos, fingerprint("cpu"), final, limit, relative=True)
         _tuners.pop(key, None)
         if len(_memo) >= _MEMO_MAX:
             _memo.clear()

@@ -5,7 +5,9 @@ step pay for every candidate.  Online tuning instead runs each call of a not-yet
 problem with one candidate ``(algorithm, micro_batch)`` of its short list and times it: the
 first call runs the cost model's pick, each following call of the same problem (normally the
 next steps) the next candidate, and once the list is exhausted the fastest division is
-settled (:func:`.planner.settle`) and stored like a timed plan.  Every call computes its full,
+settled (:func:`.planner.settle`) and stored like a timed plan, unless a process sharing the
+plan cache stored a plan for the problem (or a similar one) first: that one is kept
+(:func:`.planner.store_plan`), so the ranks of a layer run one plan.  Every call computes its full,
 correct result; the only extra work is running the slower candidates once each.
 
 :func:`online_order` (pure) is the short list: the candidates the cost model puts within

@@ -12,9 +12,11 @@
 * the plan store: :func:`get_plan` returns a plan from memory, from the disk cache
   (:mod:`.plan_cache`, benchmark mode), the plan of a similar tuned problem (:mod:`.sharing`:
   the reuse rule, and one timing per problem family among processes sharing the cache) or
-  planned now; :func:`set_limit_override` /
-  :func:`limit_for` hold per-problem workspace limits, which :func:`plan_network` installs
-  for a whole network (WD or WR); :func:`last_plan` is this thread's latest plan.
+  planned now; :func:`store_plan` stores a plan tuned on the real calls unless a peer sharing
+  the cache stored one first (then that one is kept: one plan per family among the ranks);
+  :func:`set_limit_override` / :func:`limit_for` hold per-problem workspace limits, which
+  :func:`plan_network` installs for a whole network (WD or WR); :func:`last_plan` is this
+  thread's latest plan.
 
 The store is process-wide (plans, limits; guarded by a lock) and the latest plan per thread.
 """
@@ -284,9 +286,10 @@ def get_plan(problem: ConvProblem, algos: dict, device_fp: dict, runner=None, sy
             if defer:
                 return None
             # one timing per problem family among the processes sharing the cache
-            with family_lock(_disk.path.parent, fields) as waited:
-                if waited:  # a peer timed this family meanwhile: its plan may serve
-                    plan = _stored_plan(problem, fields, algos, limit, reread=True)
+            with family_lock(_disk.path.parent, fields):
+                # a peer may have timed this family since this process read the cache (or
+                # while it waited for the lock): its plan serves, and the ranks agree
+                plan = _stored_plan(problem, fields, algos, limit, reread=True)
                 if plan is None:
                     plan = plan_problem(problem, algos, limit, policy(), mode, runner, sync)
                     _disk.put(fields, plan.to_json())
@@ -298,14 +301,24 @@ def get_plan(problem: ConvProblem, algos: dict, device_fp: dict, runner=None, sy
 
 
 def store_plan(problem: ConvProblem, algos: dict, device_fp: dict, plan: Plan, limit: int,
-               relative: bool = False) -> None:
+               relative: bool = False) -> Plan:
     """Keep ``plan`` (timed by the caller) in memory and in the disk cache, under the keys
-    :func:`get_plan` looks up."""
+    :func:`get_plan` looks up, unless a process sharing the plan cache stored a plan for
+    ``problem`` or a similar one (:mod:`.sharing`) while this one was tuning: that plan is
+    then kept instead (and ``plan`` not written), so the ranks of one job that tune the same
+    layer settle on one plan, the first stored (benchmark mode; the check re-reads the disk
+    cache under the problem family's lock).  Returns the plan kept."""
     mkey, fields = _keys(problem, algos, device_fp, limit, relative)
     if tune_mode() == "benchmark":
-        _disk.put(fields, plan.to_json())
+        with family_lock(_disk.path.parent, fields):
+            peer = _stored_plan(problem, fields, algos, limit, reread=True)
+            if peer is None:
+                _disk.put(fields, plan.to_json())
+            else:
+                plan = peer
     with _plans_lock:
         _plans[mkey] = plan
+    return plan
 
 
 def _valid(stored, problem: ConvProblem, algos: dict, limit: int | None = None) -> Plan | None:

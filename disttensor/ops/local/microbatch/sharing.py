@@ -1,5 +1,6 @@
 """Tuning once, not once per shape and rank: reusing a tuned plan for a similar problem, and
-one timing per problem family among the processes that share a plan cache (per rank, no MPI).
+one timing and one plan per problem family among the processes that share a plan cache (per
+rank, no MPI).
 
 **The reuse rule** (:func:`nearest_similar`).  A problem is *similar* to a tuned one when
 everything the plan is keyed on is the same (machine and software fingerprint, pass, batch,
@@ -18,12 +19,23 @@ holds timed plans only and reuse never chains away from a measurement.
 their first step together and would all time the same candidates at once (on shared cores,
 each timing disturbed by the others).  Before timing, a process takes an exclusive lock
 (``fcntl.flock``) on a file named after the problem's *family* (the fields above without the
-spatial extents and pads) in the plan-cache directory; a process that had to wait re-reads the
-disk cache and, finding the plan (or a similar one) its peer just stored, times nothing.  The
-lock guards only local timing (no communication inside), is released when the timing ends or
-the process dies, and is skipped (each process times for itself) where the directory cannot
-be written or does not support locks.  Nothing here is collective: the choice stays
-rank-local, as before (ranks may run different algorithms; results agree to rounding).
+spatial extents and pads) in the plan-cache directory and re-reads the disk cache: finding
+the plan (or a similar one) a peer stored, it times nothing.  The lock guards only local
+timing (no communication inside), is released when the timing ends or the process dies, and
+is skipped (each process times for itself) where the directory cannot be written or does not
+support locks.
+
+**One plan per family** (:func:`.planner.store_plan`).  A problem tuned on its real calls
+(:mod:`.online`) is timed by every rank that runs it, each on its own calls.  A process that
+settles takes the same lock, re-reads the cache and, if a peer stored a plan for the problem
+or a similar one meanwhile, keeps that plan instead of its own choice (and writes nothing).
+So the ranks of a job that share the plan-cache directory run one plan per layer, the first
+stored, whatever their own timings said (a rank running a slower plan than its peers makes
+them wait at every collective of the step).  Nothing here is collective (a collective inside
+the planner could not be agreed: a rank with an empty block never reaches it, and ranks
+settle at different calls); processes with separate cache directories (other nodes' local
+disks) still choose independently, and ranks that choose differently compute results that
+agree to rounding.
 """
 from __future__ import annotations
 
