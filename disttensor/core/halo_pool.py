@@ -23,6 +23,11 @@ of it is in flight, so a buffer still in use is never handed out twice.  The tes
 ranks may take different paths (a pooled slot here, a fresh buffer there); the messages are
 the same either way (same private communicator, peers, tags and contents).
 
+A convolution asks for *margins* (part of the layout): its slot's buffer then lies inside a
+zero-initialised store with room for the zero padding the kernel adds at global boundaries,
+and the read window with its padding is one C-contiguous array that the direct kernels read
+in place (:class:`Slot`, :mod:`disttensor.core.padded_store`).
+
 Bounds: :data:`PER_LAYOUT` slots per layout (then :func:`acquire` returns ``None`` and the
 caller makes a fresh buffer and a one-shot exchange), :data:`MAX_SLOTS` in all (the least
 recently used layout is dropped first).  NumPy buffers only (``None`` for GPU blocks: their
