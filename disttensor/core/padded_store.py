@@ -32,8 +32,10 @@ import numpy as np
 
 __all__ = ["register", "padded_view", "registered"]
 
-_stores: dict = {}   # id(store) -> (weakref to store, data box: ((lo, hi), ...) per axis)
+_stores: dict = {}   # id(store) -> (weakref to store, data box, address, {window: answer})
 _lock = threading.Lock()
+_ANSWERS_MAX = 64     # windows remembered per store (a layer asks about one or two)
+_MISSING = object()
 
 
 def register(store: np.ndarray, data_box) -> None:
@@ -54,38 +56,59 @@ def register(store: np.ndarray, data_box) -> None:
             if entry is not None and entry[0] is _ref:
                 del _stores[key]
     with _lock:
-        _stores[key] = (weakref.ref(store, forget), box)
+        _stores[key] = (weakref.ref(store, forget), box, store.ctypes.data, {})
 
 
 def registered() -> int:
     """How many live stores are recorded."""
     with _lock:
-        return sum(1 for ref, _ in _stores.values() if ref() is not None)
+        return sum(1 for entry in _stores.values() if entry[0]() is not None)
 
 
 def padded_view(x, lo, size):
     """The zero-padded operand ``embed(x, lo, size)`` would make (zeros of spatial extent
     ``size`` with ``x`` at offset ``lo`` per spatial axis; axes 0 and 1 kept), as a
     C-contiguous view of the store ``x`` is a window of, or ``None`` when ``x`` is not such
-    a window or the store does not hold that operand (module docstring).  Read-only use."""
-    base = getattr(x, "base", None)
-    if base is None or type(x) is not np.ndarray:
+    a window or the store does not hold that operand (module docstring).  Read-only use.
+    The answer for a window (its shape, strides, dtype and place in the store) is kept with
+    the store, so a repeated call costs a few dictionary look-ups."""
+    if type(x) is not np.ndarray:
+        return None
+    base = x.base
+    if base is None:
         return None
     entry = _stores.get(id(base))
     if entry is None or entry[0]() is not base:
         return None
-    box = entry[1]
+    answers = entry[3]
+    key = (x.shape, x.strides, x.dtype, x.ctypes.data - entry[2], tuple(lo), tuple(size))
+    got = answers.get(key, _MISSING)
+    if got is _MISSING:
+        got = _locate(base, entry[1], x.shape, x.strides, x.dtype, key[3], key[4], key[5])
+        if len(answers) >= _ANSWERS_MAX:
+            answers.clear()
+        answers[key] = got
+    if got is None:
+        return None
+    n0, n1, shape = got
+    view = base[n0:n1]
+    return view if shape is None else view.reshape(shape)
+
+
+def _locate(base, box, xshape, xstrides, dtype, off, lo, size):
+    """``(n0, n1, shape)``: the samples of the store that are the padded operand (``shape``:
+    its shape where lifted axes are added, else ``None``), or ``None`` (module docstring).
+    Pure in its arguments (``off``: the window's byte offset in the store)."""
     nd = base.ndim
-    extra = x.ndim - nd                      # lifted leading spatial axes (extent 1)
-    if extra < 0 or len(lo) != x.ndim - 2 or len(size) != x.ndim - 2 \
-            or base.dtype != x.dtype:
+    extra = len(xshape) - nd                 # lifted leading spatial axes (extent 1)
+    if extra < 0 or len(lo) != len(xshape) - 2 or len(size) != len(xshape) - 2 \
+            or base.dtype != dtype:
         return None
     for t in range(2, 2 + extra):
-        if x.shape[t] != 1 or lo[t - 2] != 0 or size[t - 2] != 1:
+        if xshape[t] != 1 or lo[t - 2] != 0 or size[t - 2] != 1:
             return None
-    shape = x.shape[:2] + x.shape[2 + extra:]
-    strides = x.strides[:2] + x.strides[2 + extra:]
-    off = x.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+    shape = xshape[:2] + xshape[2 + extra:]
+    strides = xstrides[:2] + xstrides[2 + extra:]
     item = base.itemsize
     if off < 0 or off % item:
         return None
@@ -108,5 +131,5 @@ def padded_view(x, lo, size):
         if start[t] != lo[s] or size[s] != base.shape[t] \
                 or a < start[t] or b > start[t] + shape[t]:
             return None
-    view = base[start[0]:start[0] + shape[0]]
-    return view.reshape(x.shape[:2] + tuple(int(v) for v in size)) if extra else view
+    out = (shape[0],) + tuple(xshape[1:2]) + tuple(int(v) for v in size)
+    return start[0], start[0] + shape[0], (out if extra else None)
