@@ -6,6 +6,9 @@
 * :func:`halo_input` gives the input with that halo exchanged (no copy, no message when the
   halo is empty); :func:`halo_gradient` is its adjoint: a gradient computed on the read window
   is added into a zero buffer with the same halo and sent back with the reverse exchange.
+  ``halo_input(x, plan, padded=True)`` (a convolution) puts the halo'd buffer inside a store
+  with room for the plan's local zero padding (:func:`operand_margins`), so the read window
+  and its padding are one array the direct kernels read in place.
 * :func:`lift` / :func:`unlift` turn ``(N, C, *S)`` local blocks with 1 or 2 spatial axes into
   the 3-axis layout the local kernels take.
 * :func:`param_comm`: the communicator over which parameter gradients and statistics are
