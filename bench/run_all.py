@@ -70,6 +70,8 @@ JOBS = [
     # communication
     Job("halo", "halo_bench.py", ["--quick"], [], ranks=(2, 4)),
     Job("halo_call", "halo_call_bench.py", ["--reps", "5", "--calls", "20"], [], ranks=(2,)),
+    Job("conv_operand", "conv_operand_bench.py", ["--reps", "5", "--calls", "5"], [],
+        ranks=(2,)),
     Job("redistribute", "redistribute_bench.py", ["--quick"], [], ranks=(2, 4)),
     Job("agreement", "agreement_bench.py", ["--size", "16", "--reps", "8"], [], ranks=(2,)),
     # scaling, overlap, the performance model

@@ -23,6 +23,11 @@ of it is in flight, so a buffer still in use is never handed out twice.  The tes
 ranks may take different paths (a pooled slot here, a fresh buffer there); the messages are
 the same either way (same private communicator, peers, tags and contents).
 
+A convolution asks for *margins* (part of the layout): its slot's buffer then lies inside a
+zero-initialised store with room for the zero padding the kernel adds at global boundaries,
+and the read window with its padding is one C-contiguous array that the direct kernels read
+in place (:class:`Slot`, :mod:`disttensor.core.padded_store`).
+
 Bounds: :data:`PER_LAYOUT` slots per layout (then :func:`acquire` returns ``None`` and the
 caller makes a fresh buffer and a one-shot exchange), :data:`MAX_SLOTS` in all (the least
 recently used layout is dropped first).  NumPy buffers only (``None`` for GPU blocks: their
@@ -43,8 +48,9 @@ from .array import DistArray
 from .copies import into
 from .entry import nested
 from .halo import HaloExchange, clear_caches
+from .padded_store import register
 
-__all__ = ["Slot", "acquire", "clear", "PER_LAYOUT", "MAX_SLOTS", "pooled_slots"]
+__all__ = ["Slot", "acquire", "clear", "PER_LAYOUT", "MAX_SLOTS", "pooled_slots", "NO_MARGINS"]
 
 PER_LAYOUT = 4
 """Most slots per layout: a training step holds one per windowed layer of that layout until
@@ -57,14 +63,26 @@ MAX_SLOTS = 64
 class Slot:
     """A halo'd buffer and the persistent :class:`HaloExchange` bound to it (see the module
     docstring).  ``buffer``: the whole local buffer; ``exchange``: its exchange (forward and
-    reverse); :meth:`array` wraps the buffer for one use."""
+    reverse); :meth:`array` wraps the buffer for one use.
 
-    __slots__ = ("buffer", "exchange", "fill", "_dist", "_grid", "_halo", "_refs")
+    The buffer lies inside a zero-padded *store* (:mod:`disttensor.core.padded_store`): an
+    array with ``margins`` (``(lo, hi)`` per axis) of extra cells around the halo'd block,
+    made zero once and never written (``buffer`` is a view that leaves them out).  With the
+    halo cells beyond a non-periodic global boundary, which every exchange zeroes, they are
+    the zero padding a convolution adds there, so a kernel padding a window of the buffer
+    reads the store itself (:func:`~disttensor.core.padded_store.padded_view`).  Without
+    margins the store is the buffer."""
 
-    def __init__(self, dist, grid, halo, boundary, dtype):
+    __slots__ = ("buffer", "store", "exchange", "fill", "_dist", "_grid", "_halo", "_refs")
+
+    def __init__(self, dist, grid, halo, boundary, dtype, margins=None):
         block = dist.block_shape(grid.coords)
-        self.buffer = np.empty(tuple(lo + n + hi for (lo, hi), n in zip(halo, block)),
-                               dtype=dtype)
+        margins = margins or NO_MARGINS.get(len(block)) or ((0, 0),) * len(block)
+        ext = tuple(lo + n + hi for (lo, hi), n in zip(halo, block))
+        self.store = np.zeros(tuple(a + e + b for (a, b), e in zip(margins, ext)), dtype=dtype)
+        self.buffer = self.store if not any(a or b for a, b in margins) else \
+            self.store[tuple(slice(a, a + e) for (a, _), e in zip(margins, ext))]
+        register(self.store, _data_box(dist, grid, halo, boundary, margins, ext))
         self._dist, self._grid, self._halo = dist, grid, halo
         # made by this rank alone (the pool's choices are rank-local), so never agreed, at
         # any depth: the window op agreed on everything its halo derives from
@@ -89,24 +107,49 @@ class Slot:
         return DistArray(self.buffer, self._dist, self._grid, self._halo)
 
 
+NO_MARGINS = {n: ((0, 0),) * n for n in range(1, 9)}
+"""No margins, per number of axes (the default of :func:`acquire`)."""
+
+
+def _data_box(dist, grid, halo, boundary, margins, ext):
+    """The store's cells that may hold non-zero values (index space of the store): the
+    halo'd block less its halo beyond a non-periodic global boundary (zeroed by every
+    exchange) and less the margins."""
+    coords = grid.coords
+    periodic = [b == "periodic" for b in boundary]
+    box = []
+    for t, ((lo, _), (m, _), e) in enumerate(zip(halo, margins, ext)):
+        a = dist.offsets[t][dist.axis_coord(t, coords)]   # global index of the block's start
+        if periodic[t]:
+            first, stop = 0, e
+        else:   # buffer cell i holds global index a - lo + i
+            first, stop = max(0, lo - a), max(0, min(e, dist.shape[t] - a + lo))
+        box.append((m + first, m + max(first, stop)))
+    return tuple(box)
+
+
 def _refcount(slot: Slot) -> int:
-    return sys.getrefcount(slot.buffer)
+    # (views of the buffer hold the store, the array handed out holds the buffer itself)
+    return sys.getrefcount(slot.buffer) + sys.getrefcount(slot.store)
 
 
 _slots: OrderedDict = OrderedDict()   # layout -> [Slot], least recently used first
 _lock = threading.Lock()
 
 
-def acquire(dist, grid, halo, periodic, dtype, src=None):
+def acquire(dist, grid, halo, periodic, dtype, src=None, margins=None):
     """``(array, exchange)``: a new DistArray over an idle slot's buffer (whose halo and owned
     cells hold whatever they last held; ``src``, a block of ``dist`` here, is copied into the
     owned cells when given) and the slot's exchange; the slot is made when none of the layout
     is idle and the bounds allow.  ``None`` when every slot of the layout is in
-    use and there are :data:`PER_LAYOUT` of them.  ``halo``: normalized ``(lo, hi)`` per
+    use and there are :data:`PER_LAYOUT` of them.  ``margins``: ``(lo, hi)`` extra zero
+    cells per axis around the halo'd block in the slot's store (:class:`Slot`; part of the
+    layout: slots with other margins are not shared).  ``halo``: normalized ``(lo, hi)`` per
     axis; ``periodic``: one flag per axis.  Local (no message); the first slot of a layout
     is made with the exchange's validation (errors raised on every rank, as
     :class:`HaloExchange` raises them)."""
-    key = (dist, grid, halo, periodic, np.dtype(dtype).str)
+    margins = margins or NO_MARGINS.get(dist.ndim) or ((0, 0),) * dist.ndim
+    key = (dist, grid, halo, periodic, np.dtype(dtype).str, margins)
     got = None
     with _lock:   # (the test and the claim, the new array, under one lock)
         slots = _slots.get(key)
@@ -123,7 +166,7 @@ def acquire(dist, grid, halo, periodic, dtype, src=None):
             got.fill(src)
         return out
     boundary = tuple("periodic" if p else "zero" for p in periodic)
-    s = Slot(dist, grid, halo, boundary, dtype)
+    s = Slot(dist, grid, halo, boundary, dtype, margins)
     out = s.array(), s.exchange
     if src is not None:
         s.fill(src)

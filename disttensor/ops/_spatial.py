@@ -6,6 +6,9 @@
 * :func:`halo_input` gives the input with that halo exchanged (no copy, no message when the
   halo is empty); :func:`halo_gradient` is its adjoint: a gradient computed on the read window
   is added into a zero buffer with the same halo and sent back with the reverse exchange.
+  ``halo_input(x, plan, padded=True)`` (a convolution) puts the halo'd buffer inside a store
+  with room for the plan's local zero padding (:func:`operand_margins`), so the read window
+  and its padding are one array the direct kernels read in place.
 * :func:`lift` / :func:`unlift` turn ``(N, C, *S)`` local blocks with 1 or 2 spatial axes into
   the 3-axis layout the local kernels take.
 * :func:`param_comm`: the communicator over which parameter gradients and statistics are
@@ -32,7 +35,7 @@ from ..core.halo import HaloExchange
 from .window import AxisWindow
 
 __all__ = ["WindowPlan", "window_plan", "Region", "overlap_regions", "check_layout",
-           "halo_input", "begin_halo_input", "halo_boundary", "halo_gradient",
+           "halo_input", "begin_halo_input", "operand_margins", "halo_boundary", "halo_gradient",
            "zero_halo_buffer", "lift", "unlift", "lift3", "with_channels", "check_gradient_layout", "param_comm", "spatial_windows",
            "meaning", "check_extents", "array_key"]
 
@@ -44,7 +47,9 @@ class WindowPlan:
     ``out_dist``: output distribution; ``halo``: (lo, hi) halo per tensor axis of the input;
     ``read``: slices of the halo'd input buffer this rank's outputs read (clipped to the global
     array); ``pad_lo``/``pad_hi``: padding the local kernel adds per spatial axis (non-zero only
-    at global boundaries); ``has_output``: whether this rank owns any output."""
+    at global boundaries); ``has_output``: whether this rank owns any output; ``margins``: the
+    cells a store around the halo'd buffer needs for the read window and its padding to be
+    the whole store (:func:`operand_margins`; ``None``: cannot be)."""
 
     out_dist: Distribution
     halo: tuple[tuple[int, int], ...]
@@ -53,6 +58,7 @@ class WindowPlan:
     pad_hi: tuple[int, ...]
     has_output: bool
     periodic: tuple[bool, ...] = ()   # per tensor axis: halo boundary (circular padding)
+    margins: tuple | None = None      # operand_margins(self, owned block shape)
 
     @property
     def needs_exchange(self) -> bool:
@@ -101,8 +107,32 @@ def window_plan(dist: Distribution, windows: tuple[AxisWindow, ...], coords: tup
         pad_lo.append(pl)
         pad_hi.append(ph)
     periodic = (False, False) + tuple(w.periodic for w in windows)
-    return WindowPlan(out_dist, tuple(halo), tuple(read), tuple(pad_lo), tuple(pad_hi),
+    plan = WindowPlan(out_dist, tuple(halo), tuple(read), tuple(pad_lo), tuple(pad_hi),
                       has_output, periodic)
+    margins = operand_margins(plan, dist.block_shape(coords))
+    return WindowPlan(out_dist, tuple(halo), tuple(read), tuple(pad_lo), tuple(pad_hi),
+                      has_output, periodic, margins)
+
+
+def operand_margins(plan: WindowPlan, block: tuple) -> tuple | None:
+    """``(lo, hi)`` cells per tensor axis to leave around a halo'd buffer of ``block`` (the
+    owned block's shape) so that the plan's read window padded by ``pad_lo`` / ``pad_hi``
+    is the whole store (:class:`disttensor.core.halo_pool.Slot`): the padding beyond the
+    buffer.  ``None`` where that cannot be (the window leaves out buffer cells on some axis:
+    the kernel then pads a copy) or nothing is gained (no output).  Pure; kept in the plan
+    (:attr:`WindowPlan.margins`)."""
+    if not plan.has_output:
+        return None
+    out = [(0, 0), (0, 0)]
+    for t in range(2, len(block)):
+        (hl, hh), sl = plan.halo[t], plan.read[t]
+        ext = hl + block[t] + hh
+        first = sl.start - plan.pad_lo[t - 2]
+        stop = sl.stop + plan.pad_hi[t - 2]
+        if (first > 0) or (stop < ext):
+            return None
+        out.append((-first, stop - ext))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -266,7 +296,7 @@ def _leaves(v: tuple) -> list:
     return out
 
 
-def halo_input(x: DistArray, plan: WindowPlan) -> DistArray:
+def halo_input(x: DistArray, plan: WindowPlan, padded: bool = False) -> DistArray:
     """``x`` with the plan's halo filled from its neighbours (collective when a halo is
     needed; ``x`` itself when not).
 
@@ -275,21 +305,26 @@ def halo_input(x: DistArray, plan: WindowPlan) -> DistArray:
     exchange then add no agreement all-reduce of their own (:func:`disttensor.core.entry.nested`;
     one op call agrees once).  The buffer and its exchange come from the pool of
     :mod:`disttensor.core.halo_pool` where one of the layout is free (made once per layout,
-    persistent requests), else they are made for this call."""
+    persistent requests), else they are made for this call.
+
+    ``padded=True`` (a convolution, which pads its read window with zeros): the pooled
+    buffer lies in a store with room for the plan's local padding (:func:`operand_margins`),
+    so the read window and its zero padding are one C-contiguous array that the direct
+    kernels read in place of a padded copy (:mod:`disttensor.core.padded_store`)."""
     if not plan.needs_exchange:
         return x
     with nested():
-        xh, ex = _halo_copy(x, plan)
+        xh, ex = _halo_copy(x, plan, padded)
         ex.exchange()
     return xh
 
 
-def begin_halo_input(x: DistArray, plan: WindowPlan):
+def begin_halo_input(x: DistArray, plan: WindowPlan, padded: bool = False):
     """Split-phase :func:`halo_input`: ``(x with the plan's halo, started exchange)``; call
-    ``end()`` on the exchange before reading halo cells (collective; same precondition as
-    :func:`halo_input`)."""
+    ``end()`` on the exchange before reading halo cells (collective; same precondition and
+    ``padded`` as :func:`halo_input`)."""
     with nested():
-        xh, ex = _halo_copy(x, plan)
+        xh, ex = _halo_copy(x, plan, padded)
         return xh, ex.begin()
 
 
@@ -297,15 +332,16 @@ def _periodic(plan: WindowPlan, ndim: int) -> tuple:
     return plan.periodic or (False,) * ndim
 
 
-def _halo_copy(x: DistArray, plan: WindowPlan):
+def _halo_copy(x: DistArray, plan: WindowPlan, padded: bool = False):
     """``(x copied into a buffer with the plan's halo, that buffer's exchange, not
-    started)``: a pooled buffer where the layout has a free one (NumPy blocks), else a new
-    one (``x`` itself when it has the plan's halo already)."""
+    started)``: a pooled buffer where the layout has a free one (NumPy blocks; with room
+    for the plan's local padding when ``padded``), else a new one (``x`` itself when it has
+    the plan's halo already)."""
     if x.halo == plan.halo:
         return x, HaloExchange(x, halo_boundary(plan), persistent=False)
     if type(x.local) is np.ndarray:
         got = halo_pool.acquire(x.distribution, x.grid, plan.halo, _periodic(plan, x.ndim),
-                                x.dtype, src=x.local)
+                                x.dtype, src=x.local, margins=plan.margins if padded else None)
         if got is not None:   # (x's block copied into the interior)
             return got
     xh = x.with_halo(plan.halo)

@@ -201,12 +201,12 @@ def _windowed_forward(x: DistArray, plan: WindowPlan, windows, w, nd: int, strid
                                      lift3(plo, nd, 0), lift3(phi, nd, 0), groups), nd)
     regions = overlap_split(overlap, plan, x.distribution, windows, x.grid.coords, x.device)
     if regions is None:
-        xin = halo_input(x, plan)
+        xin = halo_input(x, plan, padded=True)   # (the read window padded: the store)
         with failure_deferred(x.grid.cart, "conv kernel"):  # a failure raises on every rank
             y = run(xin.buffer, plan.read, plan.pad_lo, plan.pad_hi) if plan.has_output \
                 else xp.zeros(out_shape, dtype=dtype)
         return xin, y
-    xin, ex = begin_halo_input(x, plan)
+    xin, ex = begin_halo_input(x, plan, padded=True)
     interior, shells = regions
     # the interior and the shells tile the output (tests/unit/test_overlap_regions.py)
     y = xp.empty(out_shape, dtype=dtype) if plan.has_output else xp.zeros(out_shape, dtype)
@@ -540,7 +540,7 @@ def conv_transpose_backward(saved: ConvSaved, dx: DistArray, need_dy: bool = Tru
             dy = dy.redistribute(grid=saved.y_layout[1], distribution=saved.y_layout[0])
     if need_dw:
         if dxin is None:  # dy not asked for: exchange dx's halo for the filter gradient alone
-            dxin = halo_input(dx, plan)
+            dxin = halo_input(dx, plan, padded=True)
         comm = param_comm(dx)
         dw = _reduce(_conv_dw(saved, _read_window(dxin, plan), saved.y.local, dx.dtype,
                               dx.grid), comm, reduce)

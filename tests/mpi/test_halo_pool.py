@@ -10,6 +10,9 @@ halos wider than a neighbour's block, periodic axes.
 """
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -172,3 +175,88 @@ def test_a_slot_used_for_a_reverse_exchange_is_idle_again():
     slots = [s for v in halo_pool._slots.values() for s in v]
     assert_all_ranks(COMM, len(slots) == 1 and slots[0].idle(),
                      f"{len(slots)} slot(s) after 3 reverse exchanges of one layout")
+
+
+def _outside(store, box):
+    """The store's cells outside ``box`` (a copy, flat)."""
+    mask = np.ones(store.shape, dtype=bool)
+    mask[tuple(slice(a, b) for a, b in box)] = False
+    return store[mask]
+
+
+@settings(max_examples=6)
+@given(case=window_cases())
+def test_a_padded_slot_keeps_its_padding_zero(case):
+    """A convolution's pooled buffer (``padded=True``) lies in a store with room for its local
+    zero padding: after a user write over the whole buffer (halo cells included) and the
+    next exchange, the buffer equals the globally padded array and every store cell outside
+    the data box (margins, halo beyond a non-periodic boundary) is zero, so the read window
+    padded by ``pad_lo``/``pad_hi`` is the whole store, a C-contiguous array."""
+    from disttensor.core.padded_store import _stores
+    g, x, plan = make(case, 5)
+    halo_pool.clear()
+    for i in range(2):
+        with nested():
+            a = _spatial.halo_input(x, plan, padded=True)
+        if not plan.needs_exchange:
+            return
+        slot = [s for v in halo_pool._slots.values() for s in v
+                if np.shares_memory(s.buffer, a.buffer)]
+        assert_all_ranks(COMM, len(slot) == 1, "the buffer is not a pooled one")
+        store = slot[0].store
+        box = _stores[id(store)][1]
+        assert_allclose_all(COMM, a.buffer, reference(g, x, plan), rtol=0)
+        assert_all_ranks(COMM, not np.any(_outside(store, box)), "padding not zero")
+        whole = True
+        if plan.margins is not None:   # (rank-local: the read window and its padding)
+            window = a.buffer[plan.read]
+            padded = np.pad(window, ((0, 0), (0, 0)) + tuple(zip(plan.pad_lo, plan.pad_hi)))
+            whole = store.shape == padded.shape and np.array_equal(store, padded)
+        assert_all_ranks(COMM, whole, "the store is not the padded operand")
+        a.buffer[...] = 7.0        # a user write; the next exchange repairs the halo
+        del a
+
+
+def test_a_depth_split_conv_reads_its_halo_buffer_in_place():
+    """A depth-split convolution's saved input (its halo'd buffer) is, with its local zero
+    padding, one C-contiguous store that the direct kernels read in place (no padded copy)
+    on every rank with outputs and a halo; the convolution, its filter gradient and the direct
+    kernel run on the store all equal the float64 reference.  Uneven blocks, an empty one
+    where the ranks allow."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import reference as ref
+    from disttensor.core.padded_store import padded_view
+    from disttensor.ops import conv_backward
+    from disttensor.ops.local.cpu import conv_direct
+    n = 4 + 3 * SIZE
+    sizes = [n - 3 * (SIZE - 1)] + [3] * (SIZE - 1)
+    if SIZE > 2:
+        sizes[1:3] = [0, 6]             # an empty block in the middle
+    rng = np.random.default_rng(7)
+    g = rng.standard_normal((2, 3, n, 5, 6)).astype(np.float32)
+    w = rng.standard_normal((4, 3, 3, 3, 3)).astype(np.float32)
+    grid = get_grid((SIZE, 1))
+    split = (None, None, 0, None, None)
+    x = dt.from_global(g, grid=grid, split=split, sizes=[None, None, sizes, None, None])
+    y, saved = conv_forward(x, w, padding=1)
+    dyg = rng.standard_normal(y.shape).astype(np.float32)
+    dy = dt.from_global(dyg, grid=grid, split=split,
+                        sizes=[None, None, list(y.distribution.split_sizes[2]), None, None])
+    _, dw, _ = conv_backward(saved, dy)
+    want_y = ref.conv(g, w, padding=1)
+    _, want_dw, _ = ref.conv_backward(g, w, dyg, padding=1)
+    assert_allclose_all(COMM, y.to_numpy(), want_y, rtol=1e-4, atol=1e-4)
+    assert_allclose_all(COMM, dw, want_dw, rtol=1e-4, atol=1e-3)
+    plan = saved.plan
+    ok = True
+    if plan.has_output and SIZE > 1:
+        window = saved.xin.buffer[plan.read]
+        size = tuple(m + lo + hi for m, lo, hi in zip(window.shape[2:], plan.pad_lo,
+                                                      plan.pad_hi))
+        store = padded_view(window, plan.pad_lo, size)
+        ok = store is not None and np.shares_memory(store, saved.xin.buffer)
+        if ok:
+            got = conv_direct.ALGORITHMS["direct8x2"].forward(window, w, (1, 1, 1), (1, 1, 1),
+                                                              plan.pad_lo, plan.pad_hi)
+            ok = np.allclose(got, want_y[y.local_slices], rtol=1e-4, atol=1e-4)
+    assert_all_ranks(COMM, ok, "the halo'd buffer is not read in place, or reads wrong")

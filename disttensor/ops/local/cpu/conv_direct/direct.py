@@ -6,7 +6,8 @@ Contract of every pass: the one of :mod:`..conv_im2col` (``forward`` as
 ``conv_forward``, ``backward_data`` as ``conv_backward_data``, ``backward_filter`` as
 ``conv_backward_filter``): layout ``(N, C, D, H, W)``, every stride, dilation, asymmetric
 (also negative: cropping) zero padding and groups count, float32 and float64, any N (empty
-batches too).  A pass pads its operand into scratch (:func:`.geometry.embed`), packs one
+batches too).  A pass pads its operand into scratch (:func:`.geometry.embed`; a window of a
+zero-padded store, a convolution's halo'd input, is read in place instead), packs one
 operand into lane-major blocks (:mod:`.packing`), runs the register-blocked micro-kernel
 (:mod:`.microkernels`) over offset tables (:mod:`.geometry`) and unpacks the blocked result.
 The planner's interface (``supports``, ``workspace_bytes``, ``estimate_seconds``) sits next

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .....core.copies import copy_into
+from .....core.padded_store import padded_view
 from ..conv_operands import check_shapes, conv_out_shape
 from ..scratch import ScratchBuffers
 
@@ -41,7 +42,13 @@ def embed(x, lo, size, step=(1, 1, 1)):
     outside are dropped: negative ``lo`` crops), in the ``"padded"`` scratch buffer.  With
     unit steps the copy merges the rows of the last axis into single elements
     (:func:`~disttensor.core.copies.copy_into`; 4x16x9x16x16 float32 into 10x18x18: 82 ->
-    59 us)."""
+    59 us).  No copy at all where ``x`` is a window of a zero-padded store that holds this
+    operand (a convolution's halo'd input, :mod:`disttensor.core.padded_store`): the store's
+    view is returned then.  Callers read the result only."""
+    if step[0] == 1 and step[1] == 1 and step[2] == 1:
+        held = padded_view(x, lo, size)
+        if held is not None:
+            return held
     out = scratch("padded", x.shape[:2] + tuple(size), x.dtype)
     src, dst = [slice(None)] * 2, [slice(None)] * 2
     for n, l, sz, s in zip(x.shape[2:], lo, size, step):
