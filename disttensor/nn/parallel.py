@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 
 import numpy as np
 from mpi4py import MPI
@@ -131,6 +132,12 @@ class _Bucket:
         #: per parameter, the host arrays its gradient is copied out into, reused once the
         #: previous step's gradient is dropped (``zero_grad``) and nothing else holds it
         self.recyclers = [Recycler(per_key=2, max_keys=1) for _ in params]
+        #: whether ``.grad`` of some parameter was made a view of ``buffer`` (host buckets):
+        #: :meth:`GradientReducer._reclaim` checks the views before backward writes again
+        self.handed = False
+        #: per parameter, its segment of ``buffer`` shaped as the parameter (made once per
+        #: buffer): what ``.grad`` becomes
+        self.grad_views = None
 
 
 class GradientReducer:
@@ -250,6 +257,8 @@ class GradientReducer:
         if not self.armed:  # a backward through the bare module still ends with finish()
             self.arm()
         b, i = self._where[id(p)]
+        if b.handed:  # last step's gradients are views of the buffer: free to overwrite?
+            self._reclaim(b)
         if b.buffer is None:  # first use, or freed after its gradients were taken
             if self._done_hooks:
                 self._poll_done()  # free what has completed before allocating more
@@ -298,6 +307,9 @@ class GradientReducer:
     def _deliver(self, b: _Bucket) -> None:
         """Hand bucket ``b``'s sums to the on_bucket_done callbacks, the rest into ``.grad``."""
         hooks = self._done_hooks
+        if not hooks and type(b.buffer) is np.ndarray:
+            self._deliver_views(b)
+            return
         grads, views = [], []
         used = to_host(b.buffer[b.size:]) if array_module(b.buffer) is not np \
             else b.buffer[b.size:]
@@ -329,8 +341,62 @@ class GradientReducer:
                 p.grad = g.copy() if view else g
         if self._done_hooks and all(g is None for g in grads):
             b.buffer = None  # all taken: the buffer is allocated again when next needed
+            b.grad_views = None
         else:
             b.buffer[...] = 0
+
+    def _deliver_views(self, b: _Bucket) -> None:
+        """:meth:`_deliver` of a host bucket without callbacks: a parameter without a
+        gradient gets a view of its segment of the bucket as ``.grad`` (no copy; the next
+        backward writes into the bucket again only once nothing but ``.grad`` holds those
+        views, see :meth:`_reclaim`); one that holds a gradient (accumulation across backward
+        passes without ``zero_grad``) gets ``.grad + sum`` as before."""
+        buf = b.buffer
+        views = b.grad_views
+        if views is None or (views and views[0].base is not buf):
+            views = b.grad_views = tuple(buf[o:o + p.data.size].reshape(p.data.shape)
+                                         for p, o in zip(b.params, b.offsets))
+        used = buf[b.size:].tolist()
+        dtype = b.dtype
+        handed = False
+        for i, p in enumerate(b.params):
+            if not used[i] or not p.requires_grad:  # no rank had a gradient, or frozen:
+                continue                            # .grad stays as it is (None), as PyTorch
+            g = views[i]
+            data = p.data
+            if p.grad is None and type(data) is np.ndarray and data.dtype == dtype:
+                p.grad = g
+                handed = True
+                continue
+            if type(data) is np.ndarray:   # a copy into last step's array if it is free
+                out = b.recyclers[i].empty(data.shape, data.dtype)
+                np.copyto(out, g, casting="unsafe")
+                g = out
+            else:                          # (CuPy parameters among NumPy ones)
+                g = array_module(data).asarray(g, dtype=data.dtype)
+            p.grad = g if p.grad is None else p.grad + g
+        b.handed = handed
+
+    def _reclaim(self, b: _Bucket) -> None:
+        """Before backward writes into host bucket ``b`` again: where last step's views of it
+        are still some parameter's ``.grad`` (no ``zero_grad(set_to_none=True)``), that
+        ``.grad`` becomes a copy, keeping its values for the sum of this step to be added to;
+        where a view, or an array made from one, is held by anything else (a reference the
+        caller kept), the bucket takes a fresh buffer and leaves the old one to its holders.
+        Either way the arrays handed out never change after their step."""
+        b.handed = False
+        views = b.grad_views
+        if views is None:
+            return
+        nbuf, most, kept = _view_refs(b.buffer, views, b.params)
+        if nbuf == _IDLE_BUFFER + len(views) and most <= _IDLE_VIEW:
+            if kept:
+                for p, v in zip(b.params, views):
+                    if p.grad is v:
+                        p.grad = v.copy()
+            return
+        b.buffer = _zeros_buffer(self.transport, b.length, b.dtype)
+        b.grad_views = None
 
     def _start(self, b: _Bucket) -> None:
         if b.buffer is None:  # no gradient reached it in this step: it sums zeros
@@ -388,8 +454,13 @@ class GradientReducer:
         the buckets' communicator for sums that rank never starts."""
         self.armed = False
         agreement.settle(self.grid.cart)
+        reported = self._reported
         for b in self.buckets:
-            b.missing = 0  # parameters backward never reached keep their zeroed segments
+            if b.handed:  # no gradient reached the bucket in this step
+                self._reclaim(b)
+            if b.missing and b.buffer is not None:  # parameters backward never reached
+                self._zero_unreported(b, reported)  # contribute zeros
+            b.missing = 0
         self._start_ready()
         while self._next_start < len(self.buckets):
             self._start(self.buckets[self._next_start])
@@ -404,6 +475,15 @@ class GradientReducer:
         self._next_done = 0
         self._passes_done = 0
         self._reported.clear()
+
+    @staticmethod
+    def _zero_unreported(b: _Bucket, reported: dict) -> None:
+        """Zero the segments (and "used" flags) of ``b``'s parameters that no backward pass
+        of this step reported: the buffer still holds an earlier step's sums there."""
+        for i, (p, off) in enumerate(zip(b.params, b.offsets)):
+            if not reported.get(id(p)):
+                b.buffer[off:off + p.data.size] = 0
+                b.buffer[b.size + i] = 0
 
     def release(self) -> None:
         """Give the parameters back their per-op reduction and free the communicator."""
@@ -426,6 +506,40 @@ class _StreamRequest:
 
     def Test(self) -> bool:  # the MPI request's name, for _poll_done
         return bool(self.event.done)
+
+
+def _view_refs(buffer, views, params) -> tuple[int, int, int]:
+    """``(references to buffer, the most references to one of views not counting the
+    .grad that it is, how many are still their parameter's .grad)`` as ``sys.getrefcount``
+    reads them here (compared with the calibrated idle counts below)."""
+    nbuf = sys.getrefcount(buffer)
+    most = kept = 0
+    for i in range(len(views)):
+        v = views[i]
+        is_grad = params[i].grad is v
+        n = sys.getrefcount(v) - is_grad
+        kept += is_grad
+        if n > most:
+            most = n
+    return nbuf, most, kept
+
+
+def _calibrate_view_refs() -> tuple[int, int]:
+    """What :func:`_view_refs` reads for a bucket whose views nothing holds but the bucket
+    and ``.grad`` (measured through the function itself, as the buffer pool calibrates)."""
+    class _Holder:
+        pass
+    h = _Holder()
+    h.buffer = np.zeros(4)
+    h.views = (h.buffer[:2], h.buffer[2:].reshape(1, 2))
+    p0, p1 = _Holder(), _Holder()
+    p0.grad, p1.grad = None, h.views[1]
+    nbuf, most, kept = _view_refs(h.buffer, h.views, (p0, p1))
+    assert kept == 1
+    return nbuf - len(h.views), most
+
+
+_IDLE_BUFFER, _IDLE_VIEW = _calibrate_view_refs()
 
 
 def _bucket_transport(params, comm: MPI.Comm) -> str:
