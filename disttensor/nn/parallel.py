@@ -10,7 +10,12 @@ sums: as backward finishes each parameter's gradient, it is copied into a bucket
 the reverse order of registration, which is roughly the order backward produces them, like
 PyTorch's DDP), and a full bucket is summed with a non-blocking ``MPI_Iallreduce`` on a private
 communicator while the rest of backward runs; the end of backward waits for the buckets and
-adds the sums into ``.grad``.  Callbacks registered with :meth:`GradientReducer.on_bucket_done`
+hands the sums out as ``.grad``: for NumPy parameters a view of the bucket (as PyTorch's
+``gradient_as_bucket_view=True``: no copy out, no zeroing), which the next backward writes
+into again only once nothing but ``.grad`` holds it (a ``.grad`` kept for accumulation is
+copied first; one referenced elsewhere makes the bucket take a new buffer), so ``.grad``
+keeps PyTorch's semantics (``None`` until a gradient arrives, accumulation without
+``zero_grad``, arrays handed out never change).  Callbacks registered with :meth:`GradientReducer.on_bucket_done`
 receive each bucket's summed gradients as soon as its all-reduce has completed (polled with
 ``MPI_Test`` as later buckets start, the rest at the end of backward) and may take them instead
 of ``.grad``: the in-backward weight update (:mod:`disttensor.nn.backward_update`).
@@ -439,7 +444,9 @@ class GradientReducer:
 
     def finish(self) -> None:
         """Start what is left (parameters backward never reached contribute zeros), wait for
-        every bucket, and add the sums into each parameter's ``.grad`` (collective).
+        every bucket, and hand the sums to each parameter's ``.grad`` (collective): a view of
+        the bucket where ``.grad`` is ``None`` (host buckets, no :meth:`on_bucket_done`
+        callbacks, the bucket's dtype), else added to the ``.grad`` held (a new array).
 
         As PyTorch's DDP: a parameter that got a gradient on some rank gets the sum (ranks
         where it was unused contribute zeros); one that got none on any rank (unused in
