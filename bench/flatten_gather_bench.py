@@ -48,7 +48,7 @@ def _redistribution(x):
     """The earlier route: agree, then redistribute to the gathered layout."""
     with agreed(x.grid.cart, "flatten_forward", x=x):
         pass
-    gathered, fd = _flatten_dists(x.distribution)
+    gathered, fd, _ = _flatten_dists(x.distribution)
     loc = x.redistribute(distribution=gathered).local
     return dt.DistArray(loc.reshape(loc.shape[0], fd.shape[1]), fd, x.grid)
 

@@ -27,12 +27,13 @@ import functools
 from dataclasses import dataclass
 
 import numpy as np
+from mpi4py import MPI
 
 from ..core import buffer_pool as _pool
 from ..core.array import DistArray
 from ..core.entry import agreed, collective_entry, deferrable
 from ..core.backend import array_module
-from ..core.comm import allreduce_owned, mpi_type
+from ..core.comm import allreduce_owned
 from ..core.distribution import Distribution, coords_to_rank, rank_to_coords
 from ..core.watchdog import waiting
 from ._spatial import array_key, check_gradient_layout, param_comm, with_channels
@@ -113,10 +114,10 @@ def _same_blocks(a: Distribution, b: Distribution) -> bool:
 
 
 @functools.lru_cache(maxsize=256)
-def _flatten_dists(d: Distribution) -> tuple[Distribution, Distribution]:
-    """``(gathered, flat)``: the input's layout with every axis but the sample axis whole, and
-    the flattened output's (a pure function of the input's, cached: a step flattens the same
-    layout every time)."""
+def _flatten_dists(d: Distribution) -> tuple[Distribution, Distribution, bool]:
+    """``(gathered, flat, local)``: the input's layout with every axis but the sample axis
+    whole, the flattened output's, and whether going to ``gathered`` moves no data (a pure
+    function of the input's layout, cached: a step flattens the same layout every time)."""
     ndim = len(d.shape)
     gathered = Distribution(d.shape, d.grid_dims, (d.split[0],) + (None,) * (ndim - 1),
                             [d.sizes(0) if d.split[0] is not None else None]
@@ -126,7 +127,7 @@ def _flatten_dists(d: Distribution) -> tuple[Distribution, Distribution]:
         feat *= n
     fd = Distribution((d.shape[0], feat), d.grid_dims, (d.split[0], None),
                       [gathered.sizes(0) if d.split[0] is not None else None, None])
-    return gathered, fd
+    return gathered, fd, _same_blocks(d, gathered)
 
 
 @collective_entry
@@ -137,8 +138,7 @@ def flatten_forward(x: DistArray):
     NumPy blocks, a redistribution of CuPy ones); otherwise no data moves and the agreement is
     deferred).  Returns ``(y, saved)``."""
     d = x.distribution
-    gathered, fd = _flatten_dists(d) if x.ndim >= 2 else (d, None)
-    local = _same_blocks(d, gathered)
+    gathered, fd, local = _flatten_dists(d) if x.ndim >= 2 else (d, None, True)
     gate = deferrable if local else agreed  # (deferred when no data moves)
     with gate(x.grid.cart, "flatten_forward", x=x):
         if x.ndim < 2:
@@ -160,16 +160,18 @@ class _GatherPlan:
     rank's samples, one block each, in its rank order), each member's element count and
     offset in the received buffer, and where its block goes in the gathered block."""
     axes: tuple
-    counts: tuple
-    displs: tuple
-    total: int
+    counts: tuple   # in bytes (the blocks move as MPI_BYTE: any dtype)
+    displs: tuple   # in bytes
+    total: int      # elements
     pieces: tuple   # (index into the gathered block, block shape, start, stop) per member
     shape: tuple    # this rank's block of ``gathered``
 
 
 @functools.lru_cache(maxsize=256)
-def _gather_plan(x_dist: Distribution, gathered: Distribution, rank: int) -> _GatherPlan:
-    """The :class:`_GatherPlan` of ``rank`` (pure, cached: a step flattens one layout)."""
+def _gather_plan(x_dist: Distribution, gathered: Distribution, rank: int,
+                 itemsize: int) -> _GatherPlan:
+    """The :class:`_GatherPlan` of ``rank`` for elements of ``itemsize`` bytes (pure,
+    cached: a step flattens one layout)."""
     dims = x_dist.grid_dims
     axes = tuple(sorted({g for g in x_dist.split[1:] if g is not None}))
     mine = rank_to_coords(rank, dims)
@@ -182,8 +184,8 @@ def _gather_plan(x_dist: Distribution, gathered: Distribution, rank: int) -> _Ga
         b = x_dist.rank_box(coords_to_rank(coords, dims))
         n = int(np.prod(b.shape, dtype=np.int64))
         index = tuple(slice(a0 - g0, a1 - g0) for a0, a1, g0 in zip(b.start, b.stop, g.start))
-        counts.append(n)
-        displs.append(at)
+        counts.append(n * itemsize)
+        displs.append(at * itemsize)
         pieces.append((index, tuple(b.shape), at, at + n))
         at += n
     return _GatherPlan(axes, tuple(counts), tuple(displs), at, tuple(pieces), tuple(g.shape))
@@ -195,10 +197,10 @@ def _gather_blocks(x: DistArray, gathered: Distribution) -> np.ndarray:
     same samples, then each block copied into place.  Collective over the grid; called after
     the agreement of :func:`flatten_forward`."""
     grid = x.grid
-    plan = _gather_plan(x.distribution, gathered, grid.cart.rank)
-    comm = grid.sub_comm(plan.axes)
     src = x.local
     dtype = src.dtype
+    plan = _gather_plan(x.distribution, gathered, grid.cart.rank, dtype.itemsize)
+    comm = grid.sub_comm(plan.axes)
     if not src.flags.c_contiguous:
         src = np.ascontiguousarray(src)
     out = _pool.empty(plan.shape, dtype)   # (recycled when steady, as the buffer below)
@@ -206,9 +208,8 @@ def _gather_blocks(x: DistArray, gathered: Distribution) -> np.ndarray:
         np.copyto(out[plan.pieces[0][0]], src)
         return out
     recv = _pool.empty((plan.total,), dtype)
-    mt = mpi_type(dtype)
     with waiting(comm, "MPI_Allgatherv (flatten)"):
-        comm.Allgatherv([src, mt], [recv, plan.counts, plan.displs, mt])
+        comm.Allgatherv([src, MPI.BYTE], [recv, plan.counts, plan.displs, MPI.BYTE])
     for index, shape, start, stop in plan.pieces:
         np.copyto(out[index], recv[start:stop].reshape(shape))
     return out
