@@ -212,7 +212,9 @@ class GradientReducer:
         seg = b.buffer[b.offsets[i]:b.offsets[i] + p.data.size]
         seen = self._reported.get(id(p), 0)
         self._reported[id(p)] = seen + 1
-        if share is not None:
+        if type(share) is np.ndarray and type(seg) is np.ndarray:  # (host bucket)
+            share = share.reshape(-1)
+        elif share is not None:
             on_device = array_module(share) is not np
             if on_device and not _device_buffers(self.transport):
                 share = to_host(share)
