@@ -35,6 +35,7 @@ from disttensor.ops import (ACTIVATIONS, activation_backward, activation_forward
 from checks import COMM, SIZE, examples, expect, grid
 from gradchecks import guarded
 from conftest import assert_allclose_all, assert_all_ranks, assert_raises_all
+from disttensor.testing import assert_adjoint
 from disttensor.testing.strategies import grids, split_sizes, splits
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -573,6 +574,9 @@ def test_flatten_dense(case):
     dx = flatten_backward(fsaved, dxf)
     expect(dx.distribution == x.distribution, f"{what}: dx distribution {dx.distribution}")
     gathered(dx, rdx.reshape(shape), f"{what} dx", atol=1e-12)
+    # the gather (the forward) and the slice of the replica (the backward) are adjoint
+    assert_adjoint(lambda v: flatten_forward(v)[0], lambda g: flatten_backward(fsaved, g),
+                   x, dxf, err_msg=f"{what} adjoint")
 
 
 @st.composite
