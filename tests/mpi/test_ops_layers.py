@@ -1,7 +1,8 @@
 """Distributed CNN layers other than convolution against the serial float64 reference
 (``tests/reference.py``): pooling, upsampling, batch norm, activations, channel softmax,
 dropout, channel concatenation, flatten + dense, and the mse / cross-entropy losses, forward
-and backward; finite-difference checks of a few backward passes; errors raised on every rank.
+and backward; finite-difference checks of a few backward passes; flatten's gather and its
+backward checked adjoint (dot-product test); errors raised on every rank.
 
 Layouts are ``(N, C, *spatial)`` arrays on ``COMM.size`` ranks with the channel axis (1) never
 split and the sample axis and any subset of the spatial axes split over the grid axes, with
