@@ -73,6 +73,8 @@ JOBS = [
     Job("conv_operand", "conv_operand_bench.py", ["--reps", "5", "--calls", "5"], [],
         ranks=(2,)),
     Job("redistribute", "redistribute_bench.py", ["--quick"], [], ranks=(2, 4)),
+    Job("flatten_gather", "flatten_gather_bench.py", ["--reps", "200"], ["--reps", "800"],
+        ranks=(2,)),
     Job("agreement", "agreement_bench.py", ["--size", "16", "--reps", "8"], [], ranks=(2,)),
     # scaling, overlap, the performance model
     Job("scaling", "scaling_bench.py", ["--quick"], [], ranks=(2, 3, 4)),

@@ -67,7 +67,7 @@ differing call; :func:`settle` agrees the pending calls now (one all-reduce).
 
 ``DISTTENSOR_DEBUG=1`` (read at import) turns on the heavier checks for debugging sessions:
 the digest cache is off, replicated arrays are compared by value (a digest of their bytes)
-rather than by shape and dtype, and :func:`disttensor.nn.parallel.check_replicas` compares
+rather than by shape and dtype, and :func:`disttensor.nn.replicas.check_replicas` compares
 every value.  :func:`disabled` switches agreement off inside a block (benchmarks measure its
 cost with it; it is not meant for production: mismatches then hang again).
 """

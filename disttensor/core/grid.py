@@ -104,6 +104,10 @@ class ProcessGrid:
     def sub_comm(self, axes: Sequence[int]) -> MPI.Comm:
         """Communicator over the ranks that differ only along grid ``axes`` (collective on
         first use for a given set of axes; cached).  Ranks in it are row-major over ``axes``."""
+        if type(axes) is tuple:  # (a sorted tuple of ints, as plans keep it: one look-up)
+            sub = self._subs.get(axes)
+            if sub is not None:
+                return sub
         key = tuple(sorted(set(int(a) for a in axes)))
         if any(not 0 <= a < self.ndim for a in key):
             raise ValueError(f"grid axes {tuple(axes)} outside a {self.ndim}-d grid")

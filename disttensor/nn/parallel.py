@@ -10,7 +10,12 @@ sums: as backward finishes each parameter's gradient, it is copied into a bucket
 the reverse order of registration, which is roughly the order backward produces them, like
 PyTorch's DDP), and a full bucket is summed with a non-blocking ``MPI_Iallreduce`` on a private
 communicator while the rest of backward runs; the end of backward waits for the buckets and
-adds the sums into ``.grad``.  Callbacks registered with :meth:`GradientReducer.on_bucket_done`
+hands the sums out as ``.grad``: for NumPy parameters a view of the bucket (as PyTorch's
+``gradient_as_bucket_view=True``: no copy out, no zeroing), which the next backward writes
+into again only once nothing but ``.grad`` holds it (a ``.grad`` kept for accumulation is
+copied first; one referenced elsewhere makes the bucket take a new buffer), so ``.grad``
+keeps PyTorch's semantics (``None`` until a gradient arrives, accumulation without
+``zero_grad``, arrays handed out never change).  Callbacks registered with :meth:`GradientReducer.on_bucket_done`
 receive each bucket's summed gradients as soon as its all-reduce has completed (polled with
 ``MPI_Test`` as later buckets start, the rest at the end of backward) and may take them instead
 of ``.grad``: the in-backward weight update (:mod:`disttensor.nn.backward_update`).
@@ -31,8 +36,8 @@ training forwards.
 """
 from __future__ import annotations
 
-import hashlib
 import os
+import sys
 
 import numpy as np
 from mpi4py import MPI
@@ -45,70 +50,12 @@ from ..core.watchdog import waiting
 from ..core.grid import ProcessGrid
 from ..autograd.tensor import cancel_post_backward, queue_post_backward
 from .module import Module
+from .replicas import check_replicas
 
 __all__ = ["GradientReducer", "DistributedDataParallel", "check_replicas",
            "DEFAULT_BUCKET_BYTES"]
 
 DEFAULT_BUCKET_BYTES = 25 * 2 ** 20
-
-
-def _digest(a) -> str:
-    h = hashlib.blake2b(digest_size=16)
-    host = np.ascontiguousarray(to_host(a) if array_module(a) is not np else a)
-    h.update(str((host.shape, host.dtype.str)).encode())
-    h.update(host.tobytes())
-    return h.hexdigest()
-
-
-def check_replicas(module: Module, comm: MPI.Comm, what: str = "model") -> None:
-    """Raise ``ValueError`` on every rank unless each parameter and buffer of ``module`` is
-    bit-identical on all ranks of ``comm`` (collective).
-
-    Cheap: each array is reduced to a 16-byte digest of its bytes, the digests of all arrays to
-    one, and a single small all-reduce compares that across ranks (see
-    :mod:`disttensor.core.agreement`); only on a mismatch are the per-array digests gathered to
-    name the arrays that differ.  With ``DISTTENSOR_DEBUG=1`` every value is compared too
-    (an element-wise min/max all-reduce per array), and the error gives the largest
-    difference between ranks."""
-    from ..core import agreement
-    names, digests = [], []
-    for name, a in list(module.state_dict().items()):
-        names.append(name)
-        digests.append(_digest(a))
-    if comm.size == 1:
-        return
-    _, differ = agreement.status_allreduce(
-        comm, False, agreement.digest("check_replicas", {"names": names, "digests": digests}))
-    spread = _value_spread(module, comm) if agreement.DEBUG else {}
-    if not differ and not any(spread.values()):
-        return
-    everyone = comm.allgather((names, digests))
-    if any(n != names for n, _ in everyone):
-        raise ValueError(f"{what}: the ranks hold different sets of parameters/buffers "
-                         f"(rank 0: {everyone[0][0]})")
-    for i, name in enumerate(names):
-        vals = [d[i] for _, d in everyone]
-        if any(v != vals[0] for v in vals) or spread.get(name):
-            differ = [r for r, v in enumerate(vals) if v != vals[0]]
-            extra = (f"; largest difference between ranks {spread[name]:.6g}"
-                     if spread.get(name) else "")
-            raise ValueError(f"{what}: {name!r} differs between ranks (ranks {differ} differ "
-                             f"from rank 0{extra}); build the model with the same seed on "
-                             "every rank or load the same state")
-
-
-def _value_spread(module: Module, comm: MPI.Comm) -> dict:
-    """``DISTTENSOR_DEBUG``: per array, the largest difference between the ranks' values
-    (element-wise max minus min over ranks; NaN counts as a difference).  Collective."""
-    from ..core.comm import allreduce
-    out = {}
-    for name, a in module.state_dict().items():
-        host = np.asarray(to_host(a) if array_module(a) is not np else a, dtype=np.float64)
-        hi = allreduce(comm, host, "max")
-        lo = allreduce(comm, host, "min")
-        d = np.abs(hi - lo)
-        out[name] = float(np.nanmax(np.where(np.isnan(d), np.inf, d))) if d.size else 0.0
-    return out
 
 
 class _Bucket:
@@ -131,6 +78,12 @@ class _Bucket:
         #: per parameter, the host arrays its gradient is copied out into, reused once the
         #: previous step's gradient is dropped (``zero_grad``) and nothing else holds it
         self.recyclers = [Recycler(per_key=2, max_keys=1) for _ in params]
+        #: whether ``.grad`` of some parameter was made a view of ``buffer`` (host buckets):
+        #: :meth:`GradientReducer._reclaim` checks the views before backward writes again
+        self.handed = False
+        #: per parameter, its segment of ``buffer`` shaped as the parameter (made once per
+        #: buffer): what ``.grad`` becomes
+        self.grad_views = None
 
 
 class GradientReducer:
@@ -250,6 +203,8 @@ class GradientReducer:
         if not self.armed:  # a backward through the bare module still ends with finish()
             self.arm()
         b, i = self._where[id(p)]
+        if b.handed:  # last step's gradients are views of the buffer: free to overwrite?
+            self._reclaim(b)
         if b.buffer is None:  # first use, or freed after its gradients were taken
             if self._done_hooks:
                 self._poll_done()  # free what has completed before allocating more
@@ -257,7 +212,9 @@ class GradientReducer:
         seg = b.buffer[b.offsets[i]:b.offsets[i] + p.data.size]
         seen = self._reported.get(id(p), 0)
         self._reported[id(p)] = seen + 1
-        if share is not None:
+        if type(share) is np.ndarray and type(seg) is np.ndarray:  # (host bucket)
+            share = share.reshape(-1)
+        elif share is not None:
             on_device = array_module(share) is not np
             if on_device and not _device_buffers(self.transport):
                 share = to_host(share)
@@ -298,6 +255,9 @@ class GradientReducer:
     def _deliver(self, b: _Bucket) -> None:
         """Hand bucket ``b``'s sums to the on_bucket_done callbacks, the rest into ``.grad``."""
         hooks = self._done_hooks
+        if not hooks and type(b.buffer) is np.ndarray:
+            self._deliver_views(b)
+            return
         grads, views = [], []
         used = to_host(b.buffer[b.size:]) if array_module(b.buffer) is not np \
             else b.buffer[b.size:]
@@ -329,8 +289,62 @@ class GradientReducer:
                 p.grad = g.copy() if view else g
         if self._done_hooks and all(g is None for g in grads):
             b.buffer = None  # all taken: the buffer is allocated again when next needed
+            b.grad_views = None
         else:
             b.buffer[...] = 0
+
+    def _deliver_views(self, b: _Bucket) -> None:
+        """:meth:`_deliver` of a host bucket without callbacks: a parameter without a
+        gradient gets a view of its segment of the bucket as ``.grad`` (no copy; the next
+        backward writes into the bucket again only once nothing but ``.grad`` holds those
+        views, see :meth:`_reclaim`); one that holds a gradient (accumulation across backward
+        passes without ``zero_grad``) gets ``.grad + sum`` as before."""
+        buf = b.buffer
+        views = b.grad_views
+        if views is None or (views and views[0].base is not buf):
+            views = b.grad_views = tuple(buf[o:o + p.data.size].reshape(p.data.shape)
+                                         for p, o in zip(b.params, b.offsets))
+        used = buf[b.size:].tolist()
+        dtype = b.dtype
+        handed = False
+        for i, p in enumerate(b.params):
+            if not used[i] or not p.requires_grad:  # no rank had a gradient, or frozen:
+                continue                            # .grad stays as it is (None), as PyTorch
+            g = views[i]
+            data = p.data
+            if p.grad is None and type(data) is np.ndarray and data.dtype == dtype:
+                p.grad = g
+                handed = True
+                continue
+            if type(data) is np.ndarray:   # a copy into last step's array if it is free
+                out = b.recyclers[i].empty(data.shape, data.dtype)
+                np.copyto(out, g, casting="unsafe")
+                g = out
+            else:                          # (CuPy parameters among NumPy ones)
+                g = array_module(data).asarray(g, dtype=data.dtype)
+            p.grad = g if p.grad is None else p.grad + g
+        b.handed = handed
+
+    def _reclaim(self, b: _Bucket) -> None:
+        """Before backward writes into host bucket ``b`` again: where last step's views of it
+        are still some parameter's ``.grad`` (no ``zero_grad(set_to_none=True)``), that
+        ``.grad`` becomes a copy, keeping its values for the sum of this step to be added to;
+        where a view, or an array made from one, is held by anything else (a reference the
+        caller kept), the bucket takes a fresh buffer and leaves the old one to its holders.
+        Either way the arrays handed out never change after their step."""
+        b.handed = False
+        views = b.grad_views
+        if views is None:
+            return
+        nbuf, most, kept = _view_refs(b.buffer, views, b.params)
+        if nbuf == _IDLE_BUFFER + len(views) and most <= _IDLE_VIEW:
+            if kept:
+                for p, v in zip(b.params, views):
+                    if p.grad is v:
+                        p.grad = v.copy()
+            return
+        b.buffer = _zeros_buffer(self.transport, b.length, b.dtype)
+        b.grad_views = None
 
     def _start(self, b: _Bucket) -> None:
         if b.buffer is None:  # no gradient reached it in this step: it sums zeros
@@ -373,7 +387,9 @@ class GradientReducer:
 
     def finish(self) -> None:
         """Start what is left (parameters backward never reached contribute zeros), wait for
-        every bucket, and add the sums into each parameter's ``.grad`` (collective).
+        every bucket, and hand the sums to each parameter's ``.grad`` (collective): a view of
+        the bucket where ``.grad`` is ``None`` (host buckets, no :meth:`on_bucket_done`
+        callbacks, the bucket's dtype), else added to the ``.grad`` held (a new array).
 
         As PyTorch's DDP: a parameter that got a gradient on some rank gets the sum (ranks
         where it was unused contribute zeros); one that got none on any rank (unused in
@@ -388,8 +404,13 @@ class GradientReducer:
         the buckets' communicator for sums that rank never starts."""
         self.armed = False
         agreement.settle(self.grid.cart)
+        reported = self._reported
         for b in self.buckets:
-            b.missing = 0  # parameters backward never reached keep their zeroed segments
+            if b.handed:  # no gradient reached the bucket in this step
+                self._reclaim(b)
+            if b.missing and b.buffer is not None:  # parameters backward never reached
+                self._zero_unreported(b, reported)  # contribute zeros
+            b.missing = 0
         self._start_ready()
         while self._next_start < len(self.buckets):
             self._start(self.buckets[self._next_start])
@@ -404,6 +425,15 @@ class GradientReducer:
         self._next_done = 0
         self._passes_done = 0
         self._reported.clear()
+
+    @staticmethod
+    def _zero_unreported(b: _Bucket, reported: dict) -> None:
+        """Zero the segments (and "used" flags) of ``b``'s parameters that no backward pass
+        of this step reported: the buffer still holds an earlier step's sums there."""
+        for i, (p, off) in enumerate(zip(b.params, b.offsets)):
+            if not reported.get(id(p)):
+                b.buffer[off:off + p.data.size] = 0
+                b.buffer[b.size + i] = 0
 
     def release(self) -> None:
         """Give the parameters back their per-op reduction and free the communicator."""
@@ -426,6 +456,40 @@ class _StreamRequest:
 
     def Test(self) -> bool:  # the MPI request's name, for _poll_done
         return bool(self.event.done)
+
+
+def _view_refs(buffer, views, params) -> tuple[int, int, int]:
+    """``(references to buffer, the most references to one of views not counting the
+    .grad that it is, how many are still their parameter's .grad)`` as ``sys.getrefcount``
+    reads them here (compared with the calibrated idle counts below)."""
+    nbuf = sys.getrefcount(buffer)
+    most = kept = 0
+    for i in range(len(views)):
+        v = views[i]
+        is_grad = params[i].grad is v
+        n = sys.getrefcount(v) - is_grad
+        kept += is_grad
+        if n > most:
+            most = n
+    return nbuf, most, kept
+
+
+def _calibrate_view_refs() -> tuple[int, int]:
+    """What :func:`_view_refs` reads for a bucket whose views nothing holds but the bucket
+    and ``.grad`` (measured through the function itself, as the buffer pool calibrates)."""
+    class _Holder:
+        pass
+    h = _Holder()
+    h.buffer = np.zeros(4)
+    h.views = (h.buffer[:2], h.buffer[2:].reshape(1, 2))
+    p0, p1 = _Holder(), _Holder()
+    p0.grad, p1.grad = None, h.views[1]
+    nbuf, most, kept = _view_refs(h.buffer, h.views, (p0, p1))
+    assert kept == 1
+    return nbuf - len(h.views), most
+
+
+_IDLE_BUFFER, _IDLE_VIEW = _calibrate_view_refs()
 
 
 def _bucket_transport(params, comm: MPI.Comm) -> str:

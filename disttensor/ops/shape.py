@@ -5,10 +5,12 @@
   concatenated locally; the backward slices the gradient and sends each piece back to its
   operand's distribution.
 * :func:`flatten_forward`: ``(N, C, *S) -> (N, C*prod(S))`` with the sample axis split as in
-  the input and every other axis whole: the spatial blocks are gathered (redistributed) over
-  the spatial grid axes, whose ranks then hold replicas.  The backward is the redistribution
-  back (the global array is unchanged by a redistribution, so its gradient is too), which
-  moves no data: each rank's gradient block is a slice of the replica it holds.
+  the input and every other axis whole: the spatial blocks are gathered over the spatial grid
+  axes, whose ranks then hold replicas (NumPy blocks: one ``MPI_Allgatherv`` over the ranks
+  holding the same samples, after the call's agreement; the plan of who holds what is cached
+  per layout).  The backward is the redistribution back (the global array is unchanged by a
+  redistribution, so its gradient is too), which moves no data: each rank's gradient block is
+  a slice of the replica it holds.
 * :func:`dense_forward`: ``y = x @ w.T + b`` on ``(N, F)`` blocks with the features whole;
   ``dw``/``db`` are summed over the ranks holding different samples (replicas count once).
 
@@ -25,13 +27,15 @@ import functools
 from dataclasses import dataclass
 
 import numpy as np
+from mpi4py import MPI
 
 from ..core import buffer_pool as _pool
 from ..core.array import DistArray
 from ..core.entry import agreed, collective_entry, deferrable
 from ..core.backend import array_module
 from ..core.comm import allreduce_owned
-from ..core.distribution import Distribution
+from ..core.distribution import Distribution, coords_to_rank, rank_to_coords
+from ..core.watchdog import waiting
 from ._spatial import array_key, check_gradient_layout, param_comm, with_channels
 
 __all__ = ["concat_channels", "concat_channels_backward", "flatten_forward",
@@ -110,10 +114,10 @@ def _same_blocks(a: Distribution, b: Distribution) -> bool:
 
 
 @functools.lru_cache(maxsize=256)
-def _flatten_dists(d: Distribution) -> tuple[Distribution, Distribution]:
-    """``(gathered, flat)``: the input's layout with every axis but the sample axis whole, and
-    the flattened output's (a pure function of the input's, cached: a step flattens the same
-    layout every time)."""
+def _flatten_dists(d: Distribution) -> tuple[Distribution, Distribution, bool]:
+    """``(gathered, flat, local)``: the input's layout with every axis but the sample axis
+    whole, the flattened output's, and whether going to ``gathered`` moves no data (a pure
+    function of the input's layout, cached: a step flattens the same layout every time)."""
     ndim = len(d.shape)
     gathered = Distribution(d.shape, d.grid_dims, (d.split[0],) + (None,) * (ndim - 1),
                             [d.sizes(0) if d.split[0] is not None else None]
@@ -123,25 +127,92 @@ def _flatten_dists(d: Distribution) -> tuple[Distribution, Distribution]:
         feat *= n
     fd = Distribution((d.shape[0], feat), d.grid_dims, (d.split[0], None),
                       [gathered.sizes(0) if d.split[0] is not None else None, None])
-    return gathered, fd
+    return gathered, fd, _same_blocks(d, gathered)
 
 
 @collective_entry
 def flatten_forward(x: DistArray):
     """``(N, ...) -> (N, prod(...))``; the sample axis keeps its split, all others are whole
-    (collective: the ranks agree on ``x``'s metadata; a redistribution when the input is split
-    beyond the sample axis; otherwise no data moves and the agreement is deferred).  Returns
-    ``(y, saved)``."""
+    (collective: the ranks agree on ``x``'s metadata; when the input is split beyond the
+    sample axis, its blocks are then gathered over those grid axes (one ``MPI_Allgatherv`` of
+    NumPy blocks, a redistribution of CuPy ones); otherwise no data moves and the agreement is
+    deferred).  Returns ``(y, saved)``."""
     d = x.distribution
-    gathered, fd = _flatten_dists(d) if x.ndim >= 2 else (d, None)
-    local = _same_blocks(d, gathered)
+    gathered, fd, local = _flatten_dists(d) if x.ndim >= 2 else (d, None, True)
     gate = deferrable if local else agreed  # (deferred when no data moves)
     with gate(x.grid.cart, "flatten_forward", x=x):
         if x.ndim < 2:
             raise ValueError(f"flatten needs at least 2 axes, got shape {x.shape}")
-    loc = x.local if local else x.redistribute(distribution=gathered).local
+    if local:
+        loc = x.local
+    elif type(x.local) is np.ndarray:
+        loc = _gather_blocks(x, gathered)
+    else:
+        loc = x.redistribute(distribution=gathered).local
     flat = loc.reshape(loc.shape[0], fd.shape[1])
     return DistArray(flat, fd, x.grid), FlattenSaved(d, gathered, fd)
+
+
+@dataclass(frozen=True)
+class _GatherPlan:
+    """How one rank gathers its block of ``gathered`` from the blocks of ``x_dist``: the grid
+    axes the other axes are split over (their sub-communicator holds the ranks with this
+    rank's samples, one block each, in its rank order), each member's element count and
+    offset in the received buffer, and where its block goes in the gathered block."""
+    axes: tuple
+    counts: tuple   # in bytes (the blocks move as MPI_BYTE: any dtype)
+    displs: tuple   # in bytes
+    total: int      # elements
+    pieces: tuple   # (index into the gathered block, block shape, start, stop) per member
+    shape: tuple    # this rank's block of ``gathered``
+
+
+@functools.lru_cache(maxsize=256)
+def _gather_plan(x_dist: Distribution, gathered: Distribution, rank: int,
+                 itemsize: int) -> _GatherPlan:
+    """The :class:`_GatherPlan` of ``rank`` for elements of ``itemsize`` bytes (pure,
+    cached: a step flattens one layout)."""
+    dims = x_dist.grid_dims
+    axes = tuple(sorted({g for g in x_dist.split[1:] if g is not None}))
+    mine = rank_to_coords(rank, dims)
+    g = gathered.rank_box(rank)
+    counts, displs, pieces, at = [], [], [], 0
+    for sub in np.ndindex(*[dims[a] for a in axes]):
+        coords = list(mine)
+        for a, c in zip(axes, sub):
+            coords[a] = c
+        b = x_dist.rank_box(coords_to_rank(coords, dims))
+        n = int(np.prod(b.shape, dtype=np.int64))
+        index = tuple(slice(a0 - g0, a1 - g0) for a0, a1, g0 in zip(b.start, b.stop, g.start))
+        counts.append(n * itemsize)
+        displs.append(at * itemsize)
+        pieces.append((index, tuple(b.shape), at, at + n))
+        at += n
+    return _GatherPlan(axes, tuple(counts), tuple(displs), at, tuple(pieces), tuple(g.shape))
+
+
+def _gather_blocks(x: DistArray, gathered: Distribution) -> np.ndarray:
+    """This rank's block of ``gathered`` (every axis but the sample axis whole) from the
+    NumPy blocks of ``x``: one ``MPI_Allgatherv`` of the blocks over the ranks holding the
+    same samples, then each block copied into place.  Collective over the grid; called after
+    the agreement of :func:`flatten_forward`."""
+    grid = x.grid
+    src = x.local
+    dtype = src.dtype
+    plan = _gather_plan(x.distribution, gathered, grid.cart.rank, dtype.itemsize)
+    comm = grid.sub_comm(plan.axes)
+    if not src.flags.c_contiguous:
+        src = np.ascontiguousarray(src)
+    out = _pool.empty(plan.shape, dtype)   # (recycled when steady, as the buffer below)
+    if comm.size == 1:
+        np.copyto(out[plan.pieces[0][0]], src)
+        return out
+    recv = _pool.empty((plan.total,), dtype)
+    with waiting(comm, "MPI_Allgatherv (flatten)"):
+        comm.Allgatherv([src, MPI.BYTE], [recv, plan.counts, plan.displs, MPI.BYTE])
+    for index, shape, start, stop in plan.pieces:
+        np.copyto(out[index], recv[start:stop].reshape(shape))
+    return out
 
 
 @functools.lru_cache(maxsize=256)

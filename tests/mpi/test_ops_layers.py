@@ -1,7 +1,8 @@
 """Distributed CNN layers other than convolution against the serial float64 reference
 (``tests/reference.py``): pooling, upsampling, batch norm, activations, channel softmax,
 dropout, channel concatenation, flatten + dense, and the mse / cross-entropy losses, forward
-and backward; finite-difference checks of a few backward passes; errors raised on every rank.
+and backward; finite-difference checks of a few backward passes; flatten's gather and its
+backward checked adjoint (dot-product test); errors raised on every rank.
 
 Layouts are ``(N, C, *spatial)`` arrays on ``COMM.size`` ranks with the channel axis (1) never
 split and the sample axis and any subset of the spatial axes split over the grid axes, with
@@ -35,6 +36,7 @@ from disttensor.ops import (ACTIVATIONS, activation_backward, activation_forward
 from checks import COMM, SIZE, examples, expect, grid
 from gradchecks import guarded
 from conftest import assert_allclose_all, assert_all_ranks, assert_raises_all
+from disttensor.testing import assert_adjoint
 from disttensor.testing.strategies import grids, split_sizes, splits
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -573,6 +575,9 @@ def test_flatten_dense(case):
     dx = flatten_backward(fsaved, dxf)
     expect(dx.distribution == x.distribution, f"{what}: dx distribution {dx.distribution}")
     gathered(dx, rdx.reshape(shape), f"{what} dx", atol=1e-12)
+    # the gather (the forward) and the slice of the replica (the backward) are adjoint
+    assert_adjoint(lambda v: flatten_forward(v)[0], lambda g: flatten_backward(fsaved, g),
+                   x, dxf, err_msg=f"{what} adjoint")
 
 
 @st.composite
