@@ -175,6 +175,28 @@ def test_scatter_path_float32():
         _close(dx, ref.pool_backward(x, dy, mode, k, s, _pads(lo, hi), False), np.float32)
 
 
+@pytest.mark.parametrize("mode", ["max", "avg"])
+@pytest.mark.parametrize("k,s,lo,hi", [
+    ((2, 2, 2), (2, 2, 2), (0, 0, 0), (0, 0, 0)),      # trailing rows in no window
+    ((2, 1, 2), (3, 2, 3), (1, 0, 0), (0, 1, 0)),      # gaps between windows, padding
+])
+def test_scatter_path_zeroes_recycled_buffer(mode, k, s, lo, hi):
+    """The scatter path writes dx into a recycled pool buffer without a separate zero pass:
+    cells in no window (gaps, trailing rows) must still come out zero when the buffer last
+    held NaN."""
+    from disttensor.core import buffer_pool
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 3, 7, 6, 8))
+    y, am = pool_forward(x, mode, k, s, lo, hi, True)
+    dy = rng.standard_normal(y.shape)
+    for _ in range(3):                       # leave NaN in the buffers dx may be given
+        junk = buffer_pool.empty(x.shape, x.dtype)
+        junk.fill(np.nan)
+        del junk
+    dx = pool_backward(dy, am, mode, x.shape[2:], k, s, lo, hi, True)
+    _close(dx, ref.pool_backward(x, dy, mode, k, s, _pads(lo, hi), True), np.float64)
+
+
 # --------------------------------------------------------------------------------------------
 # max-pool tie and NaN rules
 # --------------------------------------------------------------------------------------------

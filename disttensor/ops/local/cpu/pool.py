@@ -266,7 +266,19 @@ def _avg_fwd(x, y, kD, kH, kW, sD, sH, sW, lD, lH, lW, cnt_w, include_pad):
 
 
 # Backward, non-overlapping windows (stride >= kernel on every axis): every input cell is in
-# at most one window, so a scatter over (n, c, od) output slabs writes disjoint cells.
+# at most one window, so a scatter over (n, c, od) output slabs writes disjoint cells.  Each
+# task first zeroes its slab's input rows d0 .. d0 + sD - 1 (disjoint too, and holding every
+# cell its windows write), so dx needs no separate zero pass: only the rows past the last
+# slab are zeroed by the caller (:func:`pool_backward`).
+
+@njit(inline="always")
+def _zero_slab(dx, n, c, d0, sD):
+    D, H, W = dx.shape[2], dx.shape[3], dx.shape[4]
+    for d in range(max(0, d0), min(D, d0 + sD)):
+        for h in range(H):
+            for w in range(W):
+                dx[n, c, d, h, w] = 0.0
+
 
 @njit(parallel=True, cache=True)
 def _max_bwd_scatter(dy, am, dx, kD, kH, kW, sD, sH, sW, lD, lH, lW):
@@ -280,6 +292,7 @@ def _max_bwd_scatter(dy, am, dx, kD, kH, kW, sD, sH, sW, lD, lH, lW):
         n = p // C
         c = p - n * C
         d0 = od * sD - lD
+        _zero_slab(dx, n, c, d0, sD)
         for oh in range(OH):
             h0 = oh * sH - lH
             gr = dy[n, c, od, oh]
@@ -309,6 +322,7 @@ def _avg_bwd_scatter(dy, dx, kD, kH, kW, sD, sH, sW, lD, lH, lW, inv_d, inv_h, i
         n = p // C
         c = p - n * C
         d0 = od * sD - lD
+        _zero_slab(dx, n, c, d0, sD)
         for kd in range(max(0, -d0), min(kD, D - d0)):
             for oh in range(OH):
                 h0 = oh * sH - lH
@@ -450,16 +464,16 @@ def pool_backward(dy, argmax, mode, in_spatial, kernel, stride, pad_lo, pad_hi,
     shape = dy.shape[:2] + in_spatial
     overlapping = any(ss < kk for ss, kk in zip(s, k))
     dx = _pool.empty(shape, dy.dtype)          # (recycled: no allocation when steady)
-    if dy.size == 0 or not overlapping:
+    if dy.size == 0:                              # no windows
         dx.fill(0)
-        if dy.size == 0 or dx.size == 0:          # no windows, or nothing to write
-            return dx
-    elif dx.size == 0:
+        return dx
+    if dx.size == 0:
         return dx
     inv = None if mode == "max" else _inverse_counts(in_spatial, out, k, s, lo,
                                                      count_include_pad)
     if not overlapping:
-        # scatter into zeros: every input cell is in at most one window
+        # scatter: every input cell is in at most one window; the kernels zero their slabs
+        dx[:, :, max(0, out[0] * s[0] - lo[0]):].fill(0)   # rows past the last slab
         if mode == "max":
             _max_bwd_scatter(dy, argmax, dx, k[0], k[1], k[2], s[0], s[1], s[2],
                              lo[0], lo[1], lo[2])
