@@ -177,16 +177,16 @@ def test_scatter_path_float32():
 
 @pytest.mark.parametrize("mode", ["max", "avg"])
 @pytest.mark.parametrize("k,s,lo,hi", [
-    ((2, 2, 2), (2, 2, 2), (0, 0, 0), (0, 0, 0)),      # trailing rows in no window
+    ((2, 2, 2), (2, 2, 2), (0, 0, 0), (0, 0, 0)),      # trailing cells in no window
     ((2, 1, 2), (3, 2, 3), (1, 0, 0), (0, 1, 0)),      # gaps between windows, padding
 ])
 def test_scatter_path_zeroes_recycled_buffer(mode, k, s, lo, hi):
-    """The scatter path writes dx into a recycled pool buffer without a separate zero pass:
-    cells in no window (gaps, trailing rows) must still come out zero when the buffer last
-    held NaN."""
+    """The scatter paths (the general one, and 2x2x2 max windows at stride 2) write dx into a
+    recycled pool buffer without a separate zero pass: cells in no window (gaps, trailing
+    cells on every axis) must still come out zero when the buffer last held NaN."""
     from disttensor.core import buffer_pool
     rng = np.random.default_rng(5)
-    x = rng.standard_normal((2, 3, 7, 6, 8))
+    x = rng.standard_normal((2, 3, 7, 5, 9))     # odd: cells past the last window
     y, am = pool_forward(x, mode, k, s, lo, hi, True)
     dy = rng.standard_normal(y.shape)
     for _ in range(3):                       # leave NaN in the buffers dx may be given
