@@ -28,7 +28,7 @@ from .cost import modelled_seconds
 from .geometry import (_memo, arange_offsets, embed, gather_offsets, gemm_extents,
                        padded_elements, pass_tap_limits, round_up, scratch, shapes_supported,
                        shifted_offsets)
-from .packing import pack, pack_columns, pack_flipped, unpack
+from .packing import pack, pack_columns, pack_flipped, unpack, unpack_lanes
 
 __all__ = ["Direct", "WeightBroadcast"]
 
@@ -50,15 +50,6 @@ def _sample_positions(n_n, stride, p_n):
 
 _FLIPPED: dict = {}
 _SAMPLES: dict = {}
-
-
-def _unblock(out, cog, width):
-    """``out[:, :cog].transpose(1, 0, 2).reshape(cog, -1)[:, :width]`` (the blocked GEMM
-    result, ``(blocks, rows padded, C)``, as ``(cog, width)`` rows) as a view of scratch: the
-    same values, and no array made."""
-    t = scratch("unblocked", (cog, out.shape[0], out.shape[2]), out.dtype)
-    np.copyto(t, out[:, :cog].transpose(1, 0, 2))
-    return t.reshape(cog, -1)[:, :width]
 
 
 class _FilterOperands(NamedTuple):
@@ -286,13 +277,13 @@ class WeightBroadcast(Direct):
     def workspace_bytes(self, pass_, x_shape, w_shape, stride, dilation, pad_lo, pad_hi,
                         groups, dtype) -> int:
         """Padded operand, the ``(J, positions)`` columns of one group, the blocked output
-        and the offset tables."""
+        (unpacked straight into the result) and the offset tables."""
         lanes, rows, red, _ = gemm_extents(pass_, x_shape, w_shape, stride, dilation, pad_lo,
                                            pad_hi, groups, True)
         padded = padded_elements(pass_, x_shape, w_shape, dilation, pad_lo, pad_hi)
         q_pad = round_up(lanes, self.block_width(dtype))
         rows_pad = round_up(rows, self.rows)
-        return int((padded + red * q_pad + 2 * rows_pad * q_pad) * np.dtype(dtype).itemsize
+        return int((padded + red * q_pad + rows_pad * q_pad) * np.dtype(dtype).itemsize
                    + 8 * (q_pad + red + rows_pad))
 
     def _conv(self, xp, w, y, stride, dilation, groups, transposed=False, limits=None):
@@ -323,8 +314,7 @@ class WeightBroadcast(Direct):
             a_pk = scratch("a", (n_pb, cg * kk, c), dtype)
             pack_columns(xf, pos, shifted_offsets(taps, g * cg * chan, 1), a_pk)
             out = self._gemm(wf, a_pk, rows, red, dtype)     # (n_pb, cog padded, c)
-            res = _unblock(out, cog, q_n)
-            yv[:, g] = res.reshape(cog, n_n, p_n).transpose(1, 0, 2)
+            unpack_lanes(out, yv[:, g])    # one copy, straight into y
 
     def backward_filter(self, x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups=1):
         """:meth:`Direct.backward_filter` with the weight taps ``(ci, k)`` on the lanes:
@@ -346,5 +336,5 @@ class WeightBroadcast(Direct):
             pack_columns(f.xf, shifted_offsets(f.taps, g * cg * f.chan, c), f.pos, a_pk)
             rows = arange_offsets(cog, p_n, g * cog * p_n)
             out = self._gemm(dyf, a_pk, rows, red, f.dtype)     # (n_jb, cog padded, c)
-            dw[g] = _unblock(out, cog, j_n)
+            unpack_lanes(out, dw[g:g + 1])
         return dw.reshape((cout, cg) + f.kernel)
