@@ -307,14 +307,15 @@ def test_scratch_is_reused_and_released():
 
 
 @pytest.mark.parametrize("n_n, m_n, p_n, c", [(3, 5, 7, 4), (2, 3, 8, 4), (1, 2, 5, 8),
-                                               (4, 6, 32, 64), (2, 1, 3, 2)])
-def test_unpack_lanes_is_the_exact_unblocked_transpose(n_n, m_n, p_n, c):
+                                               (4, 6, 32, 64), (3, 2, 2, 4), (1, 3, 2, 8),
+                                               (2, 1, 3, 2), (3, 2, 6, 4), (0, 2, 4, 4)])
+def test_unblock_lanes_is_the_exact_unblocked_transpose(n_n, m_n, p_n, c):
     """The weight-broadcast result's single copy into ``(N, M, P)``: blocks of ``C`` lanes
     that straddle samples, padding rows and lanes (NaN here) never read, a strided ``dst``."""
-    from disttensor.ops.local.cpu.conv_direct.packing import unpack_lanes
+    from disttensor.ops.local.cpu.conv_direct.direct import unblock_lanes
     r = np.random.default_rng(n_n * 100 + p_n)
     q_n = n_n * p_n
-    n_pb = -(-q_n // c)
+    n_pb = max(1, -(-q_n // c))
     src = np.full((n_pb, m_n + 3, c), np.nan, dtype=np.float32)
     flat = r.standard_normal((m_n, q_n)).astype(np.float32)
     lanes = np.full((m_n, n_pb * c), np.nan, dtype=np.float32)
@@ -323,6 +324,6 @@ def test_unpack_lanes_is_the_exact_unblocked_transpose(n_n, m_n, p_n, c):
     want = flat.reshape(m_n, n_n, p_n).transpose(1, 0, 2)
     big = np.zeros((n_n, 2 * m_n, p_n + 1), dtype=np.float32)
     dst = big[:, 1::2, 1:]            # any strides
-    unpack_lanes(src, dst)
+    unblock_lanes(src, dst)
     np.testing.assert_array_equal(dst, want)
     assert not big[:, 0::2].any() and not big[:, :, 0].any()   # nothing outside dst written

@@ -8,16 +8,14 @@ the threads write disjoint parts of the output).
 * :func:`pack_flipped`: backward data's weights, the kernel flipped and the group's channel
   axes swapped, in the same blocks;
 * :func:`pack_columns`: the column matrix with the output positions on the lanes (the
-  weight-broadcast variants);
-* :func:`unpack_lanes`: the weight-broadcast variants' blocked result, positions on the
-  lanes, into ``(N, M, P)`` in one copy.
+  weight-broadcast variants).
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import njit, prange
 
-__all__ = ["pack", "unpack", "pack_flipped", "pack_columns", "unpack_lanes"]
+__all__ = ["pack", "unpack", "pack_flipped", "pack_columns"]
 
 _QB = 64     # positions per block of the pack/unpack transposes (a 64 x C tile in L1)
 _QCHUNK = 512  # positions per parallel work item of the transposes
@@ -113,28 +111,3 @@ def pack_columns(xf, pos_off, red_off, dst):
             row = dst[pb, j]
             for c in range(c_n):
                 row[c] = xf[lane[c] + o]
-
-
-@njit(cache=True, parallel=True)
-def unpack_lanes(src, dst):
-    """``dst[n, m, p] = src[q // C, m, q % C]`` with ``q = n*P + p``: the blocked result of
-    the weight-broadcast GEMM (``src`` ``(ceil(N*P / C), >= M, C)``, the positions on the
-    lanes; rows ``>= M`` and lanes ``>= N*P`` are padding, not read) into ``dst`` ``(N, M,
-    P)`` (any strides).  One pass over the blocks: each block is split into runs of lanes
-    that stay within one sample, and a run is copied row by row (both sides contiguous when
-    ``dst``'s last axis is)."""
-    n_n, m_n, p_n = dst.shape
-    n_pb, _, c_n = src.shape
-    q_n = n_n * p_n
-    for b in prange(n_pb):
-        l0 = 0
-        q = b * c_n
-        while l0 < c_n and q < q_n:
-            n = q // p_n
-            p = q - n * p_n
-            run = min(c_n - l0, p_n - p, q_n - q)
-            for m in range(m_n):
-                for i in range(run):
-                    dst[n, m, p + i] = src[b, m, l0 + i]
-            l0 += run
-            q += run
