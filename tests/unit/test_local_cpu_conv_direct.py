@@ -304,3 +304,26 @@ def test_scratch_is_reused_and_released():
     np.testing.assert_allclose(y2, 2 * y1, rtol=1e-12, atol=1e-12)
     D.release_scratch()
     np.testing.assert_allclose(a.forward(x, w, one, one, one, one), y1, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("n_n, m_n, p_n, c", [(3, 5, 7, 4), (2, 3, 8, 4), (1, 2, 5, 8),
+                                               (4, 6, 32, 64), (3, 2, 2, 4), (1, 3, 2, 8),
+                                               (2, 1, 3, 2), (3, 2, 6, 4), (0, 2, 4, 4)])
+def test_unblock_lanes_is_the_exact_unblocked_transpose(n_n, m_n, p_n, c):
+    """The weight-broadcast result's single copy into ``(N, M, P)``: blocks of ``C`` lanes
+    that straddle samples, padding rows and lanes (NaN here) never read, a strided ``dst``."""
+    from disttensor.ops.local.cpu.conv_direct.direct import unblock_lanes
+    r = np.random.default_rng(n_n * 100 + p_n)
+    q_n = n_n * p_n
+    n_pb = max(1, -(-q_n // c))
+    src = np.full((n_pb, m_n + 3, c), np.nan, dtype=np.float32)
+    flat = r.standard_normal((m_n, q_n)).astype(np.float32)
+    lanes = np.full((m_n, n_pb * c), np.nan, dtype=np.float32)
+    lanes[:, :q_n] = flat
+    src[:, :m_n] = lanes.reshape(m_n, n_pb, c).transpose(1, 0, 2)
+    want = flat.reshape(m_n, n_n, p_n).transpose(1, 0, 2)
+    big = np.zeros((n_n, 2 * m_n, p_n + 1), dtype=np.float32)
+    dst = big[:, 1::2, 1:]            # any strides
+    unblock_lanes(src, dst)
+    np.testing.assert_array_equal(dst, want)
+    assert not big[:, 0::2].any() and not big[:, :, 0].any()   # nothing outside dst written

@@ -52,13 +52,46 @@ _FLIPPED: dict = {}
 _SAMPLES: dict = {}
 
 
-def _unblock(out, cog, width):
-    """``out[:, :cog].transpose(1, 0, 2).reshape(cog, -1)[:, :width]`` (the blocked GEMM
-    result, ``(blocks, rows padded, C)``, as ``(cog, width)`` rows) as a view of scratch: the
-    same values, and no array made."""
-    t = scratch("unblocked", (cog, out.shape[0], out.shape[2]), out.dtype)
-    np.copyto(t, out[:, :cog].transpose(1, 0, 2))
-    return t.reshape(cog, -1)[:, :width]
+def unblock_lanes(out, dst):
+    """``dst[n, m, p] = out[q // C, m, q % C]`` with ``q = n*P + p``: the blocked result of
+    the weight-broadcast GEMM (``out`` ``(ceil(N*P / C), >= M, C)``, the positions on the
+    lanes; rows ``>= M`` and lanes ``>= N*P`` are padding, not read) into ``dst`` ``(N, M,
+    P)`` (any strides), each element copied once, by NumPy assignments through views that
+    only split axes (never a copy): one when ``C`` divides ``P`` (a sample is whole blocks)
+    or ``P`` divides ``C`` (a block is whole samples; plus one for a last, partly filled
+    block), else up to three per sample (its head, whole and tail blocks)."""
+    n_n, m_n, p_n = dst.shape
+    n_pb, c = out.shape[0], out.shape[2]
+    src = out[:, :m_n]
+    if n_n == 0 or m_n == 0 or p_n == 0:
+        return
+    if p_n % c == 0:
+        k = p_n // c
+        np.copyto(dst.reshape(n_n, m_n, k, c),
+                  src.reshape(n_n, k, m_n, c).transpose(0, 2, 1, 3))
+        return
+    if c % p_n == 0:
+        k = c // p_n
+        blocks = src.reshape(n_pb, m_n, k, p_n).transpose(0, 2, 1, 3)   # (n_pb, k, M, P)
+        full = n_n // k
+        if full:
+            np.copyto(dst[:full * k].reshape(full, k, m_n, p_n), blocks[:full])
+        if n_n > full * k:
+            np.copyto(dst[full * k:], blocks[full, :n_n - full * k])
+        return
+    for n in range(n_n):
+        d, q0, p = dst[n], n * p_n, 0
+        l0 = q0 % c
+        if l0:                                     # the rest of a block begun by sample n-1
+            p = min(c - l0, p_n)
+            np.copyto(d[:, :p], src[q0 // c, :, l0:l0 + p])
+        nf = (p_n - p) // c
+        if nf:                                     # whole blocks
+            b = (q0 + p) // c
+            np.copyto(d[:, p:p + nf * c].reshape(m_n, nf, c), src[b:b + nf].transpose(1, 0, 2))
+            p += nf * c
+        if p < p_n:                                # the start of a block that sample n+1 ends
+            np.copyto(d[:, p:], src[(q0 + p) // c, :, :p_n - p])
 
 
 class _FilterOperands(NamedTuple):
@@ -286,13 +319,13 @@ class WeightBroadcast(Direct):
     def workspace_bytes(self, pass_, x_shape, w_shape, stride, dilation, pad_lo, pad_hi,
                         groups, dtype) -> int:
         """Padded operand, the ``(J, positions)`` columns of one group, the blocked output
-        and the offset tables."""
+        (unpacked straight into the result) and the offset tables."""
         lanes, rows, red, _ = gemm_extents(pass_, x_shape, w_shape, stride, dilation, pad_lo,
                                            pad_hi, groups, True)
         padded = padded_elements(pass_, x_shape, w_shape, dilation, pad_lo, pad_hi)
         q_pad = round_up(lanes, self.block_width(dtype))
         rows_pad = round_up(rows, self.rows)
-        return int((padded + red * q_pad + 2 * rows_pad * q_pad) * np.dtype(dtype).itemsize
+        return int((padded + red * q_pad + rows_pad * q_pad) * np.dtype(dtype).itemsize
                    + 8 * (q_pad + red + rows_pad))
 
     def _conv(self, xp, w, y, stride, dilation, groups, transposed=False, limits=None):
@@ -323,8 +356,7 @@ class WeightBroadcast(Direct):
             a_pk = scratch("a", (n_pb, cg * kk, c), dtype)
             pack_columns(xf, pos, shifted_offsets(taps, g * cg * chan, 1), a_pk)
             out = self._gemm(wf, a_pk, rows, red, dtype)     # (n_pb, cog padded, c)
-            res = _unblock(out, cog, q_n)
-            yv[:, g] = res.reshape(cog, n_n, p_n).transpose(1, 0, 2)
+            unblock_lanes(out, yv[:, g])    # one copy, straight into y
 
     def backward_filter(self, x, dy, kernel, stride, dilation, pad_lo, pad_hi, groups=1):
         """:meth:`Direct.backward_filter` with the weight taps ``(ci, k)`` on the lanes:
@@ -346,5 +378,5 @@ class WeightBroadcast(Direct):
             pack_columns(f.xf, shifted_offsets(f.taps, g * cg * f.chan, c), f.pos, a_pk)
             rows = arange_offsets(cog, p_n, g * cog * p_n)
             out = self._gemm(dyf, a_pk, rows, red, f.dtype)     # (n_jb, cog padded, c)
-            dw[g] = _unblock(out, cog, j_n)
+            unblock_lanes(out, dw[g:g + 1])
         return dw.reshape((cout, cg) + f.kernel)
