@@ -20,21 +20,9 @@ from conftest import assert_all_ranks, assert_allclose_all
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import reference as ref  # noqa: E402
+from tuning_clock import scripted_clock  # noqa: E402
 
 CALLS = 30   # collective conv calls per test: more than tuning this layer takes
-
-
-def scripted_clock(cost):
-    """``cpu_entry.tuning_clock``'s stand-in: a timed call running candidate ``(name, b)``
-    (this thread's latest plan) takes ``cost((name, b))`` seconds."""
-    state = {"t": 0.0, "start": True}
-
-    def clock():
-        if not state["start"]:
-            state["t"] += cost(mb.last_plan().micro_batches[0])
-        state["start"] = not state["start"]
-        return state["t"]
-    return lambda: clock
 
 
 def _settings(monkeypatch, cache: Path, fav: int) -> None:

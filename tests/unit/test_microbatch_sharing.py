@@ -2,8 +2,10 @@
 among processes sharing the plan cache (:mod:`disttensor.ops.local.microbatch.sharing`)."""
 from __future__ import annotations
 
+import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +14,9 @@ from disttensor.ops.local import microbatch as mb
 from disttensor.ops.local.microbatch.plan_cache import fingerprint
 from disttensor.ops.local.microbatch.sharing import (family_lock, family_of, nearest_similar,
                                                      spatial_distance)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tuning_clock import scripted_clock  # noqa: E402
 
 
 def _fields(x_shape, pads=(1, 1, 1), **over):
@@ -146,19 +151,6 @@ def test_prefilter_keeps_the_models_best_and_every_size():
 
 
 # -- online tuning settles on the plan a peer stored first ----------------------------------
-def scripted_clock(cost):
-    """A tuning clock (``cpu_entry.tuning_clock``'s stand-in) under which a timed call of
-    candidate ``(name, b)`` (the plan the call runs) takes ``cost((name, b))`` seconds."""
-    state = {"t": 0.0, "start": True}
-
-    def clock():
-        if not state["start"]:
-            state["t"] += cost(mb.last_plan().micro_batches[0])
-        state["start"] = not state["start"]
-        return state["t"]
-    return lambda: clock
-
-
 @pytest.mark.parametrize("peer", [False, True])
 def test_online_tuning_settles_on_the_plan_a_peer_stored_first(monkeypatch, tmp_path, peer):
     """Two processes sharing the plan cache (the ranks of a job on one node) tune the same
