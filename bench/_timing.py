@@ -114,6 +114,25 @@ def compare(fns: dict, reps: int, warmup: int, timer=timed) -> dict:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+def cpu_per_call(fns: dict, comm, reps: int, calls: int, warmup: int = 2) -> dict:
+    """Per function, the list of ``reps`` CPU seconds per call (``calls`` calls in a row after
+    a barrier, ``time.process_time``), each the largest over the ranks of ``comm``
+    (collective); the functions take turns within each repetition, and the first ``warmup``
+    repetitions (compilation, plans, pools) are dropped."""
+    from mpi4py import MPI
+    times = {k: [] for k in fns}
+    for rep in range(reps + warmup):
+        for name, fn in fns.items():
+            comm.Barrier()
+            t0 = time.process_time()
+            for _ in range(calls):
+                fn()
+            t = (time.process_time() - t0) / calls
+            if rep >= warmup:
+                times[name].append(comm.allreduce(t, op=MPI.MAX))
+    return times
+
+
 def on_rank0(fn):
     """``fn`` wrapped to run on rank 0 alone while the other ranks wait at a barrier: a
     one-process baseline (NumPy) that :func:`timed` can time next to a collective call."""

@@ -26,7 +26,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 os.environ.setdefault("DISTTENSOR_CONV_TUNE", "heuristic")
 
@@ -35,6 +34,7 @@ from mpi4py import MPI  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _results import record  # noqa: E402
+from _timing import cpu_per_call  # noqa: E402
 
 import disttensor as dt  # noqa: E402
 from disttensor.ops import conv_backward, conv_forward  # noqa: E402
@@ -77,16 +77,7 @@ def main() -> None:
         for _, _, saved, dy in cases:
             conv_backward(saved, dy, need_dx=False, reduce=False)
     fns = {"forward": forward, "filter": filter_}
-    times = {k: [] for k in fns}
-    for rep in range(args.reps + 2):   # (two warm-up reps: compilation, plans, pools)
-        for name, fn in fns.items():
-            COMM.Barrier()
-            t0 = time.process_time()
-            for _ in range(args.calls):
-                fn()
-            t = (time.process_time() - t0) / args.calls
-            if rep >= 2:
-                times[name].append(COMM.allreduce(t, op=MPI.MAX))
+    times = cpu_per_call(fns, COMM, args.reps, args.calls)
     if COMM.rank == 0:
         print(f"# conv_operand_bench: {COMM.size} ranks, layers {args.layers}, batch "
               f"{args.batch}, split axis {args.split_axis}, {args.calls} calls x {args.reps} "

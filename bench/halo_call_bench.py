@@ -26,13 +26,13 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 import numpy as np
 from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _results import record  # noqa: E402
+from _timing import cpu_per_call  # noqa: E402
 
 import disttensor as dt  # noqa: E402
 from disttensor.ops._spatial import (halo_gradient, halo_input, spatial_windows,  # noqa: E402
@@ -74,16 +74,7 @@ def main() -> None:
         for x, plan, g in cases:
             halo_gradient(g, x.distribution, grid, plan)
     fns = {"forward": forward, "reverse": reverse}
-    times = {k: [] for k in fns}
-    for rep in range(args.reps + 2):
-        for name, fn in fns.items():
-            COMM.Barrier()
-            t0 = time.process_time()
-            for _ in range(args.calls):
-                fn()
-            t = (time.process_time() - t0) / args.calls
-            if rep >= 2:
-                times[name].append(COMM.allreduce(t, op=MPI.MAX))
+    times = cpu_per_call(fns, COMM, args.reps, args.calls)
     if COMM.rank == 0:
         print(f"# halo_call_bench: {COMM.size} ranks, layers {args.layers}, batch {args.batch}, "
               f"split axis {args.split_axis}, "
